@@ -1,0 +1,113 @@
+"""The shared vocabulary of Bastion (DESIGN.md §1): risks, modes, statuses, invocations."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Final, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Risk = Literal["read", "write", "danger"]
+Mode = Literal["allow", "require_approval", "deny"]
+Status = Literal["pending", "approved", "executing", "completed", "denied", "failed", "expired", "unknown"]
+EventKind = Literal[
+    "planned",
+    "pending",
+    "approved",
+    "denied",
+    "expired",
+    "executing",
+    "completed",
+    "failed",
+    "unknown",
+    "reconciled",
+]
+
+RISKS: Final[tuple[Risk, ...]] = get_args(Risk)
+MODES: Final[tuple[Mode, ...]] = get_args(Mode)
+STATUSES: Final[tuple[Status, ...]] = get_args(Status)
+TERMINAL_STATUSES: Final[frozenset[Status]] = frozenset({"completed", "denied", "failed", "expired", "unknown"})
+
+RISK_ALIASES: Final[dict[str, Risk]] = {"R0": "read", "R1": "read", "R2": "write", "R3": "danger", "R4": "danger"}
+"""Seed 000's risk tiers, accepted wherever a risk is configured."""
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def policy_key(source_id: str, action_id: str) -> str:
+    """The `source_id:action_id` key used by every policy map, the ledger and the CLI."""
+    return f"{source_id}:{action_id}"
+
+
+class ModeDecision(BaseModel):
+    """A resolved mode and the rule that produced it (`profile`, `org`, `inferred`, `drift`, `unknown_mode:<v>`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mode: Mode
+    source: str
+
+
+class CallContext(BaseModel):
+    """Who is calling: the host session, the profile bound to it and the authenticated principal."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    profile: str | None = None
+    principal: str | None = None
+
+
+class Invocation(BaseModel):
+    """One call of one action: a ledger row with its current status. Args and result are stored redacted."""
+
+    id: str
+    status: Status
+    policy_key: str
+    tool: str
+    source_id: str
+    action_id: str
+    risk: Risk
+    mode: Mode
+    mode_source: str
+    fingerprint: str | None = None
+    session_id: str
+    profile: str | None = None
+    principal: str | None = None
+    args: Any = None
+    args_hash: str
+    result: Any = None
+    error_class: str | None = None
+    error_message: str | None = None
+    owner: str | None = None
+    """The instance id of the Bastion process that is executing (or last touched) this invocation."""
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    expires_at: datetime | None = None
+
+
+class InvocationEvent(BaseModel):
+    """One entry of the append-only event history of an invocation."""
+
+    invocation_id: str
+    seq: int
+    kind: EventKind
+    at: datetime
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+SourceState = Literal["starting", "ready", "down", "disabled"]
+
+
+class SourceStatus(BaseModel):
+    """What `bastion connectors list` shows for one source."""
+
+    source_id: str
+    state: SourceState
+    tools: int = 0
+    last_error: str | None = None
+    since: datetime = Field(default_factory=utcnow)
+    protocol_version: str | None = None
+    server_name: str | None = None
