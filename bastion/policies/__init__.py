@@ -1,0 +1,47 @@
+"""Pure, synchronous policy: tool names, risk, modes and drift. No I/O, no clock."""
+
+from bastion.policies.drift import (
+    FINGERPRINT_FIELDS,
+    Fingerprints,
+    canonical_json,
+    diff_definitions,
+    fingerprint,
+    fingerprints,
+    guard,
+    is_drifted,
+    structural_fingerprint,
+)
+from bastion.policies.modes import MODE_STRICTNESS, is_mode, resolve_mode, stricter
+from bastion.policies.naming import (
+    MAX_TOOL_NAME,
+    NameAssignment,
+    NameRequest,
+    assign_tool_names,
+    sanitize,
+    tool_name,
+)
+from bastion.policies.risk import derive_risk, normalize_risk
+
+__all__ = [
+    "FINGERPRINT_FIELDS",
+    "MAX_TOOL_NAME",
+    "MODE_STRICTNESS",
+    "Fingerprints",
+    "NameAssignment",
+    "NameRequest",
+    "assign_tool_names",
+    "canonical_json",
+    "derive_risk",
+    "diff_definitions",
+    "fingerprint",
+    "fingerprints",
+    "guard",
+    "is_drifted",
+    "is_mode",
+    "normalize_risk",
+    "resolve_mode",
+    "sanitize",
+    "stricter",
+    "structural_fingerprint",
+    "tool_name",
+]

@@ -1,0 +1,49 @@
+"""Mode resolution (DESIGN.md §4): what actually happens to a call, and which rule decided it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final, TypeGuard
+
+from bastion.models import MODES, Mode, ModeDecision, Risk, policy_key
+
+MODE_STRICTNESS: Final[dict[Mode, int]] = {"allow": 0, "require_approval": 1, "deny": 2}
+"""Higher is stricter; policy layers may only move a call up this order."""
+
+_INFERRED: Final[dict[Risk, Mode]] = {"read": "allow", "write": "require_approval", "danger": "deny"}
+
+
+def is_mode(value: object) -> TypeGuard[Mode]:
+    """Whether `value` is exactly one of `allow`, `require_approval`, `deny`."""
+    return isinstance(value, str) and value in MODES
+
+
+def stricter(a: Mode, b: Mode) -> Mode:
+    """The stricter of two modes."""
+    return a if MODE_STRICTNESS[a] >= MODE_STRICTNESS[b] else b
+
+
+def resolve_mode(
+    *,
+    source_id: str,
+    action_id: str,
+    risk: Risk,
+    profile_modes: Mapping[str, str] | None,
+    org_modes: Mapping[str, str],
+) -> ModeDecision:
+    """The mode of one action, first match wins: profile `source:action`, profile `source:*`, org (same keys),
+    then inferred from risk.
+
+    A matched value that is not a mode gives `deny` (source `unknown_mode:<value>`): a typo in a policy
+    file must never open a door.
+    """
+    keys = (policy_key(source_id, action_id), policy_key(source_id, "*"))
+    for source, modes in (("profile", profile_modes or {}), ("org", org_modes)):
+        for key in keys:
+            if key not in modes:
+                continue
+            value = modes[key]
+            if is_mode(value):
+                return ModeDecision(mode=value, source=source)
+            return ModeDecision(mode="deny", source=f"unknown_mode:{value}")
+    return ModeDecision(mode=_INFERRED[risk], source="inferred")

@@ -1,0 +1,40 @@
+"""Risk of an action (DESIGN.md §4): a default hint for mode inference, never enforcement by itself."""
+
+from __future__ import annotations
+
+from bastion.models import RISK_ALIASES, RISKS, Risk
+
+_ACCEPTED = ", ".join([*RISKS, *RISK_ALIASES])
+
+
+def normalize_risk(value: str) -> Risk:
+    """Read a configured risk: `read`, `write`, `danger` or seed 000's tiers `R0`..`R4`, in any case."""
+    for risk in RISKS:
+        if value.lower() == risk:
+            return risk
+    alias = RISK_ALIASES.get(value.upper())
+    if alias is None:
+        raise ValueError(f"unknown risk {value!r}: expected one of {_ACCEPTED}")
+    return alias
+
+
+def derive_risk(
+    *,
+    override: Risk | None,
+    read_only_hint: bool | None,
+    destructive_hint: bool | None,
+    default_risk: Risk | None,
+) -> Risk:
+    """Risk of a connector tool, first match wins: override, destructive hint, read-only hint, default, `write`.
+
+    `destructiveHint` is checked before `readOnlyHint` so a contradictory tool is treated as the riskier one.
+    """
+    if override is not None:
+        return override
+    if destructive_hint is True:
+        return "danger"
+    if read_only_hint is True:
+        return "read"
+    if default_risk is not None:
+        return default_risk
+    return "write"
