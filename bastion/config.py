@@ -1,16 +1,36 @@
-"""Configuration: the pydantic models of DESIGN.md §8 and their loading.
+"""Configuration: the pydantic models of DESIGN.md §8 and the loading of a configuration directory.
 
-LOADER: to be written (see the helper brief). Models below are the contract other layers use.
+Loading never raises for what a file says: every problem becomes a `ConfigIssue` with its file, line and
+fix, every file is checked in the same pass, and a broken file never stops the others (DESIGN.md §7).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import sys
+import tomllib
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from bastion.models import RISK_ALIASES, Risk
+from bastion.errors import ConfigError
+from bastion.models import MODES, RISK_ALIASES, Risk
+from bastion.tomlpos import (
+    KeyIndex,
+    KeyPath,
+    describe_error,
+    describe_syntax_error,
+    dotted_key,
+    drop_invalid,
+    line_containing,
+)
 
 
 def _risk_alias(value: Any) -> Any:
@@ -32,19 +52,19 @@ class ServerSettings(_Strict):
 
 
 class ApprovalSettings(_Strict):
-    expiry_seconds: float = Field(300, gt=0)
-    heartbeat_seconds: float = Field(5, gt=0)
-    max_pending_per_session: int = Field(10, ge=1)
+    expiry_seconds: float = Field(default=300, gt=0)
+    heartbeat_seconds: float = Field(default=5, gt=0)
+    max_pending_per_session: int = Field(default=10, ge=1)
 
 
 class LimitSettings(_Strict):
-    invocations_per_minute: int = Field(60, ge=1)
-    list_timeout_seconds: float = Field(15, gt=0)
-    call_timeout_seconds: float = Field(30, gt=0)
+    invocations_per_minute: int = Field(default=60, ge=1)
+    list_timeout_seconds: float = Field(default=15, gt=0)
+    call_timeout_seconds: float = Field(default=30, gt=0)
 
 
 class LedgerSettings(_Strict):
-    max_result_bytes: int = Field(16384, ge=256)
+    max_result_bytes: int = Field(default=16384, ge=256)
     extra_secret_keys: list[str] = Field(default_factory=list)
 
 
@@ -135,3 +155,505 @@ class Config(BaseModel):
     issues: list[ConfigIssue] = Field(default_factory=list)
     ledger_url: str
     """The ledger URL with relative SQLite paths resolved against the config directory."""
+
+    @property
+    def has_errors(self) -> bool:
+        """Whether any file had a problem (`doctor` lists them; what was broken is skipped or defaulted)."""
+        return bool(self.issues)
+
+    def issues_by_file(self) -> dict[Path, list[ConfigIssue]]:
+        """The issues grouped per file, in loading order (for `doctor`)."""
+        grouped: dict[Path, list[ConfigIssue]] = {}
+        for issue in self.issues:
+            grouped.setdefault(issue.file, []).append(issue)
+        return grouped
+
+
+# -- discovery
+
+CONFIG_FILE: Final = "bastion.toml"
+CONFIG_ENV_VAR: Final = "BASTION_CONFIG"
+PYTHON_COMMAND: Final = "python"
+"""A connector `command` of exactly this runs the interpreter that runs Bastion (`sys.executable`)."""
+STARTER_FILES: Final = ("bastion.toml", "connectors/notes.toml", "policies/default.toml")
+
+_SQLITE_PREFIX: Final = "sqlite:///"
+_ENV_REFERENCE: Final = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+_ENV_START: Final = "${env:"
+_SOURCE_ID: Final = re.compile(r"^[a-z0-9_-]+$")
+_POLICY_KEY: Final = re.compile(r"^[a-z0-9_-]+:(\*|[^\s*]+)$")
+_STRICTNESS: Final = {"allow": 0, "require_approval": 1, "deny": 3}
+"""Mode strictness for merging; an unknown value ranks just below deny, since it resolves to deny (§4)."""
+
+
+def find_config_dir(explicit: Path | None, *, env: Mapping[str, str], cwd: Path, home: Path) -> Path | None:
+    """The configuration directory in DESIGN.md §8 order, or None for the embedded default.
+
+    `--config` and `$BASTION_CONFIG` must name an existing directory: a typo there must not silently
+    fall back to another configuration.
+    """
+    if explicit is not None:
+        return _existing_dir(cwd / _expand_home(explicit, home), "--config")
+    from_env = env.get(CONFIG_ENV_VAR, "")
+    if from_env:
+        return _existing_dir(cwd / _expand_home(Path(from_env), home), f"${CONFIG_ENV_VAR}")
+    if (cwd / CONFIG_FILE).is_file():
+        return cwd
+    user_dir = home / ".config" / "bastion"
+    return user_dir if user_dir.is_dir() else None
+
+
+def _expand_home(path: Path, home: Path) -> Path:
+    if path.parts and path.parts[0] == "~":
+        return home.joinpath(*path.parts[1:])
+    return path
+
+
+def _existing_dir(path: Path, origin: str) -> Path:
+    if path.is_dir():
+        return path
+    problem = "is not a directory" if path.exists() else "does not exist"
+    raise ConfigError(
+        f"config directory {path} (from {origin}) {problem}; "
+        f"create a starter one with `bastion init {path}` or point {origin} at an existing directory"
+    )
+
+
+def default_state_dir(*, env: Mapping[str, str], home: Path) -> Path:
+    """Where the embedded default keeps its state: `$XDG_STATE_HOME/bastion` or `~/.local/state/bastion`."""
+    xdg = env.get("XDG_STATE_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else home / ".local" / "state"
+    return base / "bastion"
+
+
+def sqlite_path(ledger_url: str) -> Path:
+    """The file of a `sqlite:///relative` or `sqlite:////absolute` ledger URL."""
+    path = ledger_url.removeprefix(_SQLITE_PREFIX)
+    if path == ledger_url or not path:
+        scheme = ledger_url.split(":", 1)[0] if ":" in ledger_url else ledger_url
+        raise ConfigError(
+            f'ledger URL scheme "{scheme}" is not supported: only SQLite ledgers work in this version; '
+            'use "sqlite:///state/ledger.db" (relative to the config directory) or "sqlite:////absolute/path.db"'
+        )
+    return Path(path)
+
+
+def validate_profile(config: Config, name: str) -> None:
+    """Refuse an unknown profile name (`serve --profile`), naming the profiles that exist."""
+    if name in config.policy.profiles:
+        return
+    known = ", ".join(sorted(config.policy.profiles)) or "none are defined"
+    raise ConfigError(
+        f'unknown profile "{name}" (known profiles: {known}); '
+        f"pick a known one or define [profiles.{name}.modes] in policies/*.toml"
+    )
+
+
+# -- loading
+
+
+def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None, home: Path | None = None) -> Config:
+    """Load a configuration directory, or the embedded default when `directory` is None.
+
+    Problems in the files never raise: they are collected in `Config.issues`. Only a directory that
+    does not exist raises `ConfigError`. `env` (default `os.environ`) feeds `${env:NAME}`; `home` is
+    used only by the embedded default.
+    """
+    environ = os.environ if env is None else env
+    if directory is None:
+        return embedded_default(env=environ, home=Path.home() if home is None else home)
+    directory = _existing_dir(directory.resolve(), "the configuration")
+    loader = _Loader(directory, environ)
+    settings, settings_file = loader.settings()
+    ledger_url = loader.ledger_url(settings, settings_file)
+    connectors = loader.connectors()
+    policy = loader.policy()
+    order = {file: i for i, file in enumerate(dict.fromkeys(issue.file for issue in loader.issues))}
+    issues = sorted(loader.issues, key=lambda issue: (order[issue.file], issue.line))
+    return Config(
+        directory=directory,
+        settings=settings,
+        connectors=connectors,
+        policy=policy,
+        issues=issues,
+        ledger_url=ledger_url,
+    )
+
+
+def embedded_default(*, env: Mapping[str, str], home: Path) -> Config:
+    """The configuration used when no directory is found: the bundled notes demo and a SQLite ledger."""
+    state = default_state_dir(env=env, home=home)
+    notes = ConnectorConfig(
+        id="notes",
+        transport="stdio",
+        command=sys.executable,
+        args=["-m", "bastion.demo.notes"],
+        env={"BASTION_NOTES_FILE": str(state / "notes.json")},
+    )
+    ledger_url = _SQLITE_PREFIX + str(state / "ledger.db")
+    return Config(
+        directory=None,
+        settings=Settings(server=ServerSettings(ledger=ledger_url)),
+        connectors=[notes],
+        policy=PolicyConfig(),
+        ledger_url=ledger_url,
+    )
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+@dataclass
+class _TomlFile:
+    path: Path
+    text: str
+    data: dict[str, Any]
+    index: KeyIndex
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """A policy value with the file and line that set it, to report merge conflicts."""
+
+    value: str
+    file: Path
+    line: int
+
+
+class _Loader:
+    """One pass over a configuration directory, collecting every issue."""
+
+    def __init__(self, directory: Path, env: Mapping[str, str]) -> None:
+        self.directory = directory
+        self.env = env
+        self.issues: list[ConfigIssue] = []
+
+    def report(self, file: Path, line: int, message: str) -> None:
+        self.issues.append(ConfigIssue(file=file, line=line, message=message))
+
+    def report_invalid(self, file: _TomlFile, model: type[BaseModel], error: Mapping[str, Any], outcome: str) -> None:
+        loc: KeyPath = tuple(error["loc"])
+        message = describe_error(error, _known_keys(model, loc[:-1]))
+        self.report(file.path, file.index.line_of(loc), f"{message} ({outcome} until then)")
+
+    def name(self, file: Path) -> str:
+        return file.relative_to(self.directory).as_posix()
+
+    def toml_files(self, subdirectory: str) -> list[Path]:
+        folder = self.directory / subdirectory
+        if not folder.is_dir():
+            return []
+        return sorted(p for p in folder.glob("*.toml") if p.is_file() and not p.name.startswith("."))
+
+    def read(self, path: Path) -> _TomlFile | None:
+        """Parse a file and substitute `${env:NAME}`; None (with issues) when the file cannot be used."""
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            self.report(path, 1, "the file is not UTF-8 text; save it as UTF-8")
+            return None
+        except OSError as exc:
+            self.report(path, 1, f"the file cannot be read ({exc.strerror}); check its permissions")
+            return None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            line, message = describe_syntax_error(exc, text)
+            self.report(path, line, f"{message} (this file is ignored until then)")
+            return None
+        file = _TomlFile(path, text, data, KeyIndex(text))
+        problems: list[tuple[KeyPath, str | None]] = []
+        file.data = _substitute_env(data, self.env, (), problems)
+        for key_path, variable in problems:
+            key_line = file.index.line_of(key_path)
+            if variable is None:
+                line = line_containing(text, _ENV_START, key_line)
+                message = f"malformed reference in {dotted_key(key_path)}; write it as ${{env:NAME}}"
+            else:
+                line = line_containing(text, f"${{env:{variable}}}", key_line)
+                message = f"environment variable {variable} is not set; set it or remove the reference"
+            self.report(path, line, f"{message} (this file is ignored until then)")
+        return None if problems else file
+
+    def validate_salvaging(self, file: _TomlFile, model: type[_M], outcome: str) -> _M:
+        """Validate, dropping each invalid entry (reported) so that the valid rest of the file applies."""
+        seen: set[tuple[KeyPath, str]] = set()
+        for _ in range(100):
+            try:
+                return model.model_validate(file.data)
+            except ValidationError as exc:
+                errors = exc.errors()
+            for error in errors:
+                key = (tuple(error["loc"]), error["type"])
+                if key not in seen:
+                    seen.add(key)
+                    self.report_invalid(file, model, error, outcome)
+            if not drop_invalid(file.data, errors[0]):
+                break
+        return model()
+
+    def settings(self) -> tuple[Settings, _TomlFile | None]:
+        path = self.directory / CONFIG_FILE
+        file = self.read(path) if path.is_file() else None
+        if file is None:
+            return Settings(), None
+        return self.validate_salvaging(file, Settings, "the default applies"), file
+
+    def ledger_url(self, settings: Settings, file: _TomlFile | None) -> str:
+        try:
+            path = sqlite_path(settings.server.ledger)
+        except ConfigError as exc:
+            line = file.index.line_of(("server", "ledger")) if file else 1
+            default = ServerSettings().ledger
+            self.report(self.directory / CONFIG_FILE, line, f"{exc.message}; using the default {default}")
+            path = sqlite_path(default)
+        return _SQLITE_PREFIX + str(self.directory / path)
+
+    def connectors(self) -> list[ConnectorConfig]:
+        loaded: dict[str, tuple[ConnectorConfig, Path]] = {}
+        for path in self.toml_files("connectors"):
+            found = self.connector(path)
+            if found is None:
+                continue
+            connector, line = found
+            first = loaded.get(connector.id)
+            if first is not None:
+                self.report(
+                    path,
+                    line,
+                    f'connector id "{connector.id}" is already used by {self.name(first[1])}, which wins; '
+                    "this file is ignored: rename it or set another id",
+                )
+                continue
+            loaded[connector.id] = (connector, path)
+        return [connector for connector, _ in loaded.values()]
+
+    def connector(self, path: Path) -> tuple[ConnectorConfig, int] | None:
+        """One connector file and the line of its id, or None (with issues) when it is not usable."""
+        file = self.read(path)
+        if file is None:
+            return None
+        data = file.data
+        if "id" not in data:
+            if not _SOURCE_ID.match(path.stem):
+                suggestion = re.sub(r"[^a-z0-9_-]+", "_", path.stem.lower()).strip("_") or "my_connector"
+                self.report(
+                    path,
+                    1,
+                    f'the file name "{path.name}" is not a valid connector id (lowercase letters, digits, "_", "-"); '
+                    f'rename it (e.g. "{suggestion}.toml") or set id = "{suggestion}" in it',
+                )
+                return None
+            data = {"id": path.stem, **data}
+        try:
+            connector = ConnectorConfig.model_validate(data)
+        except ValidationError as exc:
+            for error in exc.errors():
+                self.report_invalid(file, ConnectorConfig, error, "this file is ignored")
+            return None
+        needed = "command" if connector.transport == "stdio" else "url"
+        if not getattr(connector, needed):
+            example = 'command = "npx"' if needed == "command" else 'url = "https://example.com/mcp"'
+            self.report(
+                path,
+                file.index.line_of(("transport",)),
+                f'transport "{connector.transport}" needs {needed}; add e.g. {example} (file ignored until then)',
+            )
+            return None
+        updates: dict[str, Any] = {}
+        if connector.command == PYTHON_COMMAND:
+            updates["command"] = sys.executable
+        if connector.cwd is not None:
+            updates["cwd"] = str(self.directory / connector.cwd)
+        return connector.model_copy(update=updates), file.index.line_of(("id",))
+
+    def policy(self) -> PolicyConfig:
+        modes: dict[str, _Placed] = {}
+        profile_modes: dict[str, dict[str, _Placed]] = {}
+        inline: dict[str, _Placed] = {}
+        disabled: list[str] = []
+        for path in self.toml_files("policies"):
+            file = self.read(path)
+            if file is None:
+                continue
+            _stringify_modes(file.data)
+            policy = self.validate_salvaging(file, PolicyConfig, "this entry is ignored")
+            self.merge_modes(modes, policy.modes, file, ("modes",))
+            for name, profile in policy.profiles.items():
+                self.merge_modes(profile_modes.setdefault(name, {}), profile.modes, file, ("profiles", name, "modes"))
+                if "inline_approval" in profile.model_fields_set:
+                    self.merge_inline(inline, name, profile.inline_approval, file)
+            disabled.extend(source for source in policy.sources.disabled if source not in disabled)
+        return PolicyConfig(
+            modes={key: placed.value for key, placed in modes.items()},
+            profiles={
+                name: Profile(
+                    modes={key: placed.value for key, placed in merged.items()},
+                    inline_approval=name in inline and inline[name].value == "true",
+                )
+                for name, merged in profile_modes.items()
+            },
+            sources=SourcesPolicy(disabled=disabled),
+        )
+
+    def merge_modes(self, merged: dict[str, _Placed], modes: dict[str, str], file: _TomlFile, table: KeyPath) -> None:
+        """Check one file's mode map and merge it; a key set in two files keeps the stricter value."""
+        where = dotted_key(table)
+        for key, value in modes.items():
+            line = file.index.line_of((*table, key))
+            if not _POLICY_KEY.match(key):
+                self.report(
+                    file.path,
+                    line,
+                    f'[{where}] key "{key}" is not a policy key; write "source:action" or "source:*" '
+                    '(source: lowercase letters, digits, "_", "-"; "*" only as the whole action)',
+                )
+            if value not in MODES:
+                self.report(
+                    file.path,
+                    line,
+                    f'[{where}] "{key}" = "{value}" is not a mode; use allow, require_approval or deny '
+                    "(until then it resolves to deny)",
+                )
+            here = _Placed(value, file.path, line)
+            earlier = merged.get(key)
+            if earlier is None:
+                merged[key] = here
+                continue
+            kept = here if _strictness(value) > _strictness(earlier.value) else earlier
+            merged[key] = kept
+            self.report(
+                file.path,
+                line,
+                f'[{where}] "{key}" is set in both {self.name(earlier.file)}:{earlier.line} ("{earlier.value}") '
+                f'and {self.name(file.path)}:{line} ("{value}"); the stricter "{kept.value}" applies. '
+                "Keep it in one file only",
+            )
+
+    def merge_inline(self, merged: dict[str, _Placed], profile: str, value: bool, file: _TomlFile) -> None:
+        line = file.index.line_of(("profiles", profile, "inline_approval"))
+        here = _Placed("true" if value else "false", file.path, line)
+        earlier = merged.get(profile)
+        if earlier is None:
+            merged[profile] = here
+        elif earlier.value != here.value:
+            merged[profile] = _Placed("false", file.path, line)
+            self.report(
+                file.path,
+                line,
+                f"profiles.{profile}.inline_approval is {earlier.value} in {self.name(earlier.file)}:{earlier.line} "
+                f"and {here.value} here; it stays off. Set it in one file only",
+            )
+
+
+def _strictness(mode: str) -> int:
+    return _STRICTNESS.get(mode, 2)
+
+
+def _substitute_env(
+    value: Any, env: Mapping[str, str], path: KeyPath, problems: list[tuple[KeyPath, str | None]]
+) -> Any:
+    """Replace `${env:NAME}` in every string; unset names and malformed references go to `problems`."""
+    if isinstance(value, dict):
+        return {key: _substitute_env(item, env, (*path, key), problems) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_substitute_env(item, env, (*path, i), problems) for i, item in enumerate(value)]
+    if not isinstance(value, str) or _ENV_START not in value:
+        return value
+    if _ENV_START in _ENV_REFERENCE.sub("", value):
+        problems.append((path, None))
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in env:
+            problems.append((path, name))
+            return ""
+        return env[name]
+
+    return _ENV_REFERENCE.sub(replace, value)
+
+
+def _stringify_modes(data: dict[str, Any]) -> None:
+    """Keep a non-string mode value as text: it is then reported and resolves to deny, instead of vanishing."""
+    tables = [data.get("modes")]
+    profiles = data.get("profiles")
+    if isinstance(profiles, dict):
+        tables.extend(profile.get("modes") for profile in profiles.values() if isinstance(profile, dict))
+    for table in tables:
+        if isinstance(table, dict):
+            for key, value in table.items():
+                if not isinstance(value, str):
+                    table[key] = json.dumps(value, default=str)
+
+
+def _known_keys(model: type[BaseModel], loc: KeyPath) -> list[str]:
+    """The keys the model accepts at `loc`, to suggest a correction for an unknown key."""
+    current: Any = model
+    for part in loc:
+        current = _unwrap(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return []
+            current = field.annotation
+        elif get_origin(current) in (dict, list):
+            current = get_args(current)[-1]
+        else:
+            return []
+    current = _unwrap(current)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _unwrap(annotation: Any) -> Any:
+    """`X` from `Annotated[X, ...]`, `X | None` and `Optional[X]`."""
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            annotation = get_args(annotation)[0]
+        elif origin in (Union, types.UnionType):
+            members = [arg for arg in get_args(annotation) if arg is not type(None)]
+            if len(members) != 1:
+                return annotation
+            annotation = members[0]
+        else:
+            return annotation
+
+
+# -- starter directory
+
+
+def init_config_dir(target: Path) -> list[Path]:
+    """Write the starter configuration (the templates in `bastion/starter/`) into `target`.
+
+    Creates `target` if needed and refuses to overwrite any existing file. Returns the files written.
+    """
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"{target} is a file; choose an empty or new directory for `bastion init`")
+    destinations = [target.joinpath(*name.split("/")) for name in STARTER_FILES]
+    for destination in destinations:
+        if destination.exists():
+            raise _refuse_overwrite(destination)
+    templates = resources.files("bastion.starter")
+    written: list[Path] = []
+    for name, destination in zip(STARTER_FILES, destinations, strict=True):
+        template = templates
+        for part in name.split("/"):
+            template = template / part
+        try:
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            with destination.open("x", encoding="utf-8") as out:
+                out.write(template.read_text(encoding="utf-8"))
+        except FileExistsError as exc:
+            raise _refuse_overwrite(destination) from exc
+        except OSError as exc:
+            raise ConfigError(f"cannot write {destination} ({exc.strerror}); choose a writable directory") from exc
+        written.append(destination)
+    return written
+
+
+def _refuse_overwrite(path: Path) -> ConfigError:
+    return ConfigError(
+        f"{path} already exists and `bastion init` never overwrites files; choose an empty or new directory"
+    )

@@ -1,0 +1,1 @@
+"""Template files of `bastion init` (read with importlib.resources)."""
