@@ -1,0 +1,9 @@
+"""Sources of actions: downstream MCP connectors (and, later, providers and manifest actions).
+
+Each source satisfies the pipeline's `ActionSource` protocol structurally; nothing here imports
+the pipeline, the policies or the ledger.
+"""
+
+from bastion.connectors.mcp import McpConnector
+
+__all__ = ["McpConnector"]

@@ -1,0 +1,446 @@
+"""One supervised downstream MCP server (DESIGN.md §3): connect, list, watch, reconnect, call.
+
+`McpConnector` satisfies the pipeline's `ActionSource` protocol structurally. `run()` keeps one
+`mcp.Client` connected: it lists every page of tools, re-lists when the downstream says its tools
+changed, notices the connection dying, withdraws the tools and reconnects with exponential backoff.
+
+How a dead downstream is noticed depends on the protocol era the connection negotiated:
+
+- 2026-07-28: an open `subscriptions/listen` stream ends (`SubscriptionLost`) as soon as the
+  transport does (stdio EOF, a broken HTTP response stream); it also carries `tools/list_changed`.
+  A modern server that does not serve `subscriptions/listen` is probed with `server/discover`.
+- 2025 and earlier (handshake era): nothing fails until a request is sent, so a `ping` goes out
+  every `probe_interval` seconds. Over streamable HTTP a request to a dead server makes the
+  transport's task group fail, which cancels the connection and exits the `Client` with an
+  `ExceptionGroup`.
+- In both eras a call that fails with CONNECTION_CLOSED marks the connection lost at once.
+
+An attempt that has not connected and listed within `list_timeout` is abandoned. After a loss or a
+failed attempt the connector waits `backoff_initial` seconds, doubling up to `backoff_cap` while
+attempts keep failing; a connection that became ready resets the delay.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Final, TypeAlias, cast
+
+import anyio
+import anyio.abc
+import httpx2
+import mcp_types as types
+from anyio.abc import TaskStatus
+from mcp import Client, InputRequiredRoundsExceededError, MCPError, StdioServerParameters
+from mcp.client import Transport
+from mcp.client.session import IncomingMessage
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import SubscriptionLost
+from mcp.shared.dispatcher import ProgressFnT
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from bastion.config import ConnectorConfig
+from bastion.errors import BastionError, CallTimeout, ConnectorUnavailable, UnknownOutcome, UpstreamError
+from bastion.models import SourceStatus, utcnow
+
+__all__ = ["CORRELATION_META_KEY", "ClientTarget", "McpConnector"]
+
+logger = logging.getLogger(__name__)
+
+CORRELATION_META_KEY: Final = "io.bastion/correlation-id"
+"""The request `_meta` key that carries an invocation's correlation id to the downstream (DESIGN.md §6)."""
+
+PROTOCOL_META_PREFIX: Final = "io.modelcontextprotocol/"
+"""Protocol-internal `_meta` keys of the downstream, stripped from forwarded results (gotcha G2)."""
+
+HTTP_TIMEOUT: Final = httpx2.Timeout(30.0, read=300.0)
+"""Connect/write budget for HTTP downstreams; reads wait longer for slow tools and quiet streams."""
+
+ClientTarget: TypeAlias = Any
+"""Whatever `mcp.Client` connects to: a `Transport`, `StdioServerParameters`, a streamable-HTTP URL, or
+(in tests) an in-process `Server`/`MCPServer`. Kept loose: naming the server types would import mcp.server."""
+
+# The same shapes as `bastion.gateway.ChangeFn`/`ProgressFn` (this layer cannot import the pipeline).
+ChangeFn = Callable[[str], Awaitable[None]]
+ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+
+
+class _Link:
+    """One connection attempt: its client and the signals its watchers raise."""
+
+    client: Client
+    """Set right after construction: the client needs `on_message` first."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.lost = anyio.Event()
+        self.reason: str | None = None
+        self.relist_wanted = anyio.Event()
+
+    def lose(self, reason: str) -> None:
+        """Mark the connection dead; the first reason wins."""
+        if not self.lost.is_set():
+            self.reason = reason
+            self.lost.set()
+
+    async def on_message(self, message: IncomingMessage) -> None:
+        """The one place that reacts to `tools/list_changed` (legacy delivery and the modern `listen()` tee)."""
+        if isinstance(message, types.ToolListChangedNotification):
+            self.relist_wanted.set()
+        elif isinstance(message, Exception):
+            logger.warning("transport error from downstream: %r", message)
+
+
+class McpConnector:
+    """A downstream MCP server kept connected, its tools listed, its calls forwarded."""
+
+    def __init__(
+        self,
+        config: ConnectorConfig,
+        *,
+        list_timeout: float = 15.0,
+        target: Callable[[], ClientTarget] | None = None,
+        backoff_initial: float = 0.5,
+        backoff_cap: float = 60.0,
+        probe_interval: float = 1.0,
+    ) -> None:
+        """`target` builds what to connect to on each attempt (default: from `config`); `probe_interval`
+        is how often a connection without a `listen()` stream is probed for liveness."""
+        self._config = config
+        self._list_timeout = list_timeout
+        self._target = target if target is not None else self._configured_target
+        self._backoff_initial = backoff_initial
+        self._backoff_cap = backoff_cap
+        self._probe_interval = probe_interval
+        self._tools: list[types.Tool] = []
+        self._status = SourceStatus(source_id=config.id, state="starting")
+        self._link: _Link | None = None
+
+    @property
+    def source_id(self) -> str:
+        return self._config.id
+
+    @property
+    def status(self) -> SourceStatus:
+        return self._status
+
+    def tools(self) -> list[types.Tool]:
+        """The current listing exactly as the downstream sent it (all pages); empty while down."""
+        return list(self._tools)
+
+    async def run(self, on_change: ChangeFn) -> None:
+        """Keep the downstream connected until cancelled; `on_change(source_id)` follows every listing change."""
+        delay = self._backoff_initial
+        try:
+            while True:
+                link: _Link | None = None
+                try:
+                    link = await self._connect_and_watch(on_change)
+                    reason = link.reason or "the connection closed"
+                except Exception as exc:  # supervisor: no failure of one connection may escape run()
+                    reason = _describe(exc)
+                    if not _is_expected(exc):
+                        logger.exception("connector %s failed unexpectedly", self.source_id)
+                finally:
+                    self._link = None
+                await self._go_down(reason, on_change)
+                if link is not None and link.ready:
+                    delay = self._backoff_initial
+                logger.info("connector %s: reconnecting in %.2gs", self.source_id, delay)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, self._backoff_cap)
+        finally:
+            # Cancelled: nothing is connected any more (no on_change: the caller is shutting down).
+            self._tools = []
+            self._status = SourceStatus(
+                source_id=self.source_id, state="down", last_error="stopped", server_name=self._status.server_name
+            )
+
+    async def call(
+        self,
+        action_id: str,
+        arguments: dict[str, Any],
+        *,
+        correlation_id: str,
+        timeout: float,
+        on_progress: ProgressFn | None = None,
+    ) -> types.CallToolResult:
+        """Call one downstream tool; see `ActionSource.call` for the errors raised."""
+        link = self._link
+        if link is None or not link.ready or link.lost.is_set():
+            raise ConnectorUnavailable(
+                f"connector {self.source_id} is not connected ({self._status.last_error or self._status.state})"
+            )
+
+        # An open TypedDict (PEP 728 `extra_items`), which mypy does not model yet.
+        meta = cast(types.RequestParamsMeta, {CORRELATION_META_KEY: correlation_id})
+        try:
+            result = await link.client.call_tool(
+                action_id,
+                arguments,
+                read_timeout_seconds=timeout,
+                progress_callback=_forwarder(on_progress) if on_progress is not None else None,
+                meta=meta,
+            )
+        except MCPError as exc:
+            if exc.code == REQUEST_TIMEOUT:
+                raise CallTimeout(f"{self.source_id}:{action_id} did not answer within {timeout:g}s") from exc
+            if exc.code == CONNECTION_CLOSED:
+                link.lose(f"the connection closed during a call of {action_id}")
+                raise UnknownOutcome(
+                    f"the connection to {self.source_id} closed while {action_id} was running; its outcome is unknown"
+                ) from exc
+            raise UpstreamError(f"{self.source_id}:{action_id} failed with error {exc.code}: {exc.message}") from exc
+        except (ValidationError, InputRequiredRoundsExceededError) as exc:
+            raise UpstreamError(f"{self.source_id}:{action_id} returned an unusable result: {exc}") from exc
+        except RuntimeError as exc:
+            # The client closed between the check above and the send: nothing went out.
+            raise ConnectorUnavailable(f"connector {self.source_id} disconnected: {exc}") from exc
+        return strip_protocol_meta(result)
+
+    async def _connect_and_watch(self, on_change: ChangeFn) -> _Link:
+        """Run one connection until it is lost; returns its link (with the reason) or raises."""
+        link = _Link()
+        link.client = client = Client(self._target(), mode="auto", cache=None, message_handler=link.on_message)
+        with anyio.CancelScope() as attempt:
+            async with anyio.create_task_group() as guard:
+                timer = anyio.CancelScope()
+                guard.start_soon(self._give_up_connecting, link, timer, attempt, on_change)
+                # Client first, then its task group (gotcha G4): scopes unwind in LIFO order.
+                async with client, anyio.create_task_group() as tg:
+                    if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                        # Subscribe before listing, so no change between the two goes unnoticed.
+                        await tg.start(self._watch_subscription, link)
+                    if not link.lost.is_set():
+                        await self._serve(link, tg, timer, on_change)
+                    tg.cancel_scope.cancel()
+                timer.cancel()
+        return link
+
+    async def _give_up_connecting(
+        self, link: _Link, timer: anyio.CancelScope, attempt: anyio.CancelScope, on_change: ChangeFn
+    ) -> None:
+        """Abandon an attempt that has not listed its tools within `list_timeout` (connect included)."""
+        with timer:
+            await anyio.sleep(self._list_timeout)
+            link.lose(f"no answer to connect and list tools within {self._list_timeout:g}s")
+            attempt.cancel()
+            # Announce now: a stuck stdio child takes seconds to shut down.
+            with anyio.CancelScope(shield=True):
+                await self._go_down(link.reason or "timed out", on_change)
+
+    async def _serve(self, link: _Link, tg: anyio.abc.TaskGroup, timer: anyio.CancelScope, on_change: ChangeFn) -> None:
+        """List, go ready, and wait for the connection to be lost; then withdraw the tools."""
+        client = link.client
+        tools = await self._list_all(client)
+        if link.lost.is_set():
+            return
+        timer.cancel()
+        self._tools = tools
+        self._status = SourceStatus(
+            source_id=self.source_id,
+            state="ready",
+            tools=len(tools),
+            protocol_version=client.protocol_version,
+            server_name=client.server_info.name if client.server_info else None,
+        )
+        link.ready = True
+        self._link = link
+        logger.info(
+            "connector %s: connected (%s, protocol %s, %d tools)",
+            self.source_id,
+            self._status.server_name or "unnamed server",
+            client.protocol_version,
+            len(tools),
+        )
+        tg.start_soon(self._relist_on_request, link, on_change)
+        if client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            tg.start_soon(self._probe, link)
+        await self._announce(on_change)
+        await link.lost.wait()
+        self._link = None
+        # Withdraw the tools now rather than after the (possibly slow) transport shutdown.
+        await self._go_down(link.reason or "the connection closed", on_change)
+
+    async def _list_all(self, client: Client) -> list[types.Tool]:
+        """Every page of the downstream's tool listing."""
+        tools: list[types.Tool] = []
+        cursor: str | None = None
+        seen: set[str] = set()
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if cursor is None:
+                return tools
+            if cursor in seen:
+                raise UpstreamError(f"connector {self.source_id} repeated the tools/list cursor {cursor!r}")
+            seen.add(cursor)
+
+    async def _relist_on_request(self, link: _Link, on_change: ChangeFn) -> None:
+        """Re-list whenever the downstream announced a change (outside the message handler)."""
+        while True:
+            await link.relist_wanted.wait()
+            link.relist_wanted = anyio.Event()
+            try:
+                with anyio.fail_after(self._list_timeout):
+                    tools = await self._list_all(link.client)
+            except (MCPError, TimeoutError, UpstreamError) as exc:
+                link.lose(f"re-listing tools failed: {_describe(exc)}")
+                return
+            self._tools = tools
+            self._status = self._status.model_copy(update={"tools": len(tools)})
+            logger.info("connector %s: tools changed (%d tools)", self.source_id, len(tools))
+            await self._announce(on_change)
+
+    async def _watch_subscription(self, link: _Link, *, task_status: TaskStatus[None]) -> None:
+        """2026-07-28: hold a `listen()` stream open; its end is the connection's end.
+
+        Started once the stream is acknowledged (or found unavailable). Its `tools/list_changed`
+        frames are teed to the message handler, which does the reacting; here events are only drained.
+        """
+        started = False
+        try:
+            async with link.client.listen(tools_list_changed=True) as subscription:
+                started = True
+                task_status.started()
+                async for _event in subscription:
+                    pass
+            link.lose("the downstream closed its subscription")
+        except SubscriptionLost as exc:
+            link.lose(f"the connection was lost ({_describe(exc.__cause__ or exc)})")
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                link.lose(f"the connection was lost ({exc.message})")
+            else:
+                logger.info("connector %s: no subscriptions/listen (%s); probing instead", self.source_id, exc.message)
+                if not started:
+                    task_status.started()
+                await self._probe(link)
+                return
+        if not started:
+            task_status.started()
+
+    async def _probe(self, link: _Link) -> None:
+        """Send a cheap request every `probe_interval` seconds; a failure means the connection is gone."""
+        session = link.client.session
+        modern = link.client.protocol_version in MODERN_PROTOCOL_VERSIONS
+        while True:
+            await anyio.sleep(self._probe_interval)
+            try:
+                with anyio.fail_after(self._list_timeout):
+                    if modern:
+                        await session.send_discover(link.client.protocol_version)
+                    else:
+                        await session.send_ping()
+            except (MCPError, TimeoutError) as exc:
+                link.lose(f"the downstream stopped answering ({_describe(exc)})")
+                return
+
+    async def _go_down(self, reason: str, on_change: ChangeFn) -> None:
+        """Withdraw the tools and record why; announce it when the state or the listing changed."""
+        changed = self._status.state != "down" or bool(self._tools)
+        self._tools = []
+        if self._status.state == "down":
+            self._status = self._status.model_copy(update={"last_error": reason})
+        else:
+            logger.warning("connector %s is down: %s", self.source_id, reason)
+            self._status = SourceStatus(
+                source_id=self.source_id,
+                state="down",
+                last_error=reason,
+                since=utcnow(),
+                server_name=self._status.server_name,
+            )
+        if changed:
+            await self._announce(on_change)
+
+    async def _announce(self, on_change: ChangeFn) -> None:
+        try:
+            await on_change(self.source_id)
+        except Exception:  # supervisor: a faulty listener must not kill the connection
+            logger.exception("connector %s: on_change callback failed", self.source_id)
+
+    def _configured_target(self) -> ClientTarget:
+        """What the connector file describes: a command over stdio, a streamable-HTTP or an SSE URL."""
+        config = self._config
+        if config.transport == "stdio":
+            if not config.command:
+                raise ConnectorUnavailable(f"connector {config.id}: transport 'stdio' needs a `command`")
+            return StdioServerParameters(
+                command=config.command, args=config.args, env=config.env or None, cwd=config.cwd
+            )
+        if not config.url:
+            raise ConnectorUnavailable(f"connector {config.id}: transport {config.transport!r} needs a `url`")
+        if config.transport == "http":
+            return _streamable_http(config.url, config.headers)
+        return sse_client(config.url, headers=config.headers or None)
+
+
+def _streamable_http(url: str, headers: dict[str, str]) -> Transport:
+    """A streamable-HTTP transport over an `httpx2.AsyncClient` it owns (the SDK leaves a passed client open)."""
+
+    @asynccontextmanager
+    async def transport() -> AsyncIterator[Any]:
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=HTTP_TIMEOUT) as http_client,
+            streamable_http_client(url, http_client=http_client) as streams,
+        ):
+            yield streams
+
+    return transport()
+
+
+def _forwarder(on_progress: ProgressFn) -> ProgressFnT:
+    """Adapt a positional progress callback to the SDK's keyword-capable `ProgressFnT`."""
+
+    async def forward(progress: float, total: float | None, message: str | None) -> None:
+        await on_progress(progress, total, message)
+
+    return forward
+
+
+def strip_protocol_meta(result: types.CallToolResult) -> types.CallToolResult:
+    """Drop the downstream's `io.modelcontextprotocol/*` `_meta` keys, and `_meta` itself if that empties it."""
+    meta = result.meta
+    if not meta or not any(key.startswith(PROTOCOL_META_PREFIX) for key in meta):
+        return result
+    kept = {key: value for key, value in meta.items() if not key.startswith(PROTOCOL_META_PREFIX)}
+    return result.model_copy(update={"meta": kept or None})
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _describe(exc: BaseException) -> str:
+    """A one-line reason, looking through exception groups (the HTTP transport raises those)."""
+    parts = []
+    for leaf in _leaves(exc):
+        text = str(leaf) or type(leaf).__name__
+        parts.append(f"{type(leaf).__name__}: {text}" if not isinstance(leaf, BastionError) else text)
+    return "; ".join(parts)
+
+
+_EXPECTED_FAILURES = (
+    MCPError,
+    BastionError,
+    OSError,
+    TimeoutError,
+    httpx2.HTTPError,
+    SubscriptionLost,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+)
+
+
+def _is_expected(exc: BaseException) -> bool:
+    """Whether a connection failure is ordinary (a downstream gone or misbehaving), not a bug of ours."""
+    return all(isinstance(leaf, _EXPECTED_FAILURES) for leaf in _leaves(exc))

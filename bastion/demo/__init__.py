@@ -1,0 +1,4 @@
+"""Standalone demo programs shipped with Bastion (nothing in `bastion` imports them).
+
+`python -m bastion.demo.notes` runs the bundled notes MCP server, the embedded default connector.
+"""

@@ -1,0 +1,448 @@
+"""McpConnector against in-process fixture downstreams and real subprocesses (stdio and streamable HTTP)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import mcp_types as types
+import pytest
+from mcp import MCPError
+
+from bastion.config import ConnectorConfig
+from bastion.connectors import McpConnector
+from bastion.connectors.mcp import CORRELATION_META_KEY
+from bastion.errors import CallTimeout, ConnectorUnavailable, UnknownOutcome, UpstreamError
+from tests.downstream import FAILURE_CODE, FixtureServer, StreamTarget, default_tools
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WAIT = 10.0
+"""Upper bound of every wait: generous, since nothing here depends on timing."""
+
+# How the connector reaches the fixture: in-process direct dispatch (negotiates 2026-07-28),
+# memory streams through the dual-era server loop (2026-07-28), and the same with discover refused
+# (falls back to the 2025-11-25 handshake).
+ERAS = ["modern-direct", "modern-streams", "legacy-streams"]
+
+
+class Changes:
+    """An `on_change` callback that records calls and lets a test wait for a condition."""
+
+    def __init__(self) -> None:
+        self.sources: list[str] = []
+        self._changed = anyio.Event()
+
+    async def __call__(self, source_id: str) -> None:
+        self.sources.append(source_id)
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def until(self, predicate: Callable[[], bool], timeout: float = WAIT) -> None:
+        with anyio.fail_after(timeout):
+            while not predicate():
+                await self._changed.wait()
+
+
+def fixture_link(era: str) -> tuple[FixtureServer, Callable[[], Any]]:
+    """A fresh fixture and the connector `target` reaching it the way `era` names."""
+    fixture = FixtureServer()
+    if era == "modern-direct":
+        return fixture, lambda: fixture.server
+    return fixture, StreamTarget(fixture.server, legacy_only=era == "legacy-streams")
+
+
+@asynccontextmanager
+async def running(connector: McpConnector, changes: Changes) -> AsyncIterator[anyio.abc.TaskGroup]:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(connector.run, changes)
+        try:
+            yield tg
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def config(**fields: Any) -> ConnectorConfig:
+    return ConnectorConfig.model_validate({"id": "fx", **fields})
+
+
+def dump(tool: types.Tool) -> dict[str, Any]:
+    return tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def ready(connector: McpConnector) -> Callable[[], bool]:
+    return lambda: connector.status.state == "ready"
+
+
+def down(connector: McpConnector) -> Callable[[], bool]:
+    return lambda: connector.status.state == "down"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("era", ERAS)
+async def test_lists_tools_and_forwards_calls(era: str) -> None:
+    _, target = fixture_link(era)
+    connector = McpConnector(config(), target=target)
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        assert changes.sources == ["fx"]
+        assert [t.name for t in connector.tools()] == [t.name for t in default_tools()]
+        assert connector.status.tools == len(default_tools())
+        assert connector.status.server_name == "fixture"
+        expected_version = "2025-11-25" if era == "legacy-streams" else "2026-07-28"
+        assert connector.status.protocol_version == expected_version
+
+        result = await connector.call("echo", {"text": "hi"}, correlation_id="c-1", timeout=WAIT)
+        assert result.content == [types.TextContent(type="text", text="hi")]
+        assert result.structured_content == {"echo": {"text": "hi"}}
+        assert result.meta == {"example.com/kept": 1}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("era", ERAS)
+async def test_annotations_and_schemas_pass_through_verbatim(era: str) -> None:
+    fixture, target = fixture_link(era)
+    connector = McpConnector(config(), target=target)
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        assert [dump(t) for t in connector.tools()] == [dump(t) for t in fixture.tools]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("era", ERAS)
+async def test_correlation_id_reaches_the_downstream(era: str) -> None:
+    fixture, target = fixture_link(era)
+    connector = McpConnector(config(), target=target)
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        await connector.call("echo", {"text": "x"}, correlation_id="corr-42", timeout=WAIT)
+    assert fixture.calls[-1].meta[CORRELATION_META_KEY] == "corr-42"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("era", ERAS)
+async def test_list_changed_relists_the_source_and_calls_on_change(era: str) -> None:
+    fixture, target = fixture_link(era)
+    connector = McpConnector(config(), target=target)
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        added = types.Tool(name="added", description="New.", input_schema={"type": "object"})
+        await fixture.set_tools([*fixture.tools[:2], added])
+        await changes.until(lambda: [t.name for t in connector.tools()] == ["echo", "sleep", "added"])
+        assert changes.sources == ["fx", "fx"]
+        assert connector.status.tools == 3
+        assert connector.status.state == "ready"
+
+
+@pytest.mark.anyio
+async def test_every_page_of_the_listing_is_collected() -> None:
+    fixture = FixtureServer(page_size=2)
+    connector = McpConnector(config(), target=lambda: fixture.server)
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        assert [t.name for t in connector.tools()] == [t.name for t in default_tools()]
+        assert fixture.list_requests == 3
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_call_past_its_timeout_raises_call_timeout(era: str) -> None:
+    fixture, target = fixture_link(era)
+    connector = McpConnector(config(), target=target)
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        with pytest.raises(CallTimeout):
+            await connector.call("sleep", {}, correlation_id="c", timeout=0.05)
+        fixture.release.set()
+        assert connector.status.state == "ready"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("era", ERAS)
+async def test_an_error_response_raises_upstream_error(era: str) -> None:
+    _, target = fixture_link(era)
+    connector = McpConnector(config(), target=target)
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        with pytest.raises(UpstreamError) as caught:
+            await connector.call("fail", {}, correlation_id="c", timeout=WAIT)
+        assert str(FAILURE_CODE) in caught.value.message
+        assert connector.status.state == "ready"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("era", ERAS)
+async def test_progress_is_forwarded_to_the_caller(era: str) -> None:
+    _, target = fixture_link(era)
+    connector = McpConnector(config(), target=target)
+    changes = Changes()
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        result = await connector.call("progress", {}, correlation_id="c", timeout=WAIT, on_progress=on_progress)
+    assert result.content == [types.TextContent(type="text", text="done")]
+    assert sorted(seen) == [(1.0, 3.0, "step 1"), (2.0, 3.0, "step 2"), (3.0, 3.0, "step 3")]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("era", ERAS)
+async def test_concurrent_calls_share_the_connection(era: str) -> None:
+    fixture, target = fixture_link(era)
+    connector = McpConnector(config(), target=target)
+    changes = Changes()
+    results: dict[str, str] = {}
+
+    async def call(name: str, arguments: dict[str, Any], key: str) -> None:
+        result = await connector.call(name, arguments, correlation_id=key, timeout=WAIT)
+        block = result.content[0]
+        assert isinstance(block, types.TextContent)
+        results[key] = block.text
+
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as calls:
+                for i in range(5):
+                    calls.start_soon(call, "sleep", {}, f"sleep-{i}")
+                for i in range(5):
+                    calls.start_soon(call, "echo", {"text": str(i)}, f"echo-{i}")
+                await fixture.sleep_started.wait()
+                fixture.release.set()
+    assert results == {**{f"sleep-{i}": "released" for i in range(5)}, **{f"echo-{i}": str(i) for i in range(5)}}
+    assert sorted(c.meta[CORRELATION_META_KEY] for c in fixture.calls) == sorted(results)
+
+
+@pytest.mark.anyio
+async def test_a_call_while_not_connected_raises_connector_unavailable() -> None:
+    fixture = FixtureServer()
+    target = StreamTarget(fixture.server)
+    target.refusing = True
+    connector = McpConnector(config(), target=target, backoff_initial=0.01, backoff_cap=0.05)
+    with pytest.raises(ConnectorUnavailable):
+        await connector.call("echo", {"text": "x"}, correlation_id="c", timeout=WAIT)
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(down(connector))
+        assert connector.tools() == []
+        assert connector.status.last_error is not None
+        assert "ConnectionRefusedError" in connector.status.last_error
+        with pytest.raises(ConnectorUnavailable):
+            await connector.call("echo", {"text": "x"}, correlation_id="c", timeout=WAIT)
+    assert fixture.calls == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("era", ["modern-streams", "legacy-streams"])
+async def test_a_dead_connection_withdraws_the_tools_and_reconnects(era: str) -> None:
+    _, target = fixture_link(era)
+    assert isinstance(target, StreamTarget)
+    connector = McpConnector(config(), target=target, backoff_initial=0.01, backoff_cap=0.05, probe_interval=0.05)
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        target.kill()
+        await changes.until(lambda: down(connector)() and connector.tools() == [])
+        with pytest.raises(ConnectorUnavailable):
+            await connector.call("echo", {"text": "x"}, correlation_id="c", timeout=WAIT)
+        target.revive()
+        await changes.until(lambda: ready(connector)() and len(connector.tools()) == len(default_tools()))
+        assert target.connections >= 2
+        result = await connector.call("echo", {"text": "back"}, correlation_id="c", timeout=WAIT)
+        assert not result.is_error
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("era", ["modern-streams", "legacy-streams"])
+async def test_a_call_cut_off_by_a_dying_connection_has_an_unknown_outcome(era: str) -> None:
+    fixture, target = fixture_link(era)
+    assert isinstance(target, StreamTarget)
+    connector = McpConnector(config(), target=target, backoff_initial=0.01, backoff_cap=0.05)
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+
+                async def kill_once_started() -> None:
+                    await fixture.sleep_started.wait()
+                    target.kill(refuse=False)
+
+                tg.start_soon(kill_once_started)
+                with pytest.raises(UnknownOutcome):
+                    await connector.call("sleep", {}, correlation_id="c", timeout=WAIT)
+        # The connector noticed through the call and reconnects by itself.
+        await changes.until(lambda: ready(connector)() and target.connections >= 2)
+
+
+@pytest.mark.anyio
+async def test_a_failing_listing_marks_the_source_down_and_is_retried() -> None:
+    fixture = FixtureServer()
+    fixture.listing_error = MCPError(types.INTERNAL_ERROR, "listing broke")
+    connector = McpConnector(config(), target=lambda: fixture.server, backoff_initial=0.01, backoff_cap=0.05)
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(down(connector))
+        assert connector.status.last_error is not None
+        assert "listing broke" in connector.status.last_error
+        assert connector.tools() == []
+        fixture.listing_error = None
+        await changes.until(ready(connector))
+        assert len(connector.tools()) == len(default_tools())
+
+
+@pytest.mark.anyio
+async def test_a_listing_without_answer_times_out_and_is_retried() -> None:
+    fixture = FixtureServer()
+    fixture.listing_gate = anyio.Event()
+    connector = McpConnector(
+        config(), target=lambda: fixture.server, list_timeout=0.1, backoff_initial=0.01, backoff_cap=0.05
+    )
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(down(connector))
+        assert connector.status.last_error is not None
+        assert "within 0.1s" in connector.status.last_error
+        fixture.listing_gate.set()
+        await changes.until(ready(connector))
+        assert len(connector.tools()) == len(default_tools())
+
+
+@pytest.mark.anyio
+async def test_a_failing_on_change_callback_does_not_stop_the_connector() -> None:
+    fixture = FixtureServer()
+    connector = McpConnector(config(), target=lambda: fixture.server)
+    changes = Changes()
+
+    async def flaky(source_id: str) -> None:
+        await changes(source_id)
+        raise RuntimeError("listener bug")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(connector.run, flaky)
+        await changes.until(ready(connector))
+        await fixture.set_tools(fixture.tools[:1])
+        await changes.until(lambda: len(connector.tools()) == 1)
+        tg.cancel_scope.cancel()
+
+
+# Real subprocesses ---------------------------------------------------------------------------------
+
+
+def demo_children() -> list[int]:
+    """Pids of this process's children running the demo notes server."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == os.getpid() and "bastion.demo.notes" in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.mark.anyio
+async def test_a_killed_stdio_downstream_is_noticed_and_respawned(tmp_path: Path) -> None:
+    connector = McpConnector(
+        config(
+            command=sys.executable,
+            args=["-m", "bastion.demo.notes"],
+            env={"BASTION_NOTES_FILE": str(tmp_path / "notes.json")},
+            cwd=str(REPO_ROOT),
+        ),
+        backoff_initial=0.05,
+        backoff_cap=0.2,
+    )
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        assert {t.name for t in connector.tools()} == {"list_notes", "read_note", "write_note", "delete_note"}
+        [first] = demo_children()
+        os.kill(first, signal.SIGKILL)
+        await changes.until(lambda: down(connector)() and connector.tools() == [])
+        await changes.until(lambda: ready(connector)() and len(connector.tools()) == 4)
+        assert demo_children() != [first]
+        result = await connector.call("write_note", {"name": "n", "text": "t"}, correlation_id="c", timeout=WAIT)
+        assert not result.is_error
+
+
+@asynccontextmanager
+async def demo_http_server(port: int, notes: Path) -> AsyncIterator[anyio.abc.Process]:
+    process = await anyio.open_process(
+        [sys.executable, "-m", "bastion.demo.notes", "--transport", "http", "--port", str(port)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "BASTION_NOTES_FILE": str(notes)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with anyio.CancelScope(shield=True):
+            await process.wait()
+
+
+@pytest.mark.anyio
+async def test_a_killed_http_downstream_is_noticed_and_picked_up_again(tmp_path: Path) -> None:
+    port = free_port()
+    notes = tmp_path / "notes.json"
+    connector = McpConnector(
+        config(transport="http", url=f"http://127.0.0.1:{port}/mcp"), backoff_initial=0.05, backoff_cap=0.2
+    )
+    changes = Changes()
+    async with running(connector, changes):
+        async with demo_http_server(port, notes) as server:
+            await changes.until(ready(connector), timeout=30)
+            assert len(connector.tools()) == 4
+            server.kill()
+            await changes.until(lambda: down(connector)() and connector.tools() == [])
+        async with demo_http_server(port, notes):
+            await changes.until(lambda: ready(connector)() and len(connector.tools()) == 4, timeout=30)
+            result = await connector.call("list_notes", {}, correlation_id="c", timeout=WAIT)
+            assert not result.is_error
+            assert result.meta is None
+
+
+@pytest.mark.anyio
+async def test_the_pypi_time_server_lists_over_stdio() -> None:
+    connector = McpConnector(config(command=sys.executable, args=["-m", "mcp_server_time"]))
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector), timeout=30)
+        assert {t.name for t in connector.tools()} == {"get_current_time", "convert_time"}
+        result = await connector.call("get_current_time", {"timezone": "UTC"}, correlation_id="c", timeout=WAIT)
+        assert not result.is_error
+        assert result.structured_content is not None
