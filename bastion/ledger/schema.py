@@ -1,0 +1,120 @@
+"""The SQLite ledger's schema and its migrations.
+
+`PRAGMA user_version` holds the number of migrations applied. Each migration is a tuple of statements run
+in one transaction together with the version bump, so a file is always at exactly one version. Migrations
+are only ever appended: later ones (pins, tokens) go at the end of `MIGRATIONS`.
+
+Timestamps are stored as fixed-width ISO-8601 UTC text with microseconds
+(`2026-11-21T10:00:00.000000+00:00`), so they compare and sort lexicographically.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import aiosqlite
+import anyio
+
+from bastion.errors import ConfigError
+
+_MIGRATION_1: Final = (
+    """
+    CREATE TABLE invocations (
+        id            TEXT PRIMARY KEY,
+        status        TEXT NOT NULL,
+        policy_key    TEXT NOT NULL,
+        tool          TEXT NOT NULL,
+        source_id     TEXT NOT NULL,
+        action_id     TEXT NOT NULL,
+        risk          TEXT NOT NULL,
+        mode          TEXT NOT NULL,
+        mode_source   TEXT NOT NULL,
+        fingerprint   TEXT,
+        session_id    TEXT NOT NULL,
+        profile       TEXT,
+        principal     TEXT,
+        args          TEXT,            -- JSON, redacted then truncated
+        args_hash     TEXT NOT NULL,   -- SHA-256 of the raw args
+        result        TEXT,            -- JSON, redacted then truncated
+        error_class   TEXT,
+        error_message TEXT,            -- redacted
+        owner         TEXT,
+        created_at    TEXT NOT NULL,
+        updated_at    TEXT NOT NULL,
+        expires_at    TEXT
+    )
+    """,
+    # Listing filters by one column and sorts newest first, so each filter index ends with created_at.
+    "CREATE INDEX invocations_status ON invocations (status, created_at)",
+    "CREATE INDEX invocations_source ON invocations (source_id, created_at)",
+    "CREATE INDEX invocations_session ON invocations (session_id, created_at)",
+    "CREATE INDEX invocations_created ON invocations (created_at)",
+    # The sweeper's question: which pending invocations have expired?
+    "CREATE INDEX invocations_pending_expiry ON invocations (expires_at) WHERE status = 'pending'",
+    """
+    CREATE TABLE events (
+        id            INTEGER PRIMARY KEY AUTOINCREMENT,
+        invocation_id TEXT NOT NULL REFERENCES invocations (id),
+        seq           INTEGER NOT NULL,    -- 1..n per invocation
+        kind          TEXT NOT NULL,
+        at            TEXT NOT NULL,
+        detail        TEXT NOT NULL DEFAULT '{}'   -- JSON object, redacted then truncated
+    )
+    """,
+    "CREATE UNIQUE INDEX events_invocation_seq ON events (invocation_id, seq)",
+    """
+    CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+    BEGIN SELECT RAISE(ABORT, 'the events table is append-only'); END
+    """,
+    """
+    CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+    BEGIN SELECT RAISE(ABORT, 'the events table is append-only'); END
+    """,
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1,)
+"""Migration N (1-based) brings a ledger from user_version N-1 to N."""
+
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+
+async def schema_version(db: aiosqlite.Connection) -> int:
+    """The number of migrations applied to the open ledger file (0 for a new file)."""
+    rows = list(await db.execute_fetchall("PRAGMA user_version"))
+    return int(rows[0][0])
+
+
+async def migrate(db: aiosqlite.Connection) -> None:
+    """Apply the missing migrations, each in its own transaction.
+
+    The connection must be in autocommit mode (`isolation_level=None`). The version is re-read after the
+    write lock is taken, so two processes opening a new file at once apply each migration exactly once.
+    Raises ConfigError when the file was written by a newer Bastion than this one.
+    """
+    while (current := await schema_version(db)) != SCHEMA_VERSION:
+        await _refuse_newer(db, current)
+        # Shielded: a cancellation between statements would leave the transaction open on the connection.
+        with anyio.CancelScope(shield=True):
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                if await schema_version(db) == current:
+                    for statement in MIGRATIONS[current]:
+                        await db.execute(statement)
+                    # PRAGMA takes no parameters; the version is an int we computed.
+                    await db.execute(f"PRAGMA user_version = {current + 1:d}")
+                await db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    await db.execute("ROLLBACK")
+                raise
+
+
+async def _refuse_newer(db: aiosqlite.Connection, version: int) -> None:
+    if version <= SCHEMA_VERSION:
+        return
+    rows = list(await db.execute_fetchall("PRAGMA database_list"))
+    path = next((str(row[2]) for row in rows if row[1] == "main"), "the ledger")
+    raise ConfigError(
+        f"{path}: the ledger has schema version {version} but this Bastion knows only up to {SCHEMA_VERSION}; "
+        "upgrade Bastion to use this ledger (or point [server] ledger at another file)"
+    )
