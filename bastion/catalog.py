@@ -1,0 +1,129 @@
+"""The merged catalog: every source's actions under host-safe names (DESIGN.md §3).
+
+A source's listing is prepared once when it changes (risk, fingerprints); naming runs over all
+sources together because collisions are resolved across them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp_types as types
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import best_match
+from jsonschema.protocols import Validator
+
+from bastion.config import ConnectorConfig
+from bastion.errors import InvalidArguments
+from bastion.models import Risk, policy_key
+from bastion.policies import Fingerprints, NameRequest, assign_tool_names, derive_risk, fingerprints
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedAction:
+    """One upstream action with everything that does not depend on the other sources."""
+
+    source_id: str
+    namespace: str
+    action_id: str
+    upstream: types.Tool
+    definition: dict[str, Any]
+    """The upstream definition in wire form (camelCase), as fingerprinted."""
+    risk: Risk
+    hidden: bool
+    fingerprints: Fingerprints
+
+
+@dataclass(slots=True)
+class CatalogEntry:
+    """An action as the host sees it: its host-facing name and tool, and its policy facts."""
+
+    name: str
+    action: PreparedAction
+    tool: types.Tool
+    _validator: Validator | None = field(default=None, repr=False)
+
+    @property
+    def source_id(self) -> str:
+        return self.action.source_id
+
+    @property
+    def action_id(self) -> str:
+        return self.action.action_id
+
+    @property
+    def key(self) -> str:
+        return policy_key(self.action.source_id, self.action.action_id)
+
+    def validate_arguments(self, arguments: Mapping[str, Any]) -> None:
+        """Check arguments against the upstream input schema; raise InvalidArguments naming the problem."""
+        if self._validator is None:
+            schema = self.action.upstream.input_schema
+            cls = validators.validator_for(schema, default=Draft202012Validator)
+            self._validator = cls(schema)
+        error = best_match(self._validator.iter_errors(arguments))
+        if error is not None:
+            where = "/".join(str(part) for part in error.absolute_path) or "(root)"
+            raise InvalidArguments(
+                f"invalid arguments for {self.name} at {where}: {error.message}; "
+                f"send arguments that match the tool's inputSchema"
+            )
+
+
+def prepare_source(config: ConnectorConfig, tools: Sequence[types.Tool]) -> list[PreparedAction]:
+    """Derive risk and fingerprints for one source's listing (DESIGN.md §4, §5)."""
+    prepared = []
+    for tool in tools:
+        override = config.tools.get(tool.name)
+        annotations = tool.annotations
+        definition = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+        prepared.append(
+            PreparedAction(
+                source_id=config.id,
+                namespace=config.effective_namespace,
+                action_id=tool.name,
+                upstream=tool,
+                definition=definition,
+                risk=derive_risk(
+                    override=override.risk if override else None,
+                    read_only_hint=annotations.read_only_hint if annotations else None,
+                    destructive_hint=annotations.destructive_hint if annotations else None,
+                    default_risk=config.default_risk,
+                ),
+                hidden=bool(override and override.hidden),
+                fingerprints=fingerprints(definition),
+            )
+        )
+    return prepared
+
+
+class Catalog:
+    """Host names to entries, plus the ready-made `tools/list` answer."""
+
+    def __init__(self, actions: Iterable[PreparedAction] = ()) -> None:
+        by_key = {(a.source_id, a.action_id): a for a in actions}
+        assignment = assign_tool_names(
+            NameRequest(source_id=a.source_id, namespace=a.namespace, action_id=a.action_id) for a in by_key.values()
+        )
+        for warning in assignment.warnings:
+            logger.warning("tool name collision: %s", warning)
+        self.warnings: list[str] = assignment.warnings
+        self.entries: dict[str, CatalogEntry] = {}
+        for key, name in sorted(assignment.names.items(), key=lambda item: item[1]):
+            action = by_key[key]
+            tool = (
+                action.upstream if action.upstream.name == name else action.upstream.model_copy(update={"name": name})
+            )
+            self.entries[name] = CatalogEntry(name=name, action=action, tool=tool)
+        self.tools: list[types.Tool] = [e.tool for e in self.entries.values() if not e.action.hidden]
+
+    def get(self, name: str) -> CatalogEntry | None:
+        return self.entries.get(name)
+
+    def __len__(self) -> int:
+        return len(self.entries)

@@ -1,0 +1,152 @@
+"""Real processes for end-to-end tests: Bastion itself, configured with real downstream servers.
+
+Every process is stopped by the context manager that started it; readiness is a line the process
+prints, waited for with a bounded wait.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from anyio.abc import Process
+from anyio.streams.text import TextReceiveStream
+
+READY = re.compile(r"listening on (http://\S+)")
+
+
+def write_config(
+    directory: Path,
+    *,
+    notes_file: Path,
+    time_server: bool = True,
+    policy: str = "",
+    extra_connectors: Mapping[str, str] | None = None,
+) -> Path:
+    """A configuration directory with the demo notes server (and mcp-server-time) as stdio connectors."""
+    (directory / "connectors").mkdir(parents=True, exist_ok=True)
+    (directory / "policies").mkdir(exist_ok=True)
+    (directory / "bastion.toml").write_text(
+        '[server]\nledger = "sqlite:///state/ledger.db"\n[limits]\nlist_timeout_seconds = 20\n'
+    )
+    (directory / "connectors" / "notes.toml").write_text(
+        f'command = {_toml(sys.executable)}\nargs = ["-m", "bastion.demo.notes"]\n'
+        f"env = {{ BASTION_NOTES_FILE = {_toml(str(notes_file))} }}\n"
+    )
+    if time_server:
+        (directory / "connectors" / "time.toml").write_text(
+            f'command = {_toml(sys.executable)}\nargs = ["-m", "mcp_server_time", "--local-timezone", "UTC"]\n'
+        )
+    for name, text in (extra_connectors or {}).items():
+        (directory / "connectors" / f"{name}.toml").write_text(text)
+    (directory / "policies" / "default.toml").write_text(policy)
+    return directory
+
+
+def _toml(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def bastion_env(home: Path, **extra: str) -> dict[str, str]:
+    """An environment for a Bastion process that cannot touch the real user's files."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BASTION_")}
+    env |= {"HOME": str(home), "XDG_STATE_HOME": str(home / ".local" / "state"), "PYTHONUNBUFFERED": "1"}
+    return env | extra
+
+
+def bastion_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bastion", *args]
+
+
+def run_cli(*args: str, env: Mapping[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run one `bastion` command to completion."""
+    return subprocess.run(
+        bastion_command(*args), env=dict(env), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@dataclass
+class Running:
+    process: Process
+    base_url: str
+    stderr: list[str] = field(default_factory=list)
+
+    @property
+    def mcp_url(self) -> str:
+        return f"{self.base_url}/mcp"
+
+
+@asynccontextmanager
+async def bastion_http(
+    args: Sequence[str], *, env: Mapping[str, str], command: Sequence[str] | None = None
+) -> AsyncIterator[Running]:
+    """Start `bastion serve --transport http --port 0 ...`, yield once it listens, always stop it."""
+    argv = list(command) if command else bastion_command("serve", "--transport", "http", "--port", "0", *args)
+    # A session of its own, so stopping it reaches every process it started (make -> bastion).
+    process = await anyio.open_process(
+        argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+    )
+    lines: list[str] = []
+    ready = anyio.Event()
+    found: list[str] = []
+
+    async def drain() -> None:
+        assert process.stderr is not None
+        buffer = ""
+        async for chunk in TextReceiveStream(process.stderr):
+            buffer += chunk
+            *complete, buffer = buffer.split("\n")
+            for line in complete:
+                lines.append(line)
+                match = READY.search(line)
+                if match and not ready.is_set():
+                    found.append(match.group(1))
+                    ready.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain)
+            try:
+                with anyio.fail_after(60):
+                    while not ready.is_set():
+                        if process.returncode is not None:
+                            raise AssertionError("bastion exited before listening:\n" + "\n".join(lines))
+                        with anyio.move_on_after(0.5):
+                            await ready.wait()
+                yield Running(process, found[0], lines)
+            finally:
+                tg.cancel_scope.cancel()  # stop draining before stop() closes the pipe
+                await stop(process, group=True)
+    finally:
+        if process.returncode is None:
+            process.kill()
+
+
+async def stop(process: Process, *, group: bool = False) -> None:
+    """Terminate (the whole process group when `group`), wait (bounded), then kill."""
+    with anyio.CancelScope(shield=True):
+        if process.returncode is None:
+            _signal(process, signal.SIGTERM, group)
+            with anyio.move_on_after(15):
+                await process.wait()
+        if process.returncode is None:
+            _signal(process, signal.SIGKILL, group)
+        await process.aclose()
+
+
+def _signal(process: Process, signum: int, group: bool) -> None:
+    try:
+        if group:
+            os.killpg(process.pid, signum)
+        else:
+            os.kill(process.pid, signum)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,116 @@
+"""The import direction of DESIGN.md §2, read from every module's imports."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "bastion"
+
+# Lower number = lower layer. A module may import only modules of a strictly lower layer, or of its
+# own group (a package importing its own submodules). Sibling groups at the same layer never import
+# each other: connectors, policies and ledger are independent.
+LAYERS: dict[str, int] = {
+    "bastion": 0,  # the package root (__init__: version only)
+    "bastion.models": 1,
+    "bastion.errors": 1,
+    "bastion.config": 2,
+    "bastion.policies": 3,
+    "bastion.connectors": 3,
+    "bastion.ledger": 3,
+    "bastion.catalog": 4,
+    "bastion.gateway": 5,
+    "bastion.server": 6,
+    "bastion.cli": 7,
+    "bastion.__main__": 8,
+    "bastion.demo": 8,  # a standalone demo server program: nothing in bastion imports it
+}
+
+# Third-party imports allowed per group, beyond the standard library (None = anything).
+THIRD_PARTY: dict[str, set[str] | None] = {
+    "bastion.models": {"pydantic"},
+    "bastion.errors": set(),
+    "bastion.config": {"pydantic"},
+    "bastion.policies": {"pydantic"},
+    "bastion.ledger": {"pydantic", "aiosqlite", "anyio"},
+    "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic"},
+    "bastion.catalog": {"mcp_types", "jsonschema", "pydantic"},
+    "bastion.gateway": {"mcp_types", "anyio", "pydantic"},
+    "bastion.server": None,
+    "bastion.cli": None,
+    "bastion.__main__": None,
+    "bastion.demo": None,
+    "bastion": set(),
+}
+
+SERVER_ONLY = ("mcp.server", "starlette", "uvicorn", "sse_starlette")
+
+
+def _group(module: str) -> str:
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:n])
+        if candidate in LAYERS:
+            return candidate
+    raise AssertionError(f"{module} belongs to no layer; add it to LAYERS in tests/test_layering.py")
+
+
+def _modules() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(p for p in rel.parts if p != "__init__")
+        imports: list[str] = []
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                imports.extend(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imports.append(node.module)
+        found[name] = imports
+    return found
+
+
+def _stdlib(name: str) -> bool:
+    return name.split(".")[0] in sys.stdlib_module_names or name == "__future__"
+
+
+def test_every_import_points_down_the_layers() -> None:
+    wrong = []
+    for module, imports in _modules().items():
+        group = _group(module)
+        for imported in imports:
+            if not imported.startswith("bastion"):
+                continue
+            target = _group(imported)
+            if target == group or (target == "bastion" and imported == "bastion"):
+                continue
+            if LAYERS[target] >= LAYERS[group]:
+                wrong.append(f"{module} imports {imported} ({group} -> {target})")
+    assert not wrong, "imports that point the wrong way:\n" + "\n".join(wrong)
+
+
+def test_third_party_imports_stay_in_their_layer() -> None:
+    wrong = []
+    for module, imports in _modules().items():
+        allowed = THIRD_PARTY[_group(module)]
+        for imported in imports:
+            if imported.startswith("bastion") or _stdlib(imported):
+                continue
+            top = imported.split(".")[0]
+            if allowed is not None and top not in allowed:
+                wrong.append(f"{module} imports {imported}")
+            if allowed is not None and imported.startswith(SERVER_ONLY):
+                wrong.append(f"{module} imports server-side {imported}")
+    assert not wrong, "third-party imports outside their layer:\n" + "\n".join(wrong)
+
+
+def test_nothing_imports_the_composition_root_or_the_demo() -> None:
+    offenders = [
+        f"{module} imports {imported}"
+        for module, imports in _modules().items()
+        for imported in imports
+        if imported.startswith(("bastion.cli", "bastion.demo", "bastion.__main__"))
+        and not module.startswith(("bastion.__main__", "bastion.demo"))
+    ]
+    assert not offenders, "\n".join(offenders)
