@@ -23,6 +23,7 @@ from mcp.client.session import IncomingMessage
 from mcp.client.sse import sse_client
 
 from tests.processes import bastion_command, bastion_env, bastion_http, run_cli, stop, write_config
+from tests.test_cli import INVOCATION_KEYS
 
 pytestmark = pytest.mark.anyio
 
@@ -147,6 +148,15 @@ async def test_host_over_stdio_sees_one_catalog_and_destructive_calls_never_reac
     async with host_client(params, mode) as (client, _):
         await exercise_catalog(client, notes)
     assert_ledger(config, calls=3)
+
+    listed = run_cli("invocations", "list", "--json", "--config", str(config), env=env)
+    assert listed.returncode == 0, listed.stderr
+    invocations = json.loads(listed.stdout)
+    assert len(invocations) == 3
+    assert set(invocations[0]) >= INVOCATION_KEYS
+    shown = run_cli("invocations", "show", invocations[0]["id"], "--json", "--config", str(config), env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["events"][0]["kind"] == "planned"
 
 
 @pytest.mark.parametrize("mode", ERAS)

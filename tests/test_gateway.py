@@ -1,0 +1,213 @@
+"""The call pipeline, driven through a real MCP client against an in-process Bastion.
+
+Real parts: the SDK client, Bastion's front door and gateway, a real SQLite ledger file, and an
+in-process downstream MCP server (tests/downstream.py) behind a real McpConnector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client
+
+from bastion.config import Config, ConnectorConfig, LimitSettings, PolicyConfig, Profile, Settings, ToolOverride
+from bastion.connectors import McpConnector
+from bastion.connectors.mcp import CORRELATION_META_KEY
+from bastion.gateway import Gateway
+from bastion.ledger import Redactor, SqliteLedger
+from bastion.server.mcp import FrontDoor
+from tests.downstream import FixtureServer
+
+pytestmark = pytest.mark.anyio
+
+
+@dataclass
+class Harness:
+    client: Client
+    fixture: FixtureServer
+    ledger: SqliteLedger
+    gateway: Gateway
+
+    async def call(self, name: str, arguments: dict[str, Any] | None = None) -> types.CallToolResult:
+        return await self.client.call_tool(name, arguments or {})
+
+    async def only_invocation(self) -> Any:
+        (invocation,) = await self.ledger.list()
+        return invocation
+
+
+@asynccontextmanager
+async def harness(
+    tmp_path: Path,
+    *,
+    modes: dict[str, str] | None = None,
+    profiles: dict[str, Profile] | None = None,
+    profile: str | None = None,
+    disabled: list[str] | None = None,
+    overrides: dict[str, ToolOverride] | None = None,
+    call_timeout: float = 30,
+) -> AsyncIterator[Harness]:
+    fixture = FixtureServer()
+    connectors = [
+        ConnectorConfig(id="fx", command="unused", tools=overrides or {}),
+        ConnectorConfig(id="off", command="unused"),
+    ]
+    config = Config(
+        directory=None,
+        settings=Settings(limits=LimitSettings(call_timeout_seconds=call_timeout)),
+        connectors=connectors,
+        policy=PolicyConfig.model_validate(
+            {"modes": modes or {}, "profiles": profiles or {}, "sources": {"disabled": disabled or []}}
+        ),
+        ledger_url=f"sqlite:///{tmp_path}/ledger.db",
+    )
+    sources = [McpConnector(connectors[0], target=lambda: fixture.server)]
+    async with await SqliteLedger.open(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
+        gateway = Gateway(config, ledger, sources)
+        async with gateway.running():
+            front = FrontDoor(gateway, profile=profile)
+            async with Client(front.server, cache=None) as client:
+                yield Harness(client, fixture, ledger, gateway)
+
+
+def error_of(result: types.CallToolResult) -> dict[str, Any]:
+    assert result.is_error
+    assert result.structured_content is not None
+    error: dict[str, Any] = result.structured_content["error"]
+    return error
+
+
+async def test_allowed_call_runs_and_is_recorded_completed_with_its_correlation_id(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        result = await h.call("fx__echo", {"text": "hi"})
+        assert not result.is_error
+        invocation = await h.only_invocation()
+        assert (invocation.status, invocation.mode, invocation.mode_source) == ("completed", "allow", "inferred")
+        assert invocation.policy_key == "fx:echo"
+        assert h.fixture.calls[0].meta[CORRELATION_META_KEY] == invocation.id
+        kinds = [e.kind for e in await h.ledger.events(invocation.id)]
+        assert kinds == ["planned", "approved", "executing", "completed"]
+
+
+async def test_the_invocation_is_durable_before_the_call_reaches_the_downstream(tmp_path: Path) -> None:
+    async with harness(tmp_path, modes={"fx:sleep": "allow"}) as h, anyio.create_task_group() as tg:
+        tg.start_soon(h.call, "fx__sleep")
+        with anyio.fail_after(10):
+            await h.fixture.sleep_started.wait()
+        invocation = await h.only_invocation()
+        assert invocation.status == "executing"
+        assert [e.kind for e in await h.ledger.events(invocation.id)] == ["planned", "approved", "executing"]
+        h.fixture.release.set()
+
+
+async def test_denied_call_is_recorded_and_never_reaches_the_downstream(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        error = error_of(await h.call("fx__fail"))
+        assert error["class"] == "policy_denied"
+        assert h.fixture.calls == []
+        invocation = await h.only_invocation()
+        assert error["invocation_id"] == invocation.id
+        assert (invocation.status, invocation.mode, invocation.risk) == ("denied", "deny", "danger")
+        assert [e.kind for e in await h.ledger.events(invocation.id)] == ["planned", "denied"]
+
+
+async def test_require_approval_refuses_and_runs_nothing_until_approvals_exist(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        error = error_of(await h.call("fx__sleep"))  # no annotations: write risk, require_approval
+        assert error["class"] == "policy_denied"
+        assert h.fixture.calls == []
+        invocation = await h.only_invocation()
+        assert (invocation.status, invocation.mode) == ("denied", "require_approval")
+
+
+async def test_invalid_arguments_are_refused_before_anything_is_recorded(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        assert error_of(await h.call("fx__echo", {"text": 3}))["class"] == "invalid_arguments"
+        assert error_of(await h.call("fx__shapes", {"at": [1, 2], "extra": 1}))["class"] == "invalid_arguments"
+        assert await h.ledger.list() == []
+        assert h.fixture.calls == []
+
+
+async def test_org_wildcard_and_session_profile_decide_the_mode(tmp_path: Path) -> None:
+    profiles = {"nightly": Profile(modes={"fx:echo": "deny"})}
+    async with harness(tmp_path, modes={"fx:*": "allow"}, profiles=profiles, profile="nightly") as h:
+        assert error_of(await h.call("fx__echo", {"text": "x"}))["class"] == "policy_denied"
+        assert not (await h.call("fx__progress")).is_error
+        by_tool = {i.tool: i for i in await h.ledger.list()}
+        assert (by_tool["fx__echo"].mode_source, by_tool["fx__echo"].profile) == ("profile", "nightly")
+        assert (by_tool["fx__progress"].mode, by_tool["fx__progress"].mode_source) == ("allow", "org")
+
+
+async def test_an_unknown_mode_value_fails_safe_to_deny(tmp_path: Path) -> None:
+    async with harness(tmp_path, modes={"fx:echo": "alow"}) as h:
+        assert error_of(await h.call("fx__echo", {"text": "x"}))["class"] == "policy_denied"
+        invocation = await h.only_invocation()
+        assert (invocation.mode, invocation.mode_source) == ("deny", "unknown_mode:alow")
+
+
+async def test_a_downstream_timeout_after_sending_is_recorded_unknown(tmp_path: Path) -> None:
+    async with harness(tmp_path, modes={"fx:sleep": "allow"}, call_timeout=0.2) as h:
+        error = error_of(await h.call("fx__sleep"))
+        assert error["class"] == "timeout"
+        invocation = await h.only_invocation()
+        assert (invocation.status, invocation.error_class) == ("unknown", "timeout")
+        h.fixture.release.set()
+
+
+async def test_a_downstream_error_is_recorded_failed(tmp_path: Path) -> None:
+    async with harness(tmp_path, modes={"fx:fail": "allow"}) as h:
+        assert error_of(await h.call("fx__fail"))["class"] == "upstream_error"
+        invocation = await h.only_invocation()
+        assert (invocation.status, invocation.error_class) == ("failed", "upstream_error")
+
+
+async def test_hidden_tools_are_neither_listed_nor_callable(tmp_path: Path) -> None:
+    async with harness(tmp_path, overrides={"echo": ToolOverride(hidden=True)}) as h:
+        names = {t.name for t in (await h.client.list_tools()).tools}
+        assert "fx__echo" not in names
+        assert "fx__shapes" in names
+        assert error_of(await h.call("fx__echo", {"text": "x"}))["class"] == "not_found"
+
+
+async def test_disabled_sources_are_hidden_and_refused(tmp_path: Path) -> None:
+    async with harness(tmp_path, disabled=["off"]) as h:
+        assert all(not t.name.startswith("off__") for t in (await h.client.list_tools()).tools)
+        assert error_of(await h.call("off__anything"))["class"] == "source_disabled"
+        assert [s.state for s in h.gateway.statuses() if s.source_id == "off"] == ["disabled"]
+
+
+async def test_upstream_definitions_reach_the_host_verbatim(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        tools = {t.name: t for t in (await h.client.list_tools()).tools}
+        upstream = next(t for t in h.fixture.tools if t.name == "shapes")
+        seen = tools["fx__shapes"]
+        for field in ("title", "description", "input_schema", "output_schema", "annotations", "meta"):
+            assert getattr(seen, field) == getattr(upstream, field), field
+
+
+async def test_risk_override_in_the_connector_file_wins_over_annotations(tmp_path: Path) -> None:
+    async with harness(tmp_path, overrides={"echo": ToolOverride(risk="danger")}) as h:
+        assert error_of(await h.call("fx__echo", {"text": "x"}))["class"] == "policy_denied"
+        assert (await h.only_invocation()).risk == "danger"
+
+
+async def test_a_downstream_list_changed_reaches_the_host_catalog(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        changed = anyio.Event()
+
+        async def on_change() -> None:
+            changed.set()
+
+        h.gateway.on_catalog_changed(on_change)
+        extra = types.Tool(name="fresh", description="new", input_schema={"type": "object"})
+        await h.fixture.set_tools([*h.fixture.tools, extra])
+        with anyio.fail_after(10):
+            await changed.wait()
+        assert "fx__fresh" in {t.name for t in (await h.client.list_tools()).tools}
