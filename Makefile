@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
-.PHONY: run test lint format clean
+.PHONY: run test lint format bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,14 +29,18 @@ test: lint
 
 ## lint: ruff (lint + format check) and mypy --strict
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check bastion tests
-	$(BIN)/ruff format --check bastion tests
+	$(BIN)/ruff check bastion tests bench
+	$(BIN)/ruff format --check bastion tests bench
 	$(BIN)/mypy
+
+## bench: the benchmarks of DESIGN.md §11 that exist so far; results under bench/results/
+bench: $(VENV)/.installed
+	$(BIN)/python bench/approval_wakeup.py
 
 ## format: apply ruff's formatting and safe fixes
 format: $(VENV)/.installed-dev
-	$(BIN)/ruff format bastion tests
-	$(BIN)/ruff check --fix bastion tests
+	$(BIN)/ruff format bastion tests bench
+	$(BIN)/ruff check --fix bastion tests bench
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

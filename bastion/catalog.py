@@ -75,12 +75,23 @@ class CatalogEntry:
             )
 
 
+def risk_of(config: ConnectorConfig, action_id: str, definition: Mapping[str, Any]) -> Risk:
+    """An action's risk from its connector's override, its wire-form annotations, or the defaults (§4)."""
+    override = config.tools.get(action_id)
+    annotations = definition.get("annotations") or {}
+    return derive_risk(
+        override=override.risk if override else None,
+        read_only_hint=annotations.get("readOnlyHint"),
+        destructive_hint=annotations.get("destructiveHint"),
+        default_risk=config.default_risk,
+    )
+
+
 def prepare_source(config: ConnectorConfig, tools: Sequence[types.Tool]) -> list[PreparedAction]:
     """Derive risk and fingerprints for one source's listing (DESIGN.md §4, §5)."""
     prepared = []
     for tool in tools:
         override = config.tools.get(tool.name)
-        annotations = tool.annotations
         definition = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
         prepared.append(
             PreparedAction(
@@ -89,12 +100,7 @@ def prepare_source(config: ConnectorConfig, tools: Sequence[types.Tool]) -> list
                 action_id=tool.name,
                 upstream=tool,
                 definition=definition,
-                risk=derive_risk(
-                    override=override.risk if override else None,
-                    read_only_hint=annotations.read_only_hint if annotations else None,
-                    destructive_hint=annotations.destructive_hint if annotations else None,
-                    default_risk=config.default_risk,
-                ),
+                risk=risk_of(config, tool.name, definition),
                 hidden=bool(override and override.hidden),
                 fingerprints=fingerprints(definition),
             )
@@ -114,12 +120,14 @@ class Catalog:
             logger.warning("tool name collision: %s", warning)
         self.warnings: list[str] = assignment.warnings
         self.entries: dict[str, CatalogEntry] = {}
+        self.by_action: dict[tuple[str, str], CatalogEntry] = {}
+        """The same entries by (source_id, action_id)."""
         for key, name in sorted(assignment.names.items(), key=lambda item: item[1]):
             action = by_key[key]
             tool = (
                 action.upstream if action.upstream.name == name else action.upstream.model_copy(update={"name": name})
             )
-            self.entries[name] = CatalogEntry(name=name, action=action, tool=tool)
+            self.entries[name] = self.by_action[key] = CatalogEntry(name=name, action=action, tool=tool)
         self.tools: list[types.Tool] = [e.tool for e in self.entries.values() if not e.action.hidden]
 
     def get(self, name: str) -> CatalogEntry | None:

@@ -1,125 +1,63 @@
 """The call pipeline and the Gateway that owns catalog, policy and ledger (DESIGN.md §2, §6).
 
-The seams `ActionSource` and `Ledger` are defined here, beside their consumer; connectors/ and
-ledger/ satisfy them structurally without importing this module.
+Every call: resolve the tool, validate its arguments, apply the session's rate limit, resolve the
+mode (tightened by drift), record the intent, then run it, hold it for an approver, or refuse it,
+and record the outcome.
 """
 
 from __future__ import annotations
 
-import builtins
-import hashlib
+import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, NoReturn, Protocol
+from datetime import timedelta
+from typing import Any, NoReturn
 
 import anyio
 import mcp_types as types
 
-from bastion.catalog import Catalog, CatalogEntry, PreparedAction, prepare_source
+from bastion.approvals import ApprovalDesk, Progress, args_hash, owner_alive, process_identity
+from bastion.catalog import Catalog, CatalogEntry, PreparedAction, prepare_source, risk_of
 from bastion.config import Config, ConnectorConfig
 from bastion.errors import (
     BastionError,
     CallTimeout,
     ConnectorUnavailable,
+    InvalidArguments,
     NotFound,
+    PendingLimit,
     PolicyDenied,
+    RateLimited,
     SourceDisabled,
     UnknownOutcome,
     UpstreamError,
 )
-from bastion.models import (
-    CallContext,
-    EventKind,
-    Invocation,
-    InvocationEvent,
-    ModeDecision,
-    SourceStatus,
-    Status,
-    utcnow,
-)
-from bastion.policies import canonical_json, resolve_mode
+from bastion.models import CallContext, Invocation, ModeDecision, Risk, SourceStatus, Status, utcnow
+from bastion.pinning import PinBook
+from bastion.policies import RateLimiter, guard_drift, resolve_mode
+from bastion.seams import ActionSource, Ledger, ProgressFn
 
 logger = logging.getLogger(__name__)
 
-ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
-"""Called with (progress, total, message) for each progress notification of a downstream call."""
-
-ChangeFn = Callable[[str], Awaitable[None]]
-"""Called with a source_id whenever that source's listing changed (tools came, went or changed)."""
-
-
-class ActionSource(Protocol):
-    """A place actions come from: a downstream MCP connector, a provider, a manifest set."""
-
-    @property
-    def source_id(self) -> str: ...
-
-    @property
-    def status(self) -> SourceStatus: ...
-
-    def tools(self) -> Sequence[types.Tool]:
-        """The current listing exactly as the upstream sent it; empty while the source is down."""
-        ...
-
-    async def run(self, on_change: ChangeFn) -> None:
-        """Connect, list, and keep the source alive until cancelled (reconnecting with backoff)."""
-        ...
-
-    async def call(
-        self,
-        action_id: str,
-        arguments: dict[str, Any],
-        *,
-        correlation_id: str,
-        timeout: float,
-        on_progress: ProgressFn | None = None,
-    ) -> types.CallToolResult:
-        """Run one action. Raises ConnectorUnavailable (nothing was sent), CallTimeout or
-        UnknownOutcome (sent, outcome unknown) or UpstreamError (the upstream answered with an error)."""
-        ...
-
-
-class Ledger(Protocol):
-    """The durable invocation store. Implementations redact and truncate args and results themselves."""
-
-    async def record(
-        self, invocation: Invocation, events: Sequence[EventKind], detail: Mapping[str, Any] | None = None
-    ) -> None:
-        """Insert a new invocation and its first events in one transaction (durable on return)."""
-        ...
-
-    async def transition(
-        self,
-        invocation_id: str,
-        *,
-        from_statuses: Collection[Status],
-        to: Status,
-        event: EventKind | None = None,
-        detail: Mapping[str, Any] | None = None,
-        fields: Mapping[str, Any] | None = None,
-    ) -> Invocation | None:
-        """Move an invocation to `to` only if its status is one of `from_statuses`, append the event
-        (default: `to`) and set `fields` (result, error_class, error_message, owner, expires_at).
-        Returns the updated invocation, or None when the condition did not hold (a conflict)."""
-        ...
-
-    async def get(self, invocation_id: str) -> Invocation | None: ...
-
-    async def list(
-        self,
-        *,
-        status: Status | None = None,
-        source_id: str | None = None,
-        session_id: str | None = None,
-        limit: int = 100,
-    ) -> list[Invocation]:
-        """Newest first."""
-        ...
-
-    async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]: ...
+INVOCATION_TOOL = types.Tool(
+    name="bastion__invocation",
+    title="Look up an invocation",
+    description=(
+        "Return the status and (redacted) result of an earlier call made through Bastion, by its invocation id. "
+        "Use it after a call that waited for approval was interrupted, or to check on a pending one."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {"invocation_id": {"type": "string", "description": "The id from the earlier call."}},
+        "required": ["invocation_id"],
+        "additionalProperties": False,
+    },
+    annotations=types.ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True),
+)
+"""The gateway's own tool: never gated, never recorded (it only reads the ledger)."""
 
 
 class Gateway:
@@ -136,12 +74,23 @@ class Gateway:
     ) -> None:
         self.config = config
         self.ledger = ledger
-        self.instance_id = instance_id or secrets.token_hex(8)
+        self.instance_id = instance_id or process_identity()
         self._sources = {s.source_id: s for s in sources}
         self._connectors = dict(connectors) if connectors is not None else {c.id: c for c in config.connectors}
         self._disabled = frozenset(config.policy.sources.disabled)
         self._prepared: dict[str, list[PreparedAction]] = {}
         self.catalog = Catalog()
+        self.tools: list[types.Tool] = [INVOCATION_TOOL]
+        """What `tools/list` answers: the visible catalog plus the gateway's own tool."""
+        self.pins = PinBook(ledger, self._connectors)
+        self.desk = ApprovalDesk(
+            ledger,
+            runner=self._run,
+            lookup=self._lookup,
+            owner=self.instance_id,
+            heartbeat_seconds=config.settings.approvals.heartbeat_seconds,
+        )
+        self._rate = RateLimiter(config.settings.limits.invocations_per_minute)
         self._listeners: list[Callable[[], Awaitable[None]]] = []
         self._changed = anyio.Event()
 
@@ -161,14 +110,20 @@ class Gateway:
         """Register a coroutine called after every catalog rebuild (the server notifies hosts)."""
         self._listeners.append(listener)
 
+    def _lookup(self, source_id: str, action_id: str) -> CatalogEntry | None:
+        return self.catalog.by_action.get((source_id, action_id))
+
     async def _source_changed(self, source_id: str) -> None:
+        """A source (re)listed or went away: prepare its actions and check them against their pins."""
         source = self._sources[source_id]
-        config = self._connectors[source_id]
-        self._prepared[source_id] = prepare_source(config, source.tools())
+        prepared = prepare_source(self._connectors[source_id], source.tools())
+        self._prepared[source_id] = prepared
+        await self.pins.observe(source_id, prepared)
         self._changed.set()
 
     def _rebuild(self) -> None:
         self.catalog = Catalog(action for actions in self._prepared.values() for action in actions)
+        self.tools = [*self.catalog.tools, INVOCATION_TOOL]
 
     async def _rebuild_loop(self) -> None:
         """Coalesce change bursts (a start-up of many sources) into few rebuilds and host notifications."""
@@ -181,7 +136,15 @@ class Gateway:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Gateway]:
-        """Start every source, wait (bounded by the listing timeout) for their first listing, serve, stop."""
+        """Recover the ledger, start every source, wait (bounded) for their first listing, serve, stop."""
+        report = await self.ledger.recover(owner_alive)
+        if report.unknown or report.approved:
+            logger.warning(
+                "recovered the ledger: %d interrupted invocation(s) marked unknown, %d approved one(s) to run",
+                len(report.unknown),
+                len(report.approved),
+            )
+        await self.pins.load()
         async with anyio.create_task_group() as tg:
             for source in self._sources.values():
                 tg.start_soon(source.run, self._source_changed, name=f"source:{source.source_id}")
@@ -194,10 +157,38 @@ class Gateway:
                 logger.warning("sources still listing after the timeout, omitted for now: %s", ", ".join(slow))
             self._rebuild()
             tg.start_soon(self._rebuild_loop, name="catalog")
+            tg.start_soon(self.ledger.watch, name="ledger-watch")
+            await tg.start(self.desk.run, name="approvals")
             try:
                 yield self
             finally:
                 tg.cancel_scope.cancel()
+
+    # -- policy ----------------------------------------------------------------------------------
+
+    def decide(self, entry: CatalogEntry, context: CallContext, *, drifted: bool | None = None) -> ModeDecision:
+        """The mode of one action for one session (DESIGN.md §4); a drifted one is judged by §5."""
+        if drifted is None:
+            drifted = self.pins.drift(entry.source_id, entry.action_id) is not None
+        current = self._resolve(entry, entry.action.risk, context)
+        if not drifted:
+            return current
+        trusted = self.pins.pinned_definition(entry.source_id, entry.action_id)
+        if trusted is None:
+            return guard_drift(current, None)
+        pinned_risk = risk_of(self._connectors[entry.source_id], entry.action_id, trusted)
+        return guard_drift(current, self._resolve(entry, pinned_risk, context))
+
+    def _resolve(self, entry: CatalogEntry, risk: Risk, context: CallContext) -> ModeDecision:
+        policy = self.config.policy
+        profile = policy.profiles.get(context.profile) if context.profile else None
+        return resolve_mode(
+            source_id=entry.source_id,
+            action_id=entry.action_id,
+            risk=risk,
+            profile_modes=profile.modes if profile else None,
+            org_modes=policy.modes,
+        )
 
     # -- the call pipeline -------------------------------------------------------------------------
 
@@ -211,35 +202,30 @@ class Gateway:
     ) -> types.CallToolResult:
         """Resolve, validate, decide, record, run and record again. Refusals raise a BastionError."""
         arguments = arguments or {}
+        if name == INVOCATION_TOOL.name:
+            return await self._invocation_status(arguments, context)
         entry = self.catalog.get(name)
         if entry is None or entry.action.hidden:
             self._refuse_unknown(name)
         assert entry is not None
         entry.validate_arguments(arguments)
-        decision = self.decide(entry, context)
-        invocation = self._new_invocation(entry, arguments, decision, context)
-        if decision.mode == "deny":
-            reason = f"policy {decision.source} denies {entry.key}"
-            await self._refuse(invocation, PolicyDenied, reason)
-        if decision.mode == "require_approval":
-            reason = (
-                f"{entry.key} requires approval ({decision.source}), and this Bastion cannot collect approvals yet; "
-                f"set its mode to allow in a policy file if it is safe to run unattended"
+        drift = await self.pins.current_drift(entry.source_id, entry.action_id)
+        decision = self.decide(entry, context, drifted=drift is not None)
+        invocation = self._new_invocation(entry, arguments, decision, context, drift)
+        if not self._rate.admit(context.session_id, time.monotonic()):
+            wait = self._rate.retry_after(context.session_id, time.monotonic())
+            limit = self.config.settings.limits.invocations_per_minute
+            await self._refuse(
+                invocation,
+                RateLimited,
+                f"session over its limit of {limit} invocations per minute; retry in {wait:.0f} s",
             )
-            await self._refuse(invocation, PolicyDenied, reason)
-        return await self._execute(entry, invocation, arguments, on_progress)
-
-    def decide(self, entry: CatalogEntry, context: CallContext) -> ModeDecision:
-        """The mode of one action for one session (DESIGN.md §4)."""
-        policy = self.config.policy
-        profile = policy.profiles.get(context.profile) if context.profile else None
-        return resolve_mode(
-            source_id=entry.source_id,
-            action_id=entry.action_id,
-            risk=entry.action.risk,
-            profile_modes=profile.modes if profile else None,
-            org_modes=policy.modes,
-        )
+        if decision.mode == "deny":
+            await self._refuse(invocation, PolicyDenied, f"policy ({decision.source}) denies {entry.key}")
+        if decision.mode == "require_approval":
+            return await self._hold(entry, invocation, arguments, on_progress)
+        await self.ledger.record(invocation, ("planned", "approved", "executing"))
+        return await self._run(entry, invocation, arguments, Progress(on_progress) if on_progress else None)
 
     def _refuse_unknown(self, name: str) -> NoReturn:
         for source_id in self._disabled:
@@ -249,12 +235,17 @@ class Gateway:
         raise NotFound(f"no tool named {name!r}; list the tools to see what this gateway offers")
 
     def _new_invocation(
-        self, entry: CatalogEntry, arguments: dict[str, Any], decision: ModeDecision, context: CallContext
+        self,
+        entry: CatalogEntry,
+        arguments: dict[str, Any],
+        decision: ModeDecision,
+        context: CallContext,
+        drift: list[str] | None,
     ) -> Invocation:
         now = utcnow()
         return Invocation(
             id=new_invocation_id(),
-            status="planned_placeholder" if False else "executing",
+            status="executing",
             policy_key=entry.key,
             tool=entry.name,
             source_id=entry.source_id,
@@ -267,8 +258,9 @@ class Gateway:
             profile=context.profile,
             principal=context.principal,
             args=arguments,
-            args_hash=hashlib.sha256(canonical_json(arguments)).hexdigest(),
+            args_hash=args_hash(arguments),
             owner=self.instance_id,
+            drift=drift,
             created_at=now,
             updated_at=now,
         )
@@ -280,23 +272,40 @@ class Gateway:
         await self.ledger.record(refused, ("planned", "denied"), {"reason": reason})
         raise error(reason, invocation_id=invocation.id)
 
-    async def _execute(
-        self,
-        entry: CatalogEntry,
-        invocation: Invocation,
-        arguments: dict[str, Any],
-        on_progress: ProgressFn | None,
+    async def _hold(
+        self, entry: CatalogEntry, invocation: Invocation, arguments: dict[str, Any], on_progress: ProgressFn | None
     ) -> types.CallToolResult:
-        """The allow path: durable `planned` before anything leaves, then run and record the outcome."""
-        await self.ledger.record(invocation, ("planned", "approved", "executing"))
-        source = self._sources[entry.source_id]
+        """require_approval: pending in the ledger, and the host's call blocks until it is decided."""
+        approvals = self.config.settings.approvals
+        pending = await self.ledger.count("pending", session_id=invocation.session_id)
+        if pending >= approvals.max_pending_per_session:
+            await self._refuse(
+                invocation,
+                PendingLimit,
+                f"session already has {pending} invocations waiting for approval (limit "
+                f"{approvals.max_pending_per_session}); wait for decisions before asking for more",
+            )
+        now = utcnow()
+        held = invocation.model_copy(
+            update={"status": "pending", "expires_at": now + timedelta(seconds=approvals.expiry_seconds)}
+        )
+        logger.info("invocation %s (%s) waits for approval", held.id, entry.key)
+        return await self.desk.hold(held, entry, arguments, on_progress)
+
+    async def _run(
+        self, entry: CatalogEntry, invocation: Invocation, arguments: dict[str, Any], progress: Progress | None
+    ) -> types.CallToolResult:
+        """Run an `executing` invocation and record its outcome (durably `planned` before this is reached)."""
+        source = self._sources.get(entry.source_id)
         try:
+            if source is None:
+                raise ConnectorUnavailable(f"source {entry.source_id!r} is not running")
             result = await source.call(
                 entry.action_id,
                 arguments,
                 correlation_id=invocation.id,
                 timeout=self.config.settings.limits.call_timeout_seconds,
-                on_progress=on_progress,
+                on_progress=progress.relay if progress else None,
             )
         except (CallTimeout, UnknownOutcome) as exc:
             await self._finish(invocation.id, "unknown", error=exc)
@@ -321,10 +330,31 @@ class Gateway:
         self, invocation_id: str, status: Status, *, result: Any = None, error: BastionError | None = None
     ) -> None:
         fields: dict[str, Any] = {"result": result}
-        executing: tuple[Status, ...] = ("executing",)
         if error is not None:
             fields |= {"error_class": error.error_class, "error_message": error.message}
+        executing: tuple[Status, ...] = ("executing",)
         await self.ledger.transition(invocation_id, from_statuses=executing, to=status, fields=fields)
+
+    async def _invocation_status(self, arguments: dict[str, Any], context: CallContext) -> types.CallToolResult:
+        """`bastion__invocation`: an invocation's status and redacted result, for the agent that made it."""
+        invocation_id = arguments.get("invocation_id")
+        if not isinstance(invocation_id, str) or set(arguments) != {"invocation_id"}:
+            raise InvalidArguments("bastion__invocation takes exactly one argument: invocation_id (a string)")
+        invocation = await self.ledger.get(invocation_id)
+        if invocation is None or (context.principal is not None and invocation.principal != context.principal):
+            raise NotFound(f"no invocation {invocation_id!r} visible to this session")
+        view = invocation.model_dump(
+            mode="json",
+            include={
+                "id", "status", "tool", "policy_key", "mode", "mode_source", "error_class", "error_message",
+                "result", "created_at", "updated_at", "expires_at",
+            },
+        )  # fmt: skip
+        summary = f"invocation {invocation.id} ({invocation.tool}) is {invocation.status}"
+        if invocation.error_message:
+            summary += f": {invocation.error_message}"
+        text = summary + "\n" + json.dumps(view.get("result"), ensure_ascii=False)[:4000]
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=view)
 
 
 def new_invocation_id() -> str:

@@ -83,6 +83,8 @@ class Invocation(BaseModel):
     error_message: str | None = None
     owner: str | None = None
     """The instance id of the Bastion process that is executing (or last touched) this invocation."""
+    drift: list[str] | None = None
+    """When the action's definition had drifted from its pin at call time: the diff (pinned -> current)."""
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
     expires_at: datetime | None = None
@@ -111,3 +113,42 @@ class SourceStatus(BaseModel):
     since: datetime = Field(default_factory=utcnow)
     protocol_version: str | None = None
     server_name: str | None = None
+
+
+class PinObservation(BaseModel):
+    """A definition of an action as seen at some moment: its two fingerprints and the wire-form definition."""
+
+    fingerprint: str
+    structural: str
+    definition: dict[str, Any]
+    seen_at: datetime = Field(default_factory=utcnow)
+
+
+class Pin(BaseModel):
+    """The trusted definition of one action (DESIGN.md §5), keyed by source and upstream tool name.
+
+    `drift` holds the latest definition seen that differs from the pinned one, until an approver
+    accepts it (re-pins) — drift never clears by itself.
+    """
+
+    source_id: str
+    action_id: str
+    pinned: PinObservation
+    pinned_by: str | None = None
+    """Who pinned it: `first-use` for trust on first use, `config` for an explicit pin, else a principal."""
+    drift: PinObservation | None = None
+
+    @property
+    def key(self) -> str:
+        return policy_key(self.source_id, self.action_id)
+
+
+class RecoveryReport(BaseModel):
+    """What a start-up found in the ledger (DESIGN.md §6): interrupted, approved-but-not-run and pending work."""
+
+    unknown: list[str] = Field(default_factory=list)
+    """Ids of `executing` invocations of a stopped process, now `unknown`."""
+    approved: list[str] = Field(default_factory=list)
+    """Ids of `approved` invocations of a stopped process that never started; they may be claimed and run."""
+    pending: int = 0
+    """How many `pending` invocations are kept, with their expiry, still decidable."""

@@ -16,6 +16,7 @@ from bastion.policies.drift import (
     fingerprint,
     fingerprints,
     guard,
+    guard_drift,
     is_drifted,
     structural_fingerprint,
 )
@@ -180,3 +181,32 @@ def test_diff_shows_the_changed_line() -> None:
 
 def test_diff_of_equal_definitions_is_empty() -> None:
     assert diff_definitions(_tool(), _reversed_keys(_tool())) == []
+
+
+_decisions = st.builds(
+    ModeDecision,
+    mode=st.sampled_from(["allow", "require_approval", "deny"]),
+    source=st.sampled_from(["profile", "org", "inferred", "unknown_mode:x"]),
+)
+
+
+@given(current=_decisions, pinned=st.one_of(st.none(), _decisions))
+def test_guard_drift_is_never_looser_than_the_current_or_the_pinned_decision(
+    current: ModeDecision, pinned: ModeDecision | None
+) -> None:
+    guarded = guard_drift(current, pinned)
+    assert MODE_STRICTNESS[guarded.mode] >= MODE_STRICTNESS[current.mode]
+    if pinned is not None:
+        assert MODE_STRICTNESS[guarded.mode] >= MODE_STRICTNESS[pinned.mode]
+    assert guarded.mode != "allow"
+
+
+def test_flipping_read_only_to_false_reads_as_drift() -> None:
+    pinned = ModeDecision(mode="allow", source="inferred")
+    current = ModeDecision(mode="require_approval", source="inferred")
+    assert guard_drift(current, pinned) == ModeDecision(mode="require_approval", source="drift")
+
+
+def test_a_drifted_tool_that_is_denied_stays_denied() -> None:
+    denied = ModeDecision(mode="deny", source="inferred")
+    assert guard_drift(denied, ModeDecision(mode="allow", source="org")) == denied

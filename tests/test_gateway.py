@@ -6,75 +6,18 @@ in-process downstream MCP server (tests/downstream.py) behind a real McpConnecto
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp_types as types
 import pytest
-from mcp import Client
 
-from bastion.config import Config, ConnectorConfig, LimitSettings, PolicyConfig, Profile, Settings, ToolOverride
-from bastion.connectors import McpConnector
+from bastion.config import Profile, ToolOverride
 from bastion.connectors.mcp import CORRELATION_META_KEY
-from bastion.gateway import Gateway
-from bastion.ledger import Redactor, SqliteLedger
-from bastion.server.mcp import FrontDoor
-from tests.downstream import FixtureServer
+from tests.harness import harness
 
 pytestmark = pytest.mark.anyio
-
-
-@dataclass
-class Harness:
-    client: Client
-    fixture: FixtureServer
-    ledger: SqliteLedger
-    gateway: Gateway
-
-    async def call(self, name: str, arguments: dict[str, Any] | None = None) -> types.CallToolResult:
-        return await self.client.call_tool(name, arguments or {})
-
-    async def only_invocation(self) -> Any:
-        (invocation,) = await self.ledger.list()
-        return invocation
-
-
-@asynccontextmanager
-async def harness(
-    tmp_path: Path,
-    *,
-    modes: dict[str, str] | None = None,
-    profiles: dict[str, Profile] | None = None,
-    profile: str | None = None,
-    disabled: list[str] | None = None,
-    overrides: dict[str, ToolOverride] | None = None,
-    call_timeout: float = 30,
-) -> AsyncIterator[Harness]:
-    fixture = FixtureServer()
-    connectors = [
-        ConnectorConfig(id="fx", command="unused", tools=overrides or {}),
-        ConnectorConfig(id="off", command="unused"),
-    ]
-    config = Config(
-        directory=None,
-        settings=Settings(limits=LimitSettings(call_timeout_seconds=call_timeout)),
-        connectors=connectors,
-        policy=PolicyConfig.model_validate(
-            {"modes": modes or {}, "profiles": profiles or {}, "sources": {"disabled": disabled or []}}
-        ),
-        ledger_url=f"sqlite:///{tmp_path}/ledger.db",
-    )
-    sources = [McpConnector(connectors[0], target=lambda: fixture.server)]
-    async with await SqliteLedger.open(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
-        gateway = Gateway(config, ledger, sources)
-        async with gateway.running():
-            front = FrontDoor(gateway, profile=profile)
-            async with Client(front.server, cache=None) as client:
-                yield Harness(client, fixture, ledger, gateway)
 
 
 def error_of(result: types.CallToolResult) -> dict[str, Any]:
@@ -116,15 +59,6 @@ async def test_denied_call_is_recorded_and_never_reaches_the_downstream(tmp_path
         assert error["invocation_id"] == invocation.id
         assert (invocation.status, invocation.mode, invocation.risk) == ("denied", "deny", "danger")
         assert [e.kind for e in await h.ledger.events(invocation.id)] == ["planned", "denied"]
-
-
-async def test_require_approval_refuses_and_runs_nothing_until_approvals_exist(tmp_path: Path) -> None:
-    async with harness(tmp_path) as h:
-        error = error_of(await h.call("fx__sleep"))  # no annotations: write risk, require_approval
-        assert error["class"] == "policy_denied"
-        assert h.fixture.calls == []
-        invocation = await h.only_invocation()
-        assert (invocation.status, invocation.mode) == ("denied", "require_approval")
 
 
 async def test_invalid_arguments_are_refused_before_anything_is_recorded(tmp_path: Path) -> None:

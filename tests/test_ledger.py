@@ -1,22 +1,26 @@
-"""The SQLite ledger on real files: round trips, conditional transitions, races, redaction at rest, migrations."""
+"""The SQLite ledger on real files: round trips, transitions, decisions, expiry, races, change notification,
+recovery, redaction at rest, migrations."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
 import anyio
 import pytest
 
-from bastion.errors import ConfigError, Conflict
-from bastion.gateway import Ledger
+from bastion.errors import ApprovalExpired, ConfigError, Conflict, NotFound
 from bastion.ledger import Redactor, SqliteLedger
-from bastion.ledger.schema import SCHEMA_VERSION
+from bastion.ledger.schema import SCHEMA_VERSION, migrate
 from bastion.models import Invocation, Status
+from bastion.seams import Ledger
 
 CANARY = "ghp_" + "Zq8" * 12
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
@@ -390,3 +394,380 @@ async def test_the_events_table_is_append_only(ledger: SqliteLedger) -> None:
             db.execute("DELETE FROM events")
     db.close()
     assert [event.kind for event in await ledger.events("inv-0001")] == ["planned"]
+
+
+@pytest.mark.anyio
+async def test_a_version_1_file_upgrades_to_version_2_keeping_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    db = await aiosqlite.connect(path, isolation_level=None)
+    try:
+        await migrate(db, to_version=1)
+        await db.execute(
+            "INSERT INTO invocations (id, status, policy_key, tool, source_id, action_id, risk, mode, mode_source,"
+            " session_id, args, args_hash, created_at, updated_at)"
+            " VALUES ('old-1', 'completed', 'fs:read', 'fs__read', 'fs', 'read', 'read', 'allow', 'org',"
+            " 'session-a', '{\"path\":\"/x\"}', ?, '2026-11-21T10:00:00.000000+00:00',"
+            " '2026-11-21T10:00:01.000000+00:00')",
+            ("0" * 64,),
+        )
+        await db.execute(
+            "INSERT INTO events (invocation_id, seq, kind, at) VALUES ('old-1', 1, 'planned', ?)",
+            ("2026-11-21T10:00:00.000000+00:00",),
+        )
+    finally:
+        await db.close()
+    assert read_pragma(path, "user_version") == 1
+
+    async with await SqliteLedger.open(path, redactor=Redactor()) as ledger:
+        old = await ledger.get("old-1")
+        assert old is not None
+        assert (old.status, old.args, old.drift) == ("completed", {"path": "/x"}, None)
+        assert [event.kind for event in await ledger.events("old-1")] == ["planned"]
+        await ledger.record(make_invocation(drift=["- old", "+ new"]), ["planned", "pending"])
+        assert await ledger.count() == 2
+    assert read_pragma(path, "user_version") == SCHEMA_VERSION == 2
+
+
+@pytest.mark.anyio
+async def test_migrating_to_a_version_this_bastion_does_not_know_is_refused(tmp_path: Path) -> None:
+    db = await aiosqlite.connect(tmp_path / "ledger.db", isolation_level=None)
+    try:
+        with pytest.raises(ValueError, match="to_version"):
+            await migrate(db, to_version=SCHEMA_VERSION + 1)
+    finally:
+        await db.close()
+
+
+@pytest.mark.anyio
+async def test_the_drift_diff_round_trips_through_record_get_and_list(ledger: SqliteLedger) -> None:
+    diff = ['-  "description": "Write a file"', '+  "description": "Write a file, then mail it to ü@x"']
+    await ledger.record(make_invocation(1, drift=diff), ["planned", "pending"])
+    await ledger.record(make_invocation(2), ["planned", "pending"])
+    await ledger.record(make_invocation(3, drift=[]), ["planned", "pending"])
+    first = await ledger.get("inv-0001")
+    assert first is not None
+    assert first.drift == diff
+    assert [invocation.drift for invocation in await ledger.list()] == [[], None, diff]
+
+
+@pytest.mark.anyio
+async def test_count_filters_by_status_and_session(ledger: SqliteLedger) -> None:
+    await ledger.record(make_invocation(1), ["planned", "pending"])
+    await ledger.record(make_invocation(2, session_id="session-b"), ["planned", "pending"])
+    await ledger.record(make_invocation(3, status="denied"), ["planned", "denied"])
+    await ledger.record(make_invocation(4, status="denied", session_id="session-b"), ["planned", "denied"])
+    await ledger.record(make_invocation(5, session_id="session-b"), ["planned", "pending"])
+    assert await ledger.count() == 5
+    assert await ledger.count("pending") == 3
+    assert await ledger.count(session_id="session-b") == 3
+    assert await ledger.count("pending", session_id="session-b") == 2
+    assert await ledger.count("denied", session_id="session-a") == 1
+    assert await ledger.count(session_id="nobody") == 0
+
+
+# -- decisions and expiry ----------------------------------------------------------------------------------
+
+EXPIRY = T0 + timedelta(minutes=5)
+BEFORE_EXPIRY = T0 + timedelta(minutes=1)
+
+
+async def record_pending(ledger: SqliteLedger, number: int = 1, **overrides: Any) -> str:
+    invocation = make_invocation(number, **({"expires_at": EXPIRY} | overrides))
+    await ledger.record(invocation, ["planned", "pending"])
+    return invocation.id
+
+
+@pytest.mark.anyio
+async def test_approving_a_pending_invocation_records_who_and_why(ledger: SqliteLedger) -> None:
+    invocation_id = await record_pending(ledger)
+    approved = await ledger.decide(invocation_id, approve=True, principal="alice", note="looks fine", now=BEFORE_EXPIRY)
+    assert (approved.status, approved.error_class, approved.updated_at) == ("approved", None, BEFORE_EXPIRY)
+    assert await ledger.get(invocation_id) == approved
+    events = await ledger.events(invocation_id)
+    assert [(event.kind, event.detail) for event in events][-1] == ("approved", {"by": "alice", "note": "looks fine"})
+    assert events[-1].at == BEFORE_EXPIRY
+
+
+@pytest.mark.anyio
+async def test_denying_records_the_reason_as_an_approval_denied_error(ledger: SqliteLedger) -> None:
+    with_reason = await record_pending(ledger, 1)
+    without_reason = await record_pending(ledger, 2)
+    denied = await ledger.decide(with_reason, approve=False, principal="bob", note="wrong file", now=BEFORE_EXPIRY)
+    assert (denied.status, denied.error_class) == ("denied", "approval_denied")
+    assert denied.error_message is not None
+    assert "bob" in denied.error_message
+    assert "wrong file" in denied.error_message
+    last = (await ledger.events(with_reason))[-1]
+    assert (last.kind, last.detail) == ("denied", {"by": "bob", "reason": "wrong file"})
+
+    anonymous = await ledger.decide(without_reason, approve=False, principal=None, note=None, now=BEFORE_EXPIRY)
+    assert (anonymous.status, anonymous.error_class) == ("denied", "approval_denied")
+    assert anonymous.error_message is not None
+    assert ":" not in anonymous.error_message
+
+
+@pytest.mark.anyio
+async def test_an_invocation_without_expiry_can_be_decided_at_any_time(ledger: SqliteLedger) -> None:
+    invocation_id = await record_pending(ledger, expires_at=None)
+    later = T0 + timedelta(days=365)
+    decided = await ledger.decide(invocation_id, approve=True, principal="alice", note=None, now=later)
+    assert decided.status == "approved"
+
+
+@pytest.mark.anyio
+async def test_deciding_an_unknown_invocation_is_not_found(ledger: SqliteLedger) -> None:
+    with pytest.raises(NotFound) as missing:
+        await ledger.decide("nope", approve=True, principal="alice", note=None, now=BEFORE_EXPIRY)
+    assert missing.value.invocation_id == "nope"
+
+
+@pytest.mark.anyio
+async def test_deciding_twice_is_a_conflict_that_names_the_current_status(ledger: SqliteLedger) -> None:
+    invocation_id = await record_pending(ledger)
+    await ledger.decide(invocation_id, approve=True, principal="alice", note=None, now=BEFORE_EXPIRY)
+    for approve in (True, False):
+        with pytest.raises(Conflict, match="approved") as conflict:
+            await ledger.decide(invocation_id, approve=approve, principal="bob", note=None, now=BEFORE_EXPIRY)
+        assert conflict.value.invocation_id == invocation_id
+    stored = await ledger.get(invocation_id)
+    assert stored is not None
+    assert stored.status == "approved"
+    assert [event.kind for event in await ledger.events(invocation_id)] == ["planned", "pending", "approved"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("now", [EXPIRY, EXPIRY + timedelta(seconds=1)])
+async def test_deciding_at_or_after_expiry_marks_it_expired_and_raises(ledger: SqliteLedger, now: datetime) -> None:
+    invocation_id = await record_pending(ledger)
+    with pytest.raises(ApprovalExpired) as expired:
+        await ledger.decide(invocation_id, approve=True, principal="alice", note=None, now=now)
+    assert expired.value.invocation_id == invocation_id
+    stored = await ledger.get(invocation_id)
+    assert stored is not None
+    assert (stored.status, stored.error_class, stored.updated_at) == ("expired", "approval_expired", now)
+    assert [event.kind for event in await ledger.events(invocation_id)] == ["planned", "pending", "expired"]
+    with pytest.raises(Conflict, match="expired"):
+        await ledger.decide(invocation_id, approve=False, principal="alice", note=None, now=BEFORE_EXPIRY)
+
+
+@pytest.mark.anyio
+async def test_two_ledgers_deciding_at_once_have_exactly_one_winner(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    async with (
+        await SqliteLedger.open(path, redactor=Redactor()) as first,
+        await SqliteLedger.open(path, redactor=Redactor()) as second,
+    ):
+        ids = [await record_pending(first, number) for number in range(1, 11)]
+        outcomes: dict[tuple[str, bool], Invocation | Conflict] = {}
+
+        async def decide(ledger: SqliteLedger, invocation_id: str, approve: bool) -> None:
+            try:
+                outcomes[invocation_id, approve] = await ledger.decide(
+                    invocation_id, approve=approve, principal="x", note=None, now=BEFORE_EXPIRY
+                )
+            except Conflict as conflict:
+                outcomes[invocation_id, approve] = conflict
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                for invocation_id in ids:
+                    group.start_soon(decide, first, invocation_id, True)
+                    group.start_soon(decide, second, invocation_id, False)
+
+        for invocation_id in ids:
+            results = [outcomes[invocation_id, True], outcomes[invocation_id, False]]
+            winners = [result for result in results if isinstance(result, Invocation)]
+            losers = [result for result in results if isinstance(result, Conflict)]
+            assert (len(winners), len(losers)) == (1, 1)
+            assert losers[0].invocation_id == invocation_id
+            kinds = [event.kind for event in await second.events(invocation_id)]
+            assert kinds == ["planned", "pending", winners[0].status]
+
+
+@pytest.mark.anyio
+async def test_expire_due_expires_only_pending_invocations_past_their_expiry(ledger: SqliteLedger) -> None:
+    now = T0 + timedelta(minutes=10)
+    await record_pending(ledger, 1, expires_at=now)
+    await record_pending(ledger, 2, expires_at=now - timedelta(minutes=1))
+    await record_pending(ledger, 3, expires_at=now + timedelta(microseconds=1))
+    await record_pending(ledger, 4, expires_at=None)
+    await ledger.record(make_invocation(5, status="approved", expires_at=T0), ["planned", "approved"])
+
+    expired = await ledger.expire_due(now)
+    assert [invocation.id for invocation in expired] == ["inv-0002", "inv-0001"]
+    for invocation in expired:
+        assert (invocation.status, invocation.error_class, invocation.updated_at) == (
+            "expired",
+            "approval_expired",
+            now,
+        )
+        assert invocation.error_message is not None
+        assert [event.kind for event in await ledger.events(invocation.id)] == ["planned", "pending", "expired"]
+    statuses = {invocation.id: invocation.status for invocation in await ledger.list()}
+    assert statuses == {
+        "inv-0001": "expired",
+        "inv-0002": "expired",
+        "inv-0003": "pending",
+        "inv-0004": "pending",
+        "inv-0005": "approved",
+    }
+    assert await ledger.expire_due(now) == []
+
+
+@pytest.mark.anyio
+async def test_next_expiry_is_the_earliest_expiry_of_a_pending_invocation(ledger: SqliteLedger) -> None:
+    assert await ledger.next_expiry() is None
+    await record_pending(ledger, 1, expires_at=None)
+    assert await ledger.next_expiry() is None
+    await ledger.record(make_invocation(2, status="approved", expires_at=T0), ["planned", "approved"])
+    await record_pending(ledger, 3, expires_at=EXPIRY)
+    await record_pending(ledger, 4, expires_at=EXPIRY - timedelta(seconds=30))
+    assert await ledger.next_expiry() == EXPIRY - timedelta(seconds=30)
+    await ledger.decide("inv-0004", approve=True, principal="alice", note=None, now=BEFORE_EXPIRY)
+    assert await ledger.next_expiry() == EXPIRY
+
+
+# -- change notification -----------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_every_waiter_wakes_when_the_same_ledger_commits(ledger: SqliteLedger) -> None:
+    woken: list[int] = []
+
+    async def wait(number: int) -> None:
+        await ledger.wait_for_change()
+        woken.append(number)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            group.start_soon(wait, 1)
+            group.start_soon(wait, 2)
+            await anyio.wait_all_tasks_blocked()
+            await ledger.record(make_invocation(), ["planned", "pending"])
+    assert sorted(woken) == [1, 2]
+
+
+@pytest.mark.anyio
+async def test_a_waiter_wakes_when_another_connection_commits_while_watch_runs(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    async with (
+        await SqliteLedger.open(path, redactor=Redactor()) as ledger,
+        await SqliteLedger.open(path, redactor=Redactor()) as other,
+    ):
+        invocation_id = await record_pending(ledger)
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                await group.start(ledger.watch)
+                group.start_soon(partial(other.decide, invocation_id, approve=True, principal="a", note=None, now=T0))
+                await ledger.wait_for_change()
+                group.cancel_scope.cancel()
+        stored = await ledger.get(invocation_id)
+        assert stored is not None
+        assert stored.status == "approved"
+
+
+DECIDE_IN_ANOTHER_PROCESS = """
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import anyio
+
+from bastion.ledger import Redactor, SqliteLedger
+
+
+async def main() -> None:
+    async with await SqliteLedger.open(Path(sys.argv[1]), redactor=Redactor()) as ledger:
+        await ledger.decide(sys.argv[2], approve=True, principal="cli", note=None, now=datetime.now(UTC))
+
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.anyio
+async def test_a_waiter_wakes_when_another_process_decides(ledger: SqliteLedger) -> None:
+    invocation_id = await record_pending(ledger, expires_at=None)
+    command = [sys.executable, "-c", DECIDE_IN_ANOTHER_PROCESS, str(ledger.path), invocation_id]
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as processes:
+            async with anyio.create_task_group() as watching:
+                await watching.start(ledger.watch)
+                processes.start_soon(anyio.run_process, command)
+                await ledger.wait_for_change()
+                watching.cancel_scope.cancel()
+            stored = await ledger.get(invocation_id)
+            assert stored is not None
+            assert stored.status == "approved"
+
+
+# -- recovery after a restart ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_recover_marks_work_of_stopped_processes_unknown_and_reports_what_never_started(
+    ledger: SqliteLedger,
+) -> None:
+    rows: list[tuple[Status, str | None]] = [
+        ("executing", "gone"),
+        ("executing", "alive"),
+        ("executing", None),
+        ("approved", "gone"),
+        ("approved", "alive"),
+        ("approved", None),
+        ("pending", "gone"),
+        ("pending", "alive"),
+        ("completed", "gone"),
+    ]
+    for number, (status, owner) in enumerate(rows, start=1):
+        await ledger.record(make_invocation(number, status=status, owner=owner), ["planned", status])
+    asked: list[str] = []
+
+    def instance_alive(owner: str) -> bool:
+        asked.append(owner)
+        return owner == "alive"
+
+    report = await ledger.recover(instance_alive)
+    assert sorted(asked) == ["alive", "gone"]
+    assert report.unknown == ["inv-0001", "inv-0003"]
+    assert report.approved == ["inv-0004", "inv-0006"]
+    assert report.pending == 2
+    for invocation_id in report.unknown:
+        stored = await ledger.get(invocation_id)
+        assert stored is not None
+        assert (stored.status, stored.error_class) == ("unknown", "unknown_outcome")
+        last = (await ledger.events(invocation_id))[-1]
+        assert last.kind == "unknown"
+        assert set(last.detail) == {"reason"}
+    kept = [status for status, _ in rows]
+    kept[0] = kept[2] = "unknown"
+    assert [invocation.status for invocation in reversed(await ledger.list())] == kept
+    assert (await ledger.recover(instance_alive)).unknown == []
+
+
+@pytest.mark.anyio
+async def test_exactly_one_of_two_claimers_gets_an_approved_invocation(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    async with (
+        await SqliteLedger.open(path, redactor=Redactor()) as first,
+        await SqliteLedger.open(path, redactor=Redactor()) as second,
+    ):
+        await first.record(make_invocation(1, status="approved", owner="gone"), ["planned", "approved"])
+        await first.record(make_invocation(2), ["planned", "pending"])
+        claims: dict[str, Invocation | None] = {}
+
+        async def claim(ledger: SqliteLedger, owner: str) -> None:
+            claims[owner] = await ledger.claim("inv-0001", owner=owner)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                group.start_soon(claim, first, "one")
+                group.start_soon(claim, second, "two")
+
+        winners = [(owner, won) for owner, won in claims.items() if won is not None]
+        assert len(winners) == 1
+        owner, won = winners[0]
+        assert (won.status, won.owner) == ("executing", owner)
+        assert [event.kind for event in await first.events("inv-0001")] == ["planned", "approved", "executing"]
+        assert await first.claim("inv-0002", owner="one") is None
+        assert await first.claim("missing", owner="one") is None

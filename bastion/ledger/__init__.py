@@ -1,4 +1,8 @@
-"""The invocation store (DESIGN.md §6): redaction and truncation, and the SQLite implementation of `Ledger`."""
+"""The invocation store (DESIGN.md §6): redaction and truncation, and the SQLite implementation of `Ledger`.
+
+`schema` holds the tables and their migrations, `invocations` and `pins` the statements on them, and
+`sqlite` the `SqliteLedger` that runs them on one connection.
+"""
 
 from bastion.ledger.redaction import Redactor
 from bastion.ledger.sqlite import SqliteLedger

@@ -2,15 +2,18 @@
 
 `PRAGMA user_version` holds the number of migrations applied. Each migration is a tuple of statements run
 in one transaction together with the version bump, so a file is always at exactly one version. Migrations
-are only ever appended: later ones (pins, tokens) go at the end of `MIGRATIONS`.
+are only ever appended: later ones (tokens, ...) go at the end of `MIGRATIONS`.
 
 Timestamps are stored as fixed-width ISO-8601 UTC text with microseconds
-(`2026-11-21T10:00:00.000000+00:00`), so they compare and sort lexicographically.
+(`2026-11-21T10:00:00.000000+00:00`), so they compare and sort lexicographically; JSON as compact UTF-8
+text. `timestamp` and `dumps` below produce exactly these forms.
 """
 
 from __future__ import annotations
 
-from typing import Final
+import json
+from datetime import UTC, datetime
+from typing import Any, Final
 
 import aiosqlite
 import anyio
@@ -72,7 +75,36 @@ _MIGRATION_1: Final = (
     """,
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1,)
+_MIGRATION_2: Final = (
+    # The diff (pinned -> current) of the action's definition when it had drifted at call time: a JSON
+    # list of lines, or NULL.
+    "ALTER TABLE invocations ADD COLUMN drift TEXT",
+    # The trusted definition of each action (DESIGN.md §5) and, until an approver accepts it, the latest
+    # definition seen that differs from it. The drift columns are all NULL or all set.
+    """
+    CREATE TABLE pins (
+        source_id         TEXT NOT NULL,
+        action_id         TEXT NOT NULL,   -- the upstream's original tool name
+        fingerprint       TEXT NOT NULL,
+        structural        TEXT NOT NULL,
+        definition        TEXT NOT NULL,   -- JSON object, verbatim
+        seen_at           TEXT NOT NULL,
+        pinned_by         TEXT,
+        drift_fingerprint TEXT,
+        drift_structural  TEXT,
+        drift_definition  TEXT,            -- JSON object, verbatim
+        drift_seen_at     TEXT,
+        PRIMARY KEY (source_id, action_id),
+        CHECK (
+            (drift_fingerprint IS NULL) = (drift_structural IS NULL)
+            AND (drift_fingerprint IS NULL) = (drift_definition IS NULL)
+            AND (drift_fingerprint IS NULL) = (drift_seen_at IS NULL)
+        )
+    )
+    """,
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1, _MIGRATION_2)
 """Migration N (1-based) brings a ledger from user_version N-1 to N."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
@@ -84,15 +116,21 @@ async def schema_version(db: aiosqlite.Connection) -> int:
     return int(rows[0][0])
 
 
-async def migrate(db: aiosqlite.Connection) -> None:
-    """Apply the missing migrations, each in its own transaction.
+async def migrate(db: aiosqlite.Connection, *, to_version: int = SCHEMA_VERSION) -> None:
+    """Apply the missing migrations up to `to_version` (tests build old files with a lower one), each in
+    its own transaction.
 
     The connection must be in autocommit mode (`isolation_level=None`). The version is re-read after the
     write lock is taken, so two processes opening a new file at once apply each migration exactly once.
     Raises ConfigError when the file was written by a newer Bastion than this one.
     """
-    while (current := await schema_version(db)) != SCHEMA_VERSION:
+    if not 0 <= to_version <= SCHEMA_VERSION:
+        raise ValueError(f"to_version must be between 0 and {SCHEMA_VERSION}, got {to_version}")
+    while True:
+        current = await schema_version(db)
         await _refuse_newer(db, current)
+        if current >= to_version:
+            return
         # Shielded: a cancellation between statements would leave the transaction open on the connection.
         with anyio.CancelScope(shield=True):
             await db.execute("BEGIN IMMEDIATE")
@@ -118,3 +156,23 @@ async def _refuse_newer(db: aiosqlite.Connection, version: int) -> None:
         f"{path}: the ledger has schema version {version} but this Bastion knows only up to {SCHEMA_VERSION}; "
         "upgrade Bastion to use this ledger (or point [server] ledger at another file)"
     )
+
+
+def timestamp(moment: datetime) -> str:
+    """Fixed-width ISO-8601 UTC with microseconds, so stored timestamps sort as text. Naive means UTC."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def optional_timestamp(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    if not isinstance(moment, datetime):
+        raise TypeError(f"expected a datetime, got {type(moment).__name__}")
+    return timestamp(moment)
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text, non-ASCII kept as is."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

@@ -6,6 +6,11 @@ Open it with `ledger = await SqliteLedger.open(path, redactor=...)` and release 
 Every write method is one transaction. Transitions are conditional updates
 (`UPDATE ... WHERE id = ? AND status IN (...)`) under SQLite's single-writer lock, so of two racing
 transitions, even from two processes, exactly one wins.
+
+Change notification: `wait_for_change()` returns after the next commit this object sees. Its own writes
+wake the waiters right after they commit; commits by other connections (the CLI deciding in another
+process) are noticed by `watch()`, which the owner runs in a task group and which polls
+`PRAGMA data_version`.
 """
 
 from __future__ import annotations
@@ -14,74 +19,49 @@ import builtins
 import json
 import sqlite3
 from collections.abc import Callable, Collection, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 import aiosqlite
 import anyio
+from anyio.abc import TaskStatus
 
-from bastion.errors import ConfigError, Conflict
+from bastion.errors import ApprovalExpired, ConfigError, Conflict, NotFound
+from bastion.ledger import pins as pin_table
+from bastion.ledger.invocations import (
+    APPEND_EVENT,
+    COLUMNS,
+    COUNT,
+    COUNT_FILTERS,
+    COUNT_PENDING,
+    DECIDE,
+    EXPIRE_DUE,
+    EXPIRE_ONE,
+    INSERT_EVENT,
+    INSERT_INVOCATION,
+    LIST_FILTERS,
+    MARK_UNKNOWN,
+    NEVER_STARTED,
+    NEWEST_FIRST,
+    NEXT_EXPIRY,
+    OWNERS,
+    PROCESS_STOPPED,
+    SELECT,
+    SELECT_EVENTS,
+    SELECT_ONE,
+    SELECT_STATUS,
+    TRANSITION,
+    TRANSITION_FIELDS,
+    event_params,
+    invocation_from_row,
+)
 from bastion.ledger.redaction import Redactor
-from bastion.ledger.schema import migrate
-from bastion.models import EventKind, Invocation, InvocationEvent, Status, utcnow
+from bastion.ledger.schema import dumps, migrate, optional_timestamp, timestamp
+from bastion.models import EventKind, Invocation, InvocationEvent, Pin, RecoveryReport, Status, utcnow
 
 _T = TypeVar("_T")
-
-_COLUMNS: Final = (
-    "id",
-    "status",
-    "policy_key",
-    "tool",
-    "source_id",
-    "action_id",
-    "risk",
-    "mode",
-    "mode_source",
-    "fingerprint",
-    "session_id",
-    "profile",
-    "principal",
-    "args",
-    "args_hash",
-    "result",
-    "error_class",
-    "error_message",
-    "owner",
-    "created_at",
-    "updated_at",
-    "expires_at",
-)
-_COLUMN_LIST: Final = ", ".join(_COLUMNS)
-
-_SELECT: Final = f"SELECT {_COLUMN_LIST} FROM invocations"
-_SELECT_ONE: Final = f"{_SELECT} WHERE id = ?"
-_NEWEST_FIRST: Final = " ORDER BY created_at DESC, rowid DESC LIMIT ?"
-_LIST_FILTERS: Final = ("status = ?", "source_id = ?", "session_id = ?")
-_COUNT_ALL: Final = "SELECT COUNT(*) FROM invocations"
-_COUNT_STATUS: Final = "SELECT COUNT(*) FROM invocations WHERE status = ?"
-_INSERT_INVOCATION: Final = f"INSERT INTO invocations ({_COLUMN_LIST}) VALUES ({', '.join('?' * len(_COLUMNS))})"
-_INSERT_EVENT: Final = "INSERT INTO events (invocation_id, seq, kind, at, detail) VALUES (?, ?, ?, ?, ?)"
-_APPEND_EVENT: Final = """
-    INSERT INTO events (invocation_id, seq, kind, at, detail)
-    SELECT :id, COALESCE(MAX(seq), 0) + 1, :kind, :at, :detail FROM events WHERE invocation_id = :id
-"""
-_SELECT_EVENTS: Final = "SELECT invocation_id, seq, kind, at, detail FROM events WHERE invocation_id = ? ORDER BY seq"
-
-TRANSITION_FIELDS: Final = ("result", "error_class", "error_message", "owner", "expires_at")
-"""The columns `transition` may set besides status and updated_at."""
-
-# One constant statement for every transition: `:set_<field>` says whether the field is being set, and the
-# allowed from-statuses arrive as one JSON array, so SQLite can reuse the prepared statement.
-_TRANSITION: Final = f"""
-    UPDATE invocations SET
-        status = :to,
-        updated_at = :now,
-        {", ".join(f"{name} = CASE WHEN :set_{name} THEN :{name} ELSE {name} END" for name in TRANSITION_FIELDS)}
-    WHERE id = :id AND status IN (SELECT value FROM json_each(:from_statuses))
-    RETURNING {_COLUMN_LIST}
-"""
 
 _WAL_ATTEMPTS: Final = 10
 _MIN_SQLITE: Final = (3, 35, 0)
@@ -98,9 +78,10 @@ _PRAGMAS: Final = (
 
 
 class SqliteLedger:
-    """The invocation store on a local SQLite file; satisfies `bastion.gateway.Ledger` structurally.
+    """The invocation store on a local SQLite file; satisfies `bastion.seams.Ledger` structurally.
 
     Args, results, error messages and event details pass through `redactor.scrub` before they are stored.
+    Pins and the drift diffs of invocations are stored verbatim (see `bastion.ledger.pins`).
     """
 
     def __init__(self, db: aiosqlite.Connection, path: Path, redactor: Redactor) -> None:
@@ -108,6 +89,7 @@ class SqliteLedger:
         self._db = db
         self.path = path
         self.redactor = redactor
+        self._changed = anyio.Event()
 
     @classmethod
     async def open(cls, path: Path, *, redactor: Redactor) -> SqliteLedger:
@@ -138,7 +120,10 @@ class SqliteLedger:
         return cls(db, path, redactor)
 
     async def close(self) -> None:
-        """Close the connection, even when cancelled, and safe to call twice. The last one out checkpoints."""
+        """Close the connection, even when cancelled, and safe to call twice. The last one out checkpoints.
+
+        Cancel `watch` first: it polls the connection.
+        """
         with anyio.CancelScope(shield=True):
             await self._db.close()
 
@@ -161,7 +146,7 @@ class SqliteLedger:
         reason of a `denied`). Raises Conflict if an invocation with this id already exists.
         """
         row = self._invocation_row(invocation)
-        at = _timestamp(utcnow())
+        at = timestamp(utcnow())
         last = len(events)
         event_rows = [
             (invocation.id, seq, kind, at, self._detail(detail if seq == last else None))
@@ -169,8 +154,8 @@ class SqliteLedger:
         ]
 
         def work(conn: sqlite3.Connection) -> None:
-            conn.execute(_INSERT_INVOCATION, row)
-            conn.executemany(_INSERT_EVENT, event_rows)
+            conn.execute(INSERT_INVOCATION, row)
+            conn.executemany(INSERT_EVENT, event_rows)
 
         try:
             await self._write(work)
@@ -197,7 +182,7 @@ class SqliteLedger:
         unknown = set(fields) - set(TRANSITION_FIELDS)
         if unknown:
             raise ValueError(f"transition cannot set {sorted(unknown)}; allowed: {', '.join(TRANSITION_FIELDS)}")
-        now = _timestamp(utcnow())
+        now = timestamp(utcnow())
         params: dict[str, Any] = {
             "id": invocation_id,
             "to": to,
@@ -210,21 +195,170 @@ class SqliteLedger:
         event_params = {"id": invocation_id, "kind": event or to, "at": now, "detail": self._detail(detail)}
 
         def work(conn: sqlite3.Connection) -> Sequence[Any] | None:
-            rows = conn.execute(_TRANSITION, params).fetchall()
+            rows = conn.execute(TRANSITION, params).fetchall()
             if not rows:
                 return None
-            conn.execute(_APPEND_EVENT, event_params)
+            conn.execute(APPEND_EVENT, event_params)
             row: Sequence[Any] = rows[0]
             return row
 
         updated = await self._write(work)
-        return None if updated is None else _invocation(updated)
+        return None if updated is None else invocation_from_row(updated)
+
+    async def decide(
+        self, invocation_id: str, *, approve: bool, principal: str | None, note: str | None, now: datetime
+    ) -> Invocation:
+        """An approver's decision on a pending invocation, in one transaction: `approved` (event detail
+        `{"by", "note"}`) or `denied` (`{"by", "reason"}`, error class `approval_denied`). `now` stamps it.
+
+        Raises NotFound for an unknown id; ApprovalExpired when it is pending but past its expires_at, after
+        marking it `expired` in the same transaction; Conflict when it is no longer pending (whoever
+        decided first won), naming its status.
+        """
+        at = timestamp(now)
+        to: Literal["approved", "denied"] = "approved" if approve else "denied"
+        detail = {"by": principal, "note" if approve else "reason": note}
+        denied_by = f"denied by {principal or 'an approver'}"
+        params = {
+            "id": invocation_id,
+            "to": to,
+            "now": at,
+            "approve": approve,
+            "error_message": self._text(denied_by if note is None else f"{denied_by}: {note}"),
+        }
+        decided_event = event_params(invocation_id, to, at, self._detail(detail))
+
+        def work(conn: sqlite3.Connection) -> tuple[Sequence[Any], bool]:
+            """The updated row, and whether it expired instead of being decided."""
+            decided = conn.execute(DECIDE, params).fetchall()
+            if decided:
+                conn.execute(APPEND_EVENT, decided_event)
+                return decided[0], False
+            found = conn.execute(SELECT_STATUS, (invocation_id,)).fetchone()
+            if found is None:
+                raise NotFound(f"no invocation {invocation_id}", invocation_id=invocation_id)
+            if found[0] != "pending":
+                raise Conflict(f"invocation {invocation_id} is already {found[0]}", invocation_id=invocation_id)
+            # Pending, yet the decision did not apply: it is past its expiry.
+            expired = conn.execute(EXPIRE_ONE, {"id": invocation_id, "now": at}).fetchall()
+            conn.execute(APPEND_EVENT, event_params(invocation_id, "expired", at))
+            return expired[0], True
+
+        row, expired = await self._write(work)
+        invocation = invocation_from_row(row)
+        if expired:
+            raise ApprovalExpired(
+                f"invocation {invocation_id} expired at {invocation.expires_at} before a decision",
+                invocation_id=invocation_id,
+            )
+        return invocation
+
+    async def expire_due(self, now: datetime) -> builtins.list[Invocation]:
+        """Mark every pending invocation whose expires_at <= now as `expired` in one transaction; return them
+        sorted by expiry."""
+        at = timestamp(now)
+
+        def work(conn: sqlite3.Connection) -> builtins.list[Sequence[Any]]:
+            rows: builtins.list[Sequence[Any]] = conn.execute(EXPIRE_DUE, {"now": at}).fetchall()
+            conn.executemany(APPEND_EVENT, [event_params(row[0], "expired", at) for row in rows])
+            return rows
+
+        expired = [invocation_from_row(row) for row in await self._write(work)]
+        return sorted(expired, key=lambda invocation: (invocation.expires_at, invocation.id))
+
+    async def claim(self, invocation_id: str, *, owner: str) -> Invocation | None:
+        """Take an approved invocation to run it: approved -> executing, owned by `owner`. Of several
+        claimers exactly one gets the invocation; the others (and any claim of a non-approved one) get None."""
+        approved: tuple[Status] = ("approved",)
+        return await self.transition(invocation_id, from_statuses=approved, to="executing", fields={"owner": owner})
+
+    async def recover(self, instance_alive: Callable[[str], bool]) -> RecoveryReport:
+        """On start-up: every `executing` invocation whose owner is not alive becomes `unknown` (its outcome
+        cannot be known); report the approved ones whose owner is not alive (oldest first: they never
+        started, claim and run them) and how many are pending (kept with their expiry).
+
+        A missing owner counts as not alive. `instance_alive` is asked once per distinct owner.
+        """
+        owners = await self._db.execute_fetchall(OWNERS)
+        # An owner that was gone when asked stays gone (instance ids are never reused), so the answer
+        # still holds in the transaction below even if other rows changed meanwhile.
+        gone = dumps([owner for (owner,) in owners if not instance_alive(owner)])
+        at = timestamp(utcnow())
+        reason = {"reason": PROCESS_STOPPED}
+
+        def work(conn: sqlite3.Connection) -> RecoveryReport:
+            params = {"gone": gone, "now": at, "reason": PROCESS_STOPPED}
+            unknown = [row[0] for row in conn.execute(MARK_UNKNOWN, params).fetchall()]
+            conn.executemany(APPEND_EVENT, [event_params(id_, "unknown", at, dumps(reason)) for id_ in unknown])
+            return RecoveryReport(
+                unknown=sorted(unknown),
+                approved=[row[0] for row in conn.execute(NEVER_STARTED, {"gone": gone}).fetchall()],
+                pending=conn.execute(COUNT_PENDING).fetchone()[0],
+            )
+
+        return await self._write(work)
+
+    async def save_pin(self, pin: Pin) -> None:
+        """Insert or replace the pin of (source_id, action_id), drift included."""
+
+        def work(conn: sqlite3.Connection) -> None:
+            pin_table.save_pin(conn, pin)
+
+        await self._write(work)
+
+    async def accept_drift(
+        self, *, source_id: str, action_id: str | None = None, principal: str | None
+    ) -> builtins.list[Pin]:
+        """Re-pin the drifted action `action_id`, or every drifted action of the source, to its drifted
+        definition, in one transaction: pinned := drift, drift := none, pinned_by := principal.
+
+        Returns the accepted pins (none when nothing had drifted). Raises NotFound when `action_id` names
+        no pin.
+        """
+
+        def work(conn: sqlite3.Connection) -> builtins.list[Pin]:
+            return pin_table.accept_drift(conn, source_id=source_id, action_id=action_id, principal=principal)
+
+        return await self._write(work)
+
+    # -- change notification -----------------------------------------------------------------------------
+
+    async def wait_for_change(self) -> None:
+        """Return after the next commit: a write through this object, or (while `watch` runs) another
+        connection's. Callers re-read what they wait on; a change between that read and this call is only
+        noticed at the next one, so wait with a bound (`move_on_after`)."""
+        await self._changed.wait()
+
+    async def watch(self, interval: float = 0.05, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Until cancelled, every `interval` seconds notice commits by other connections and wake the waiters.
+
+        `PRAGMA data_version` changes when another connection (any process) has committed since this one
+        last asked: one statement and one thread hop per tick. `task_group.start(ledger.watch)` returns once
+        the first version is read, so every commit after it is noticed.
+        """
+        seen = await self._data_version()
+        task_status.started()
+        while True:
+            await anyio.sleep(interval)
+            version = await self._data_version()
+            if version != seen:
+                seen = version
+                self._wake()
+
+    async def _data_version(self) -> int:
+        rows = builtins.list(await self._db.execute_fetchall("PRAGMA data_version"))
+        return int(rows[0][0])
+
+    def _wake(self) -> None:
+        """Wake every current waiter; later waiters wait for the next change."""
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
 
     # -- reads -------------------------------------------------------------------------------------------
 
     async def get(self, invocation_id: str) -> Invocation | None:
-        rows = builtins.list(await self._db.execute_fetchall(_SELECT_ONE, (invocation_id,)))
-        return _invocation(rows[0]) if rows else None
+        rows = builtins.list(await self._db.execute_fetchall(SELECT_ONE, (invocation_id,)))
+        return invocation_from_row(rows[0]) if rows else None
 
     async def list(
         self,
@@ -237,16 +371,16 @@ class SqliteLedger:
         """Newest first (by created_at, then insertion order), at most `limit`."""
         if limit < 0:
             raise ValueError(f"limit must not be negative, got {limit}")
-        filters = zip(_LIST_FILTERS, (status, source_id, session_id), strict=True)
+        filters = zip(LIST_FILTERS, (status, source_id, session_id), strict=True)
         used = [(clause, value) for clause, value in filters if value is not None]
         where = " WHERE " + " AND ".join(clause for clause, _ in used) if used else ""
         params = [value for _, value in used] + [limit]
-        rows = await self._db.execute_fetchall(_SELECT + where + _NEWEST_FIRST, params)
-        return [_invocation(row) for row in rows]
+        rows = await self._db.execute_fetchall(SELECT + where + NEWEST_FIRST, params)
+        return [invocation_from_row(row) for row in rows]
 
     async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]:
         """The invocation's history, oldest first (by seq)."""
-        rows = await self._db.execute_fetchall(_SELECT_EVENTS, (invocation_id,))
+        rows = await self._db.execute_fetchall(SELECT_EVENTS, (invocation_id,))
         return [
             InvocationEvent(
                 invocation_id=row[0],
@@ -258,42 +392,60 @@ class SqliteLedger:
             for row in rows
         ]
 
-    async def count(self, status: Status | None = None) -> int:
-        """How many invocations there are, optionally only those with `status`."""
-        if status is None:
-            rows = builtins.list(await self._db.execute_fetchall(_COUNT_ALL))
-        else:
-            rows = builtins.list(await self._db.execute_fetchall(_COUNT_STATUS, (status,)))
+    async def count(self, status: Status | None = None, *, session_id: str | None = None) -> int:
+        """How many invocations there are, optionally only those with `status` and of `session_id`."""
+        filters = zip(COUNT_FILTERS, (status, session_id), strict=True)
+        used = [(clause, value) for clause, value in filters if value is not None]
+        where = " WHERE " + " AND ".join(clause for clause, _ in used) if used else ""
+        rows = builtins.list(await self._db.execute_fetchall(COUNT + where, [value for _, value in used]))
         return int(rows[0][0])
+
+    async def next_expiry(self) -> datetime | None:
+        """The earliest expires_at among pending invocations (None when none of them expires)."""
+        rows = builtins.list(await self._db.execute_fetchall(NEXT_EXPIRY))
+        return None if rows[0][0] is None else datetime.fromisoformat(rows[0][0])
+
+    async def pins(self, source_id: str | None = None) -> builtins.list[Pin]:
+        """Every pin, or those of one source, sorted by source and action."""
+        rows = await self._db.execute_fetchall(*pin_table.select_pins(source_id))
+        return [pin_table.pin_from_row(row) for row in rows]
 
     # -- internals ---------------------------------------------------------------------------------------
 
     async def _write(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run `work` in one `BEGIN IMMEDIATE` transaction on the connection's own thread, in one hop.
+        """Run `work` in one `BEGIN IMMEDIATE` transaction on the connection's own thread, in one hop, then
+        wake the waiters of `wait_for_change`.
 
         aiosqlite has no public call that runs a function on its thread; one await per statement would cost
         four thread hops per transaction instead of one (about 270 µs against 80 µs on two cores), and every
         tool call writes twice. `Connection._execute` has had this signature since aiosqlite 0.17.
         Running the whole transaction in one call also means a cancelled caller can never leave a
-        transaction half-open on the shared connection: it finishes (or rolls back) on the thread.
+        transaction half-open on the shared connection: it finishes (or rolls back) on the thread. The wait
+        for it is shielded (it is bounded by busy_timeout) so the wake-up follows every commit: `watch`
+        cannot see this connection's own commits. A cancelled caller is cancelled at its next checkpoint.
         """
         db = self._db
 
         def run() -> _T:
             return _in_transaction(db._conn, work)
 
-        result: _T = await db._execute(run)  # type: ignore[no-untyped-call]
+        with anyio.CancelScope(shield=True):
+            result: _T = await db._execute(run)  # type: ignore[no-untyped-call]
+        self._wake()
         return result
 
     def _invocation_row(self, invocation: Invocation) -> tuple[Any, ...]:
-        values = {name: getattr(invocation, name) for name in _COLUMNS}
+        values = {name: getattr(invocation, name) for name in COLUMNS}
         values["args"] = self._json(invocation.args)
         values["result"] = self._json(invocation.result)
         values["error_message"] = self._text(invocation.error_message)
-        values["created_at"] = _timestamp(invocation.created_at)
-        values["updated_at"] = _timestamp(invocation.updated_at)
-        values["expires_at"] = _optional_timestamp(invocation.expires_at)
-        return tuple(values[name] for name in _COLUMNS)
+        # The drift diff is stored verbatim: it comes from the pinned and current tool definitions, which
+        # the pins table already holds verbatim (see bastion.ledger.pins).
+        values["drift"] = None if invocation.drift is None else dumps(invocation.drift)
+        values["created_at"] = timestamp(invocation.created_at)
+        values["updated_at"] = timestamp(invocation.updated_at)
+        values["expires_at"] = optional_timestamp(invocation.expires_at)
+        return tuple(values[name] for name in COLUMNS)
 
     def _field_value(self, name: str, value: Any) -> Any:
         if name == "result":
@@ -301,7 +453,7 @@ class SqliteLedger:
         if name == "error_message":
             return self._text(value)
         if name == "expires_at":
-            return _optional_timestamp(value)
+            return optional_timestamp(value)
         if value is not None and not isinstance(value, str):
             raise TypeError(f"transition field {name!r} must be a string or None, got {type(value).__name__}")
         return value
@@ -310,16 +462,16 @@ class SqliteLedger:
         """JSON text of the scrubbed value; SQL NULL for None."""
         if value is None:
             return None
-        return _dumps(self.redactor.scrub(value))
+        return dumps(self.redactor.scrub(value))
 
     def _text(self, message: str | None) -> str | None:
         if message is None:
             return None
         scrubbed = self.redactor.scrub(message)
-        return scrubbed if isinstance(scrubbed, str) else _dumps(scrubbed)
+        return scrubbed if isinstance(scrubbed, str) else dumps(scrubbed)
 
     def _detail(self, detail: Mapping[str, Any] | None) -> str:
-        return _dumps(self.redactor.scrub(dict(detail))) if detail else "{}"
+        return dumps(self.redactor.scrub(dict(detail))) if detail else "{}"
 
 
 async def _enable_wal(db: aiosqlite.Connection, path: Path) -> None:
@@ -350,33 +502,3 @@ def _in_transaction(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection
             conn.execute("ROLLBACK")
         raise
     return result
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _timestamp(moment: datetime) -> str:
-    """Fixed-width ISO-8601 UTC with microseconds, so stored timestamps sort as text. Naive means UTC."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def _optional_timestamp(moment: datetime | None) -> str | None:
-    if moment is None:
-        return None
-    if not isinstance(moment, datetime):
-        raise TypeError(f"expected a datetime, got {type(moment).__name__}")
-    return _timestamp(moment)
-
-
-def _invocation(row: Sequence[Any]) -> Invocation:
-    data = dict(zip(_COLUMNS, row, strict=True))
-    for name in ("args", "result"):
-        if data[name] is not None:
-            data[name] = json.loads(data[name])
-    for name in ("created_at", "updated_at", "expires_at"):
-        if data[name] is not None:
-            data[name] = datetime.fromisoformat(data[name])
-    return Invocation.model_validate(data)

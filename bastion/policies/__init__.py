@@ -8,9 +8,11 @@ from bastion.policies.drift import (
     fingerprint,
     fingerprints,
     guard,
+    guard_drift,
     is_drifted,
     structural_fingerprint,
 )
+from bastion.policies.limits import RateLimiter
 from bastion.policies.modes import MODE_STRICTNESS, is_mode, resolve_mode, stricter
 from bastion.policies.naming import (
     MAX_TOOL_NAME,
@@ -29,6 +31,7 @@ __all__ = [
     "Fingerprints",
     "NameAssignment",
     "NameRequest",
+    "RateLimiter",
     "assign_tool_names",
     "canonical_json",
     "derive_risk",
@@ -36,6 +39,7 @@ __all__ = [
     "fingerprint",
     "fingerprints",
     "guard",
+    "guard_drift",
     "is_drifted",
     "is_mode",
     "normalize_risk",

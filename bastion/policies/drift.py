@@ -11,6 +11,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict
 
 from bastion.models import ModeDecision
+from bastion.policies.modes import MODE_STRICTNESS
 
 FINGERPRINT_FIELDS: Final = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
 """The wire-form (camelCase) fields of a tool definition that a pin covers."""
@@ -128,6 +129,20 @@ def guard(decision: ModeDecision, *, drifted: bool) -> ModeDecision:
     if drifted and decision.mode == "allow":
         return ModeDecision(mode="require_approval", source="drift")
     return decision
+
+
+def guard_drift(current: ModeDecision, pinned: ModeDecision | None) -> ModeDecision:
+    """The mode of a drifted action: the stricter of what its current definition earns and what its
+    trusted (pinned) definition earned, tightened as drifted; on a tie the `drift` source is reported.
+
+    `pinned` is None when there is no trusted definition to judge by (a new tool held for approval).
+    A drifted definition is untrusted, so its annotations can only tighten: flipping `readOnlyHint`
+    to true never earns `allow`, and flipping it to false still reads as drift.
+    """
+    tightened = guard(pinned or current, drifted=True)
+    if MODE_STRICTNESS[current.mode] > MODE_STRICTNESS[tightened.mode]:
+        return current
+    return tightened
 
 
 def _pretty_lines(definition: Mapping[str, Any]) -> list[str]:

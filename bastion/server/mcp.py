@@ -18,6 +18,7 @@ from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from bastion import __version__
 from bastion.errors import BastionError
@@ -84,13 +85,15 @@ class FrontDoor:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=self.gateway.catalog.tools)
+        return types.ListToolsResult(tools=self.gateway.tools)
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         context = CallContext(
-            session_id=self.session_id or _session_id(ctx), profile=self.profile, principal=self.principal
+            session_id=self.session_id or _session_id(ctx, self.principal),
+            profile=self.profile,
+            principal=self.principal,
         )
         progress_token = ctx.meta.get("progress_token") if ctx.meta else None
 
@@ -148,11 +151,20 @@ def _connection(ctx: ServerRequestContext[Any]) -> Connection:
     return connection
 
 
-def _session_id(ctx: ServerRequestContext[Any]) -> str:
-    """The host session: the transport's session id when there is one, else one minted per connection."""
+def _session_id(ctx: ServerRequestContext[Any], principal: str | None) -> str:
+    """The host session that limits count against.
+
+    A transport session id when there is one (streamable HTTP, 2025-era); otherwise one minted per
+    connection (stdio, SSE). A 2026-07-28 request has no session at all, so it is attributed to the
+    caller's identity: its principal and client name (conservative: one agent, one budget).
+    """
     connection = _connection(ctx)
     if connection.session_id:
         return connection.session_id
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        params = connection.client_params
+        client = params.client_info.name if params is not None else "unknown-client"
+        return f"{principal or 'anonymous'}/{client}"
     session_id = connection.state.get(_SESSION_KEY)
     if session_id is None:
         session_id = connection.state[_SESSION_KEY] = secrets.token_hex(8)

@@ -1,0 +1,287 @@
+"""Calls that wait for a human (DESIGN.md §6): pending invocations, heartbeats, decisions, expiry.
+
+A held call keeps its raw arguments in memory (the ledger only has them redacted). Decisions come
+from anywhere that writes the ledger — this process, the CLI, another Bastion — and the desk's loop
+notices them: at once for writes of this process, within the ledger's watch interval for others.
+An approved invocation runs in the desk's own task group, so a host that cancels or disconnects
+does not stop it; the result is kept in the ledger and handed to the host if it is still waiting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import mcp_types as types
+from anyio.abc import TaskGroup, TaskStatus
+
+from bastion.catalog import CatalogEntry
+from bastion.errors import (
+    ApprovalDenied,
+    ApprovalExpired,
+    BastionError,
+    InvalidArguments,
+    NotFound,
+    UnknownOutcome,
+)
+from bastion.models import Invocation, Status, utcnow
+from bastion.policies import canonical_json
+from bastion.seams import Ledger, ProgressFn
+
+logger = logging.getLogger(__name__)
+
+Runner = Callable[[CatalogEntry, Invocation, dict[str, Any], "Progress | None"], Awaitable[types.CallToolResult]]
+"""Runs a claimed (`executing`) invocation and records its outcome; raises a BastionError on failure."""
+
+Lookup = Callable[[str, str], CatalogEntry | None]
+"""Finds the catalog entry of (source_id, action_id)."""
+
+EXECUTING: tuple[Status, ...] = ("executing",)
+HELD_POLL_SECONDS = 0.2
+"""While calls are held, the longest the desk goes without looking at them (a safety net under wake-ups)."""
+IDLE_POLL_SECONDS = 5.0
+"""With nothing held here, how often to sweep expiries and adopt approved orphans of dead processes."""
+
+
+def args_hash(arguments: Any) -> str:
+    """SHA-256 of the canonical JSON of the raw arguments (DESIGN.md §6)."""
+    return hashlib.sha256(canonical_json(arguments)).hexdigest()
+
+
+def process_identity() -> str:
+    """`host:pid:start` — who owns an invocation, precise enough to tell later whether it is still alive."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def owner_alive(owner: str | None) -> bool:
+    """Whether the Bastion process named by `owner` still runs. Another host's cannot be checked: assume yes."""
+    if not owner:
+        return False
+    host, _, rest = owner.partition(":")
+    pid, _, started = rest.partition(":")
+    if host != socket.gethostname():
+        return True
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return _start_time(int(pid)) == started
+
+
+def _start_time(pid: int) -> str:
+    """The process start time in clock ticks since boot (guards against a reused pid); '' where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+class Progress:
+    """Monotonic progress for one host request: heartbeats while it waits, then the downstream's own."""
+
+    def __init__(self, send: ProgressFn) -> None:
+        self._send = send
+        self._base = 0.0
+
+    async def beat(self, message: str) -> None:
+        self._base += 1
+        await self._send(self._base, None, message)
+
+    async def relay(self, progress: float, total: float | None, message: str | None) -> None:
+        await self._send(self._base + progress, None if total is None else self._base + total, message)
+
+
+@dataclass(eq=False)
+class Held:
+    """A call waiting for a decision in this process."""
+
+    invocation: Invocation
+    entry: CatalogEntry
+    arguments: dict[str, Any]
+    progress: Progress | None
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: types.CallToolResult | None = None
+    error: BastionError | None = None
+    running: bool = False
+
+    def finish(self, *, result: types.CallToolResult | None = None, error: BastionError | None = None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+
+class ApprovalDesk:
+    """Holds pending calls, notices decisions and expiries, and runs what was approved."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        runner: Runner,
+        lookup: Lookup,
+        owner: str,
+        heartbeat_seconds: float,
+    ) -> None:
+        self._ledger = ledger
+        self._runner = runner
+        self._lookup = lookup
+        self.owner = owner
+        self.heartbeat_seconds = heartbeat_seconds
+        self._held: dict[str, Held] = {}
+        self._added = anyio.Event()
+        self._last_adoption = -math.inf
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    async def hold(
+        self, invocation: Invocation, entry: CatalogEntry, arguments: dict[str, Any], on_progress: ProgressFn | None
+    ) -> types.CallToolResult:
+        """Record the invocation as pending and block until it is decided, run, expired or refused."""
+        held = Held(invocation, entry, arguments, Progress(on_progress) if on_progress else None)
+        self._held[invocation.id] = held
+        try:
+            await self._ledger.record(invocation, ("planned", "pending"), {"expires_at": str(invocation.expires_at)})
+        except BaseException:
+            self._held.pop(invocation.id, None)
+            raise
+        self._added.set()
+        return await self._wait(held)
+
+    async def _wait(self, held: Held) -> types.CallToolResult:
+        invocation_id = held.invocation.id
+        message = (
+            f"invocation {invocation_id} ({held.entry.key}) is waiting for an approver: "
+            f"bastion approvals approve {invocation_id}  or  bastion approvals deny {invocation_id}"
+        )
+        while not held.done.is_set():
+            with anyio.move_on_after(self.heartbeat_seconds):
+                await held.done.wait()
+            if not held.done.is_set() and held.progress is not None:
+                await held.progress.beat(message)
+        if held.error is not None:
+            raise held.error
+        assert held.result is not None
+        return held.result
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The desk's loop: until cancelled, settle held calls, sweep expiries, adopt orphans."""
+        async with anyio.create_task_group() as runs:
+            task_status.started()
+            while True:
+                await self._tick(runs)
+                await self._wait_for_news()
+
+    async def _tick(self, runs: TaskGroup) -> None:
+        for expired in await self._ledger.expire_due(utcnow()):
+            logger.info("invocation %s expired without a decision", expired.id)
+        for invocation_id, held in list(self._held.items()):
+            if held.running:
+                continue
+            current = await self._ledger.get(invocation_id)
+            if current is None or current.status == "pending":
+                continue
+            if current.status == "approved":
+                held.running = True
+                runs.start_soon(self._run_held, held, name=f"approved:{invocation_id}")
+                continue
+            self._held.pop(invocation_id, None)
+            held.finish(error=_refusal(current))
+        if anyio.current_time() - self._last_adoption >= IDLE_POLL_SECONDS:
+            self._last_adoption = anyio.current_time()
+            for orphan in await self._ledger.list(status="approved", limit=1000):
+                if orphan.id not in self._held and not owner_alive(orphan.owner):
+                    runs.start_soon(self._run_orphan, orphan, name=f"orphan:{orphan.id}")
+
+    async def _wait_for_news(self) -> None:
+        delay = HELD_POLL_SECONDS if self._held else IDLE_POLL_SECONDS
+        next_expiry = await self._ledger.next_expiry()
+        if next_expiry is not None:
+            delay = min(delay, max(0.0, (next_expiry - utcnow()).total_seconds()) + 0.001)
+        with anyio.move_on_after(delay):
+            if self._held:
+                await self._ledger.wait_for_change()
+            else:
+                self._added = anyio.Event()
+                await self._added.wait()
+
+    async def _run_held(self, held: Held) -> None:
+        invocation_id = held.invocation.id
+        try:
+            result = await self._claim_and_run(held.invocation, held.entry, held.arguments, held.progress)
+        except BastionError as exc:
+            held.finish(error=exc)
+        else:
+            held.finish(result=result)
+        finally:
+            self._held.pop(invocation_id, None)
+
+    async def _run_orphan(self, orphan: Invocation) -> None:
+        """An approved invocation whose process died before running it: run it if we still can."""
+        entry = self._lookup(orphan.source_id, orphan.action_id)
+        try:
+            if entry is None:
+                raise NotFound(f"{orphan.policy_key} is no longer in the catalog", invocation_id=orphan.id)
+            await self._claim_and_run(orphan, entry, orphan.args, None)
+        except BastionError as exc:
+            logger.warning("approved invocation %s of a stopped process did not run: %s", orphan.id, exc.message)
+
+    async def _claim_and_run(
+        self, invocation: Invocation, entry: CatalogEntry | None, arguments: Any, progress: Progress | None
+    ) -> types.CallToolResult:
+        claimed = await self._ledger.claim(invocation.id, owner=self.owner)
+        if claimed is None:
+            raise UnknownOutcome(
+                "another Bastion process took this approved invocation; ask bastion__invocation for its outcome",
+                invocation_id=invocation.id,
+            )
+        problem = _cannot_run(claimed, entry, arguments)
+        if problem is not None:
+            await self._ledger.transition(
+                claimed.id,
+                from_statuses=EXECUTING,
+                to="failed",
+                fields={"error_class": problem.error_class, "error_message": problem.message},
+            )
+            raise problem
+        assert entry is not None
+        return await self._runner(entry, claimed, arguments, progress)
+
+
+def _cannot_run(invocation: Invocation, entry: CatalogEntry | None, arguments: Any) -> BastionError | None:
+    """The checks before an approved call runs: it still exists, its args are the approved ones, not expired."""
+    if entry is None:
+        return NotFound(f"{invocation.policy_key} is no longer in the catalog", invocation_id=invocation.id)
+    if not isinstance(arguments, dict) or args_hash(arguments) != invocation.args_hash:
+        return InvalidArguments(
+            "the approved arguments are not available unredacted (they held secrets the ledger does not keep, "
+            "and the Bastion process that had them stopped); ask the agent to make the call again",
+            invocation_id=invocation.id,
+        )
+    if invocation.expires_at is not None and utcnow() > invocation.expires_at + timedelta(seconds=1):
+        return ApprovalExpired(f"the approval came after {invocation.expires_at}", invocation_id=invocation.id)
+    return None
+
+
+def _refusal(invocation: Invocation) -> BastionError:
+    message = invocation.error_message or f"the invocation is {invocation.status}"
+    if invocation.status == "denied":
+        return ApprovalDenied(message, invocation_id=invocation.id)
+    if invocation.status == "expired":
+        return ApprovalExpired(message, invocation_id=invocation.id)
+    return UnknownOutcome(
+        f"the invocation is {invocation.status}; ask bastion__invocation for its outcome", invocation_id=invocation.id
+    )

@@ -1,0 +1,38 @@
+"""`bastion`: the command line and the composition root (config -> ledger -> sources -> gateway -> server).
+
+`app` holds the typer application and what commands share; each other module registers one command
+group on it when imported: `serve`, `inspect` (catalog, connectors, invocations, doctor, init),
+`approvals` (+ `watch`) and `pins`. Exit statuses: 0 success, 1 a refused operation, 2 a usage or
+config error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+# Each module registers its commands on `app` when imported; this order is the order of `bastion --help`.
+# isort: off
+from bastion.cli import serve, inspect, approvals, watch, pins
+
+# isort: on
+from bastion.cli.app import Exit, app, err
+
+__all__ = ["app", "main"]
+
+COMMAND_GROUPS = (serve, inspect, approvals, watch, pins)
+
+
+def main() -> None:
+    """Console entry point."""
+    logging.basicConfig(
+        level=os.environ.get("BASTION_LOG_LEVEL", "WARNING").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        app()
+    except Exit as exc:
+        err.print(str(exc), markup=False, highlight=False)
+        raise SystemExit(exc.code) from None

@@ -1,0 +1,211 @@
+"""`bastion approvals`: pending invocations and the approver's decision on them (DESIGN.md §6, §9).
+
+Decisions go straight to the ledger; a Bastion process holding the call notices them (across processes)
+and runs or refuses it. Of two racing decisions exactly one wins; the other exits 1 with `conflict`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+import typer
+from rich.table import Table
+
+from bastion.cli.app import (
+    ConfigOption,
+    JsonOption,
+    app,
+    approver_principal,
+    emit_json,
+    invocation_json,
+    load,
+    open_ledger,
+    out,
+    run_async,
+    timestamp,
+)
+from bastion.cli.inspect import details_table
+from bastion.config import Config
+from bastion.errors import NotFound
+from bastion.ledger import SqliteLedger
+from bastion.models import Invocation, utcnow
+
+approvals_app = typer.Typer(
+    help="Calls waiting for a human: list and inspect them, approve or deny, or watch them live.",
+    no_args_is_help=True,
+)
+app.add_typer(approvals_app, name="approvals")
+
+IdArgument = Annotated[str, typer.Argument(help="The pending invocation's id (see `bastion approvals list`).")]
+DEFAULT_LIMIT: Final = 100
+
+
+# -- shared with `approvals watch` ------------------------------------------------------------------
+
+
+async def pending_invocations(ledger: SqliteLedger, now: datetime, *, limit: int = DEFAULT_LIMIT) -> list[Invocation]:
+    """Pending invocations, newest first, after marking the ones past their expiry as expired (as the
+    gateway's sweeper would), so nobody is shown a call that can no longer be approved."""
+    due = await ledger.next_expiry()
+    if due is not None and due <= now:
+        await ledger.expire_due(now)
+    return await ledger.list(status="pending", limit=limit)
+
+
+def expires_in(invocation: Invocation, now: datetime) -> int | None:
+    """Whole seconds until the invocation expires (None when it never does)."""
+    if invocation.expires_at is None:
+        return None
+    return int((invocation.expires_at - now).total_seconds())
+
+
+def format_seconds(seconds: int | None) -> str:
+    """A countdown for people: `4m 05s`, `12s`, `expired`, or `-` for never."""
+    if seconds is None:
+        return "-"
+    if seconds <= 0:
+        return "expired"
+    minutes, rest = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {rest:02d}s" if minutes else f"{rest}s"
+
+
+def pending_json(invocation: Invocation, now: datetime) -> dict[str, Any]:
+    """An invocation as scripts see it, plus `expires_in_seconds` and `drifted`."""
+    data = invocation_json(invocation)
+    data["expires_in_seconds"] = expires_in(invocation, now)
+    data["drifted"] = invocation.drift is not None
+    return data
+
+
+def pending_table(pending: list[Invocation], now: datetime, *, selected: str | None = None) -> Table:
+    """The pending invocations as a table; the `selected` one is highlighted."""
+    table = Table(title=f"{len(pending)} pending")
+    table.add_column("id", no_wrap=True)
+    table.add_column("created")
+    table.add_column("tool", overflow="fold")
+    table.add_column("session", overflow="fold")
+    table.add_column("principal", overflow="fold")
+    table.add_column("expires in", no_wrap=True)
+    table.add_column("drift")
+    for invocation in pending:
+        table.add_row(
+            invocation.id,
+            timestamp(invocation.created_at),
+            invocation.tool,
+            invocation.session_id,
+            invocation.principal or "",
+            format_seconds(expires_in(invocation, now)),
+            "drifted" if invocation.drift is not None else "",
+            style="reverse" if invocation.id == selected else None,
+        )
+    return table
+
+
+def decide_commands(config: Config, invocation_id: str) -> dict[str, str]:
+    """The exact commands that approve or deny this invocation against the same configuration."""
+    where = f" --config {shlex.quote(str(config.directory))}" if config.directory is not None else ""
+    target = shlex.quote(invocation_id)
+    return {
+        "approve": f"bastion approvals approve {target}{where}",
+        "deny": f"bastion approvals deny {target}{where} --reason TEXT",
+    }
+
+
+# -- commands ---------------------------------------------------------------------------------------
+
+
+@approvals_app.command("list")
+def approvals_list(
+    config_dir: ConfigOption = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = DEFAULT_LIMIT,
+    as_json: JsonOption = False,
+) -> None:
+    """List pending invocations, newest first: tool, session, who asked, time left, drift."""
+    config = load(config_dir, report=False)
+
+    async def run() -> list[Invocation]:
+        async with open_ledger(config) as ledger:
+            return await pending_invocations(ledger, utcnow(), limit=limit)
+
+    pending = run_async(run)
+    now = utcnow()
+    if as_json:
+        emit_json([pending_json(i, now) for i in pending])
+        return
+    out.print(pending_table(pending, now))
+    if pending:
+        out.print("decide with: bastion approvals show ID | approve ID | deny ID", highlight=False)
+
+
+@approvals_app.command("show")
+def approvals_show(invocation_id: IdArgument, config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
+    """Show one invocation: redacted args, events, the drift diff, and the commands that decide it."""
+    config = load(config_dir, report=False)
+
+    async def run() -> dict[str, Any]:
+        async with open_ledger(config) as ledger:
+            invocation = await ledger.get(invocation_id)
+            if invocation is None:
+                raise NotFound(f"no invocation {invocation_id!r} in {config.ledger_url}")
+            data = pending_json(invocation, utcnow())
+            data["events"] = [e.model_dump(mode="json") for e in await ledger.events(invocation_id)]
+            data["commands"] = decide_commands(config, invocation_id) if invocation.status == "pending" else None
+            return data
+
+    data = run_async(run)
+    if as_json:
+        emit_json(data)
+        return
+    commands = data.pop("commands")
+    seconds = data.pop("expires_in_seconds")
+    data.pop("drifted")
+    out.print(details_table(data))
+    if commands is None:
+        out.print(f"not pending: this invocation is {data['status']}", highlight=False)
+        return
+    out.print(f"expires in {format_seconds(seconds)}; decide with:", highlight=False)
+    out.print(f"  {commands['approve']}", markup=False, highlight=False)
+    out.print(f"  {commands['deny']}", markup=False, highlight=False)
+
+
+@approvals_app.command("approve")
+def approvals_approve(
+    invocation_id: IdArgument,
+    note: Annotated[str | None, typer.Option(help="A note kept in the ledger with your decision.")] = None,
+    config_dir: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Approve a pending invocation: the waiting call runs it at once. Exit 1 if it is no longer pending."""
+    _decide(config_dir, invocation_id, approve=True, note=note, as_json=as_json)
+
+
+@approvals_app.command("deny")
+def approvals_deny(
+    invocation_id: IdArgument,
+    reason: Annotated[str | None, typer.Option(help="Why; the agent is told this reason.")] = None,
+    config_dir: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Deny a pending invocation: the waiting call returns approval_denied. Exit 1 if it is no longer pending."""
+    _decide(config_dir, invocation_id, approve=False, note=reason, as_json=as_json)
+
+
+def _decide(config_dir: Path | None, invocation_id: str, *, approve: bool, note: str | None, as_json: bool) -> None:
+    config = load(config_dir, report=False)
+    principal = approver_principal()
+
+    async def run() -> Invocation:
+        async with open_ledger(config) as ledger:
+            return await ledger.decide(invocation_id, approve=approve, principal=principal, note=note, now=utcnow())
+
+    decided = run_async(run)
+    if as_json:
+        emit_json(invocation_json(decided))
+        return
+    out.print(f"{decided.status} {decided.id} ({decided.tool}) as {principal}", markup=False, highlight=False)

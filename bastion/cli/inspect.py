@@ -1,0 +1,236 @@
+"""Looking at a configuration and its ledger: `catalog`, `connectors`, `invocations`, `doctor`, `init`, `version`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from bastion import __version__
+from bastion.cli.app import (
+    ConfigOption,
+    Exit,
+    JsonOption,
+    app,
+    emit_json,
+    invocation_json,
+    load,
+    open_gateway,
+    open_ledger,
+    out,
+    run_async,
+    timestamp,
+)
+from bastion.config import find_config_dir, init_config_dir, load_config
+from bastion.errors import ConfigError, NotFound
+from bastion.models import STATUSES, CallContext, Invocation, Status
+
+connectors_app = typer.Typer(help="Downstream MCP servers: status and checks.", no_args_is_help=True)
+invocations_app = typer.Typer(help="The ledger: what was called, by whom, and what came of it.", no_args_is_help=True)
+app.add_typer(connectors_app, name="connectors")
+app.add_typer(invocations_app, name="invocations")
+
+
+# -- catalog and connectors -------------------------------------------------------------------------
+
+
+@app.command()
+def catalog(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
+    """Show the merged catalog: tool, source, risk, mode, why, and drift (connects to every source once)."""
+    config = load(config_dir)
+
+    async def run() -> list[dict[str, Any]]:
+        async with open_gateway(config) as gateway:
+            rows = []
+            for entry in gateway.catalog.entries.values():
+                decision = gateway.decide(entry, CallContext(session_id="cli"))
+                rows.append(
+                    {
+                        "tool": entry.name,
+                        "source_id": entry.source_id,
+                        "action_id": entry.action_id,
+                        "policy_key": entry.key,
+                        "risk": entry.action.risk,
+                        "mode": decision.mode,
+                        "mode_source": decision.source,
+                        "hidden": entry.action.hidden,
+                        "drift": gateway.pins.drift(entry.source_id, entry.action_id) is not None,
+                    }
+                )
+            return rows
+
+    rows = run_async(run)
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table("tool", "source", "risk", "mode", "mode source", "drift", "hidden", title=f"{len(rows)} tools")
+    for r in rows:
+        drift = "drifted" if r["drift"] else ""
+        hidden = "yes" if r["hidden"] else ""
+        table.add_row(r["tool"], r["source_id"], r["risk"], r["mode"], r["mode_source"], drift, hidden)
+    out.print(table)
+
+
+@connectors_app.command("list")
+def connectors_list(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
+    """Connect to every connector once and show its status, tool count and last error."""
+    _show_connectors(config_dir, None, as_json)
+
+
+@connectors_app.command("check")
+def connectors_check(
+    source_id: Annotated[str | None, typer.Argument(help="Connector id (default: all).")] = None,
+    config_dir: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Connect and list; exit 1 when a checked connector is not ready."""
+    statuses = _show_connectors(config_dir, source_id, as_json)
+    if any(s["state"] != "ready" for s in statuses):
+        raise Exit("error: a connector is not ready; see last_error above", 1)
+
+
+def _show_connectors(config_dir: Path | None, only: str | None, as_json: bool) -> list[dict[str, Any]]:
+    config = load(config_dir)
+    if only is not None:
+        if only not in {c.id for c in config.connectors}:
+            known = ", ".join(sorted(c.id for c in config.connectors)) or "none"
+            raise Exit(f"error: no connector {only!r} (known: {known})", 1)
+        config = config.model_copy(update={"connectors": [c for c in config.connectors if c.id == only]})
+
+    async def run() -> list[dict[str, Any]]:
+        async with open_gateway(config) as gateway:
+            return [s.model_dump(mode="json") for s in gateway.statuses()]
+
+    statuses = run_async(run)
+    if as_json:
+        emit_json(statuses)
+        return statuses
+    table = Table("connector", "state", "tools", "protocol", "last error")
+    for s in statuses:
+        table.add_row(s["source_id"], s["state"], str(s["tools"]), s["protocol_version"] or "", s["last_error"] or "")
+    out.print(table)
+    return statuses
+
+
+# -- invocations ------------------------------------------------------------------------------------
+
+
+@invocations_app.command("list")
+def invocations_list(
+    config_dir: ConfigOption = None,
+    status: Annotated[str | None, typer.Option(help=f"Only this status: {', '.join(STATUSES)}.")] = None,
+    source: Annotated[str | None, typer.Option(help="Only this source id.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+    as_json: JsonOption = False,
+) -> None:
+    """List invocations from the ledger, newest first."""
+    if status is not None and status not in STATUSES:
+        raise Exit(f"error: unknown status {status!r}; use one of {', '.join(STATUSES)}", 2)
+    config = load(config_dir, report=False)
+
+    async def run() -> list[Invocation]:
+        async with open_ledger(config) as ledger:
+            return await ledger.list(status=_status(status), source_id=source, limit=limit)
+
+    found = run_async(run)
+    if as_json:
+        emit_json([invocation_json(i) for i in found])
+        return
+    table = Table("id", "created", "tool", "status", "mode", "mode source", "error", title=f"{len(found)} invocations")
+    for i in found:
+        table.add_row(i.id, timestamp(i.created_at), i.tool, i.status, i.mode, i.mode_source, i.error_class or "")
+    out.print(table)
+
+
+def _status(value: str | None) -> Status | None:
+    for status in STATUSES:
+        if status == value:
+            return status
+    return None
+
+
+@invocations_app.command("show")
+def invocations_show(
+    invocation_id: Annotated[str, typer.Argument(help="The invocation id.")],
+    config_dir: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show one invocation with its redacted args, result and event history."""
+    config = load(config_dir, report=False)
+
+    async def run() -> dict[str, Any]:
+        async with open_ledger(config) as ledger:
+            invocation = await ledger.get(invocation_id)
+            if invocation is None:
+                raise NotFound(f"no invocation {invocation_id!r} in {config.ledger_url}")
+            data = invocation_json(invocation)
+            data["events"] = [e.model_dump(mode="json") for e in await ledger.events(invocation_id)]
+            return data
+
+    data = run_async(run)
+    if as_json:
+        emit_json(data)
+        return
+    out.print(details_table(data))
+
+
+def details_table(data: dict[str, Any]) -> Table:
+    """An invocation (with its `events`) as a two-column table for people."""
+    table = Table(show_header=False, box=None)
+    for key, value in data.items():
+        if key in ("args", "result"):
+            value = json.dumps(value, indent=2, ensure_ascii=False)
+        elif key == "events":
+            value = "\n".join(
+                f"{e['seq']}. {e['at']} {e['kind']} {json.dumps(e['detail']) if e['detail'] else ''}" for e in value
+            )
+        elif key == "drift" and value is not None:
+            value = "\n".join(value)
+        table.add_row(f"[bold]{key}[/bold]", "" if value is None else str(value))
+    return table
+
+
+# -- doctor, init and version -----------------------------------------------------------------------
+
+
+@app.command()
+def doctor(config_dir: ConfigOption = None) -> None:
+    """Validate the configuration: every problem with file:line, exit 2 if there is any."""
+    try:
+        directory = find_config_dir(config_dir, env=os.environ, cwd=Path.cwd(), home=Path.home())
+    except ConfigError as exc:
+        raise Exit(f"error: {exc.message}", 2) from exc
+    config = load_config(directory)
+    where = str(directory) if directory else "embedded default configuration"
+    for issue in config.issues:
+        out.print(f"error: {issue}", markup=False, highlight=False)
+    if config.issues:
+        raise Exit(f"{len(config.issues)} problem(s) in {where}", 2)
+    out.print(
+        f"ok: {where}: {len(config.connectors)} connector(s), "
+        f"{len(config.policy.modes)} org mode(s), {len(config.policy.profiles)} profile(s); ledger {config.ledger_url}",
+        markup=False,
+        highlight=False,
+    )
+
+
+@app.command()
+def init(directory: Annotated[Path, typer.Argument(help="Where to write a starter configuration.")]) -> None:
+    """Write a starter configuration directory (refuses to overwrite anything)."""
+    try:
+        written = init_config_dir(directory)
+    except ConfigError as exc:
+        raise Exit(f"error: {exc.message}", 2) from exc
+    for path in written:
+        out.print(f"wrote {path}", markup=False, highlight=False)
+    out.print(f"next: bastion doctor --config {directory}  then  bastion serve --config {directory}", highlight=False)
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    out.print(__version__)

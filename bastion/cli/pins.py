@@ -1,0 +1,150 @@
+"""`bastion pins`: the trusted definitions of actions and their drift (DESIGN.md §5).
+
+Drift never clears by itself: only an approver accepts a drifted definition, which re-pins it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from bastion.cli.app import (
+    ConfigOption,
+    Exit,
+    JsonOption,
+    app,
+    approver_principal,
+    emit_json,
+    load,
+    open_ledger,
+    out,
+    run_async,
+    timestamp,
+)
+from bastion.errors import Conflict, NotFound
+from bastion.models import Pin
+from bastion.policies import diff_definitions
+
+pins_app = typer.Typer(
+    help="Pinned tool definitions and their drift: list, accept a new definition.", no_args_is_help=True
+)
+app.add_typer(pins_app, name="pins")
+
+FINGERPRINT_PREFIX = 12
+_DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("+", "green"), ("-", "red"))
+
+
+def drift_diff(pin: Pin) -> list[str] | None:
+    """The unified diff from the pinned definition to the drifted one, or None when not drifted."""
+    if pin.drift is None:
+        return None
+    return diff_definitions(pin.pinned.definition, pin.drift.definition)
+
+
+def pin_json(pin: Pin) -> dict[str, Any]:
+    """A pin as scripts see it: the stored pin plus `key`, `drifted` and the drift `diff`."""
+    data = pin.model_dump(mode="json")
+    data["key"] = pin.key
+    data["drifted"] = pin.drift is not None
+    data["diff"] = drift_diff(pin)
+    return data
+
+
+def diff_text(lines: list[str]) -> Text:
+    """A unified diff coloured for people (additions green, removals red)."""
+    text = Text()
+    for line in lines:
+        style = next((style for prefix, style in _DIFF_STYLES if line.startswith(prefix)), "")
+        text.append(line + "\n", style=style)
+    return text
+
+
+@pins_app.command("list")
+def pins_list(
+    config_dir: ConfigOption = None,
+    source: Annotated[str | None, typer.Option("--source", help="Only this source id.")] = None,
+    drifted: Annotated[bool, typer.Option("--drifted", help="Only drifted pins.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """List pinned actions: who pinned them and when, their fingerprint, and any drift with its diff."""
+    config = load(config_dir, report=False)
+
+    async def run() -> list[Pin]:
+        async with open_ledger(config) as ledger:
+            return await ledger.pins(source)
+
+    pins = [pin for pin in run_async(run) if pin.drift is not None or not drifted]
+    if as_json:
+        emit_json([pin_json(pin) for pin in pins])
+        return
+    title = f"{len(pins)} {'drifted ' if drifted else ''}pins"
+    table = Table(title=title)
+    table.add_column("key", overflow="fold")
+    table.add_column("pinned by", overflow="fold")
+    table.add_column("pinned at")
+    table.add_column("fingerprint", no_wrap=True)
+    table.add_column("drift")
+    for pin in pins:
+        table.add_row(
+            pin.key,
+            pin.pinned_by or "",
+            timestamp(pin.pinned.seen_at),
+            pin.pinned.fingerprint[:FINGERPRINT_PREFIX],
+            "drifted" if pin.drift is not None else "",
+        )
+    out.print(table)
+    for pin in pins:
+        diff = drift_diff(pin)
+        if pin.drift is None or diff is None:
+            continue
+        seen = timestamp(pin.drift.seen_at)
+        out.print(f"\ndrift of {pin.key}, seen {seen} (pinned -> current):", markup=False, highlight=False)
+        out.print(diff_text(diff), end="")
+        out.print(f"accept it with: bastion pins accept {pin.key}", markup=False, highlight=False)
+
+
+@pins_app.command("accept")
+def pins_accept(
+    key: Annotated[str | None, typer.Argument(help="The drifted action's policy key, source:action.")] = None,
+    source: Annotated[str | None, typer.Option("--source", help="Accept every drifted pin of this source.")] = None,
+    config_dir: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Re-pin drifted actions to their current definition: one KEY, or every drifted one of --source."""
+    source_id, action_id = _target(key, source)
+    config = load(config_dir, report=False)
+    principal = approver_principal()
+
+    async def run() -> list[Pin]:
+        async with open_ledger(config) as ledger:
+            if action_id is None and not await ledger.pins(source_id):
+                raise NotFound(f"no pins of source {source_id!r} in {config.ledger_url}; see `bastion pins list`")
+            accepted = await ledger.accept_drift(source_id=source_id, action_id=action_id, principal=principal)
+            if key is not None and not accepted:
+                raise Conflict(f"pin {key} is not drifted; there is nothing to accept")
+            return accepted
+
+    accepted = run_async(run)
+    if as_json:
+        emit_json([pin_json(pin) for pin in accepted])
+        return
+    for pin in accepted:
+        fingerprint = pin.pinned.fingerprint[:FINGERPRINT_PREFIX]
+        out.print(f"accepted {pin.key}: re-pinned to {fingerprint} as {principal}", markup=False, highlight=False)
+    if key is None:
+        out.print(f"{len(accepted)} drifted pin(s) of source {source_id} accepted", markup=False, highlight=False)
+
+
+def _target(key: str | None, source: str | None) -> tuple[str, str | None]:
+    """The (source_id, action_id) to accept: one action from KEY, or a whole source (action None)."""
+    if key is not None and source is None:
+        source_id, _, action_id = key.partition(":")
+        if not source_id or not action_id:
+            raise Exit(f"error: {key!r} is not a policy key; write it as source:action, e.g. notes:write_note", 2)
+        return source_id, action_id
+    if source is not None and key is None:
+        return source, None
+    raise Exit("error: give either KEY (source:action) or --source ID, not both or neither", 2)

@@ -1,0 +1,68 @@
+"""`bastion serve`: the gateway for agent hosts over stdio or HTTP."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import typer
+
+from bastion import __version__
+from bastion.cli.app import ConfigOption, Exit, app, err, load, open_gateway, run_async
+from bastion.config import Config, validate_profile
+from bastion.errors import ConfigError
+from bastion.server.http import is_loopback, serve_http
+from bastion.server.mcp import FrontDoor, serve_stdio
+
+
+@app.command()
+def serve(
+    config_dir: ConfigOption = None,
+    transport: Annotated[
+        Literal["stdio", "http"], typer.Option(help="stdio for one local host; http serves /mcp, /sse and /healthz.")
+    ] = "stdio",
+    host: Annotated[str, typer.Option(help="Address to bind (http).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind (http).")] = 8765,
+    profile: Annotated[str | None, typer.Option(help="Policy profile bound to every session.")] = None,
+) -> None:
+    """Serve the gateway to agent hosts over stdio (default) or HTTP."""
+    config = load(config_dir)
+    if profile is not None:
+        try:
+            validate_profile(config, profile)
+        except ConfigError as exc:
+            raise Exit(f"error: {exc.message}", 2) from exc
+    if transport == "http" and not is_loopback(host):
+        raise Exit(
+            f"error: refusing to serve on {host} without approver tokens; Bastion binds to loopback only "
+            "until token authentication is configured. Use --host 127.0.0.1.",
+            2,
+        )
+
+    async def run() -> None:
+        async with open_gateway(config) as gateway:
+            if transport == "stdio":
+                await serve_stdio(FrontDoor(gateway, profile=profile, session_id="stdio"))
+            else:
+
+                def ready(base_url: str) -> None:
+                    _print_connect_help(config, base_url, len(gateway.catalog.tools))
+
+                await serve_http(FrontDoor(gateway, profile=profile), host=host, port=port, on_ready=ready)
+
+    run_async(run)
+
+
+def _print_connect_help(config: Config, base_url: str, tools: int) -> None:
+    url = f"{base_url}/mcp"
+    where = str(config.directory) if config.directory else "the embedded default (demo notes connector)"
+    err.print(f"Bastion {__version__} serving {tools} tools from {where}", markup=False, highlight=False)
+    err.print(f"  listening on {base_url}", markup=False, highlight=False)
+    err.print(
+        f"  MCP (streamable HTTP): {url}   legacy SSE: {base_url}/sse   health: {base_url}/healthz", highlight=False
+    )
+    err.print(f"  ledger: {config.ledger_url}", markup=False, highlight=False)
+    err.print("Connect Claude Code:", highlight=False)
+    err.print(f"  claude mcp add --transport http bastion {url}", markup=False, highlight=False)
+    err.print("Connect Codex (add to ~/.codex/config.toml):", highlight=False)
+    err.print(f'  [mcp_servers.bastion]\n  url = "{url}"', markup=False, highlight=False)
+    err.print("Press Ctrl-C to stop.", highlight=False)

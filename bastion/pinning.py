@@ -1,0 +1,120 @@
+"""Pins and drift (DESIGN.md §5): which actions' definitions changed behind our back.
+
+Pins live in the ledger, keyed by source and upstream tool name. Every listing of a source is
+compared with them: a first sighting is pinned (trust on first use) unless the connector asks new
+tools to be approved; a changed definition is recorded as drift, with the diff an approver sees.
+Only an approver clears drift (`bastion pins accept`); it is re-checked at call time, so an
+acceptance made by another process counts at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bastion.catalog import PreparedAction
+from bastion.config import ConnectorConfig, ToolPin
+from bastion.models import Pin, PinObservation
+from bastion.policies import Fingerprints, diff_definitions, is_drifted
+from bastion.seams import Ledger
+
+logger = logging.getLogger(__name__)
+
+FIRST_USE = "first-use"
+UNPINNED = PinObservation(fingerprint="", structural="", definition={})
+"""The `pinned` side of a new tool that `pin_new_tools = "approve"` holds back until accepted."""
+
+
+class PinBook:
+    """The pins of every source, and the diff of each action that currently differs from its pin."""
+
+    def __init__(self, ledger: Ledger, connectors: Mapping[str, ConnectorConfig]) -> None:
+        self._ledger = ledger
+        self._connectors = connectors
+        self._pins: dict[tuple[str, str], Pin] = {}
+        self._drift: dict[tuple[str, str], list[str]] = {}
+
+    async def load(self) -> None:
+        self._pins = {(p.source_id, p.action_id): p for p in await self._ledger.pins()}
+
+    def pinned_definition(self, source_id: str, action_id: str) -> dict[str, Any] | None:
+        """The trusted definition of a drifted action, or None when there is none to go by."""
+        pin = self._pins.get((source_id, action_id))
+        if pin is None or pin.pinned is UNPINNED or not pin.pinned.definition:
+            return None
+        return pin.pinned.definition
+
+    def drift(self, source_id: str, action_id: str) -> list[str] | None:
+        """The diff (pinned -> current) when the action has drifted, else None."""
+        return self._drift.get((source_id, action_id))
+
+    async def current_drift(self, source_id: str, action_id: str) -> list[str] | None:
+        """Like `drift`, but re-reads a drifted pin first: an approver may have accepted it since."""
+        key = (source_id, action_id)
+        if key not in self._drift:
+            return None
+        stored = next((p for p in await self._ledger.pins(source_id) if p.action_id == action_id), None)
+        if stored is not None and stored.drift is None:
+            self._pins[key] = stored
+            self._drift.pop(key, None)
+            return None
+        return self._drift.get(key)
+
+    async def observe(self, source_id: str, actions: Sequence[PreparedAction]) -> None:
+        """Compare a fresh listing of one source with its pins; pin, record drift, or clear it."""
+        config = self._connectors[source_id]
+        known_source = any(key[0] == source_id for key in self._pins)
+        for action in actions:
+            key = (source_id, action.action_id)
+            self._drift.pop(key, None)
+            override = config.tools.get(action.action_id)
+            if override is not None and override.pin is not None:
+                if _differs_from(override.pin, action.fingerprints):
+                    self._drift[key] = _explicit_pin_diff(config.id, override.pin, action.fingerprints)
+                continue
+            current = PinObservation(
+                fingerprint=action.fingerprints.full,
+                structural=action.fingerprints.structural,
+                definition=action.definition,
+            )
+            pin = self._pins.get(key)
+            if pin is None:
+                if config.pin_new_tools == "approve" and known_source:
+                    pin = Pin(source_id=source_id, action_id=action.action_id, pinned=UNPINNED, drift=current)
+                    logger.warning("new tool %s:%s is held for approval until pinned", source_id, action.action_id)
+                else:
+                    pin = Pin(source_id=source_id, action_id=action.action_id, pinned=current, pinned_by=FIRST_USE)
+                await self._save(pin)
+            elif is_drifted(_fingerprints(pin.pinned), action.fingerprints):
+                if pin.drift is None or pin.drift.fingerprint != current.fingerprint:
+                    logger.warning("tool %s:%s drifted from its pinned definition", source_id, action.action_id)
+                    pin = pin.model_copy(update={"drift": current})
+                    await self._save(pin)
+            elif pin.drift is not None:
+                pin = pin.model_copy(update={"drift": None})  # back to the trusted definition
+                await self._save(pin)
+            if pin.drift is not None:
+                self._drift[key] = diff_definitions(pin.pinned.definition, pin.drift.definition)
+
+    async def _save(self, pin: Pin) -> None:
+        await self._ledger.save_pin(pin)
+        self._pins[(pin.source_id, pin.action_id)] = pin
+
+
+def _fingerprints(observation: PinObservation) -> Fingerprints:
+    return Fingerprints(full=observation.fingerprint, structural=observation.structural)
+
+
+def _differs_from(pin: ToolPin, current: Fingerprints) -> bool:
+    return pin.fingerprint != current.full or (pin.structural is not None and pin.structural != current.structural)
+
+
+def _explicit_pin_diff(source_id: str, pin: ToolPin, current: Fingerprints) -> list[str]:
+    return [
+        f"the definition no longer matches the pin in connectors/{source_id}.toml",
+        f"- fingerprint {pin.fingerprint}",
+        f"+ fingerprint {current.full}",
+        f"+ structural  {current.structural}",
+        "update the pin in the connector file once the new definition is trusted",
+    ]

@@ -1,0 +1,138 @@
+"""The seams of the pipeline (DESIGN.md §2): what a source and a ledger must offer the gateway.
+
+They are `typing.Protocol`s owned by the pipeline; connectors/ and ledger/ satisfy them structurally
+without importing this module.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+import mcp_types as types
+
+from bastion.models import EventKind, Invocation, InvocationEvent, Pin, RecoveryReport, SourceStatus, Status
+
+ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+"""Called with (progress, total, message) for each progress notification of a downstream call."""
+
+ChangeFn = Callable[[str], Awaitable[None]]
+"""Called with a source_id whenever that source's listing changed (tools came, went or changed)."""
+
+
+class ActionSource(Protocol):
+    """A place actions come from: a downstream MCP connector, a provider, a manifest set."""
+
+    @property
+    def source_id(self) -> str: ...
+
+    @property
+    def status(self) -> SourceStatus: ...
+
+    def tools(self) -> Sequence[types.Tool]:
+        """The current listing exactly as the upstream sent it; empty while the source is down."""
+        ...
+
+    async def run(self, on_change: ChangeFn) -> None:
+        """Connect, list, and keep the source alive until cancelled (reconnecting with backoff)."""
+        ...
+
+    async def call(
+        self,
+        action_id: str,
+        arguments: dict[str, Any],
+        *,
+        correlation_id: str,
+        timeout: float,
+        on_progress: ProgressFn | None = None,
+    ) -> types.CallToolResult:
+        """Run one action. Raises ConnectorUnavailable (nothing was sent), CallTimeout or
+        UnknownOutcome (sent, outcome unknown) or UpstreamError (the upstream answered with an error)."""
+        ...
+
+
+class Ledger(Protocol):
+    """The durable invocation store. Implementations redact and truncate args and results themselves."""
+
+    async def record(
+        self, invocation: Invocation, events: Sequence[EventKind], detail: Mapping[str, Any] | None = None
+    ) -> None:
+        """Insert a new invocation and its first events in one transaction (durable on return)."""
+        ...
+
+    async def transition(
+        self,
+        invocation_id: str,
+        *,
+        from_statuses: Collection[Status],
+        to: Status,
+        event: EventKind | None = None,
+        detail: Mapping[str, Any] | None = None,
+        fields: Mapping[str, Any] | None = None,
+    ) -> Invocation | None:
+        """Move an invocation to `to` only if its status is one of `from_statuses`, append the event
+        (default: `to`) and set `fields` (result, error_class, error_message, owner, expires_at).
+        Returns the updated invocation, or None when the condition did not hold (a conflict)."""
+        ...
+
+    async def get(self, invocation_id: str) -> Invocation | None: ...
+
+    async def list(
+        self,
+        *,
+        status: Status | None = None,
+        source_id: str | None = None,
+        session_id: str | None = None,
+        limit: int = 100,
+    ) -> list[Invocation]:
+        """Newest first."""
+        ...
+
+    async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]: ...
+
+    async def count(self, status: Status | None = None, *, session_id: str | None = None) -> int: ...
+
+    async def decide(
+        self, invocation_id: str, *, approve: bool, principal: str | None, note: str | None, now: datetime
+    ) -> Invocation:
+        """An approver's decision on a pending invocation: `approved` or `denied` (the note is the reason).
+        Raises NotFound, ApprovalExpired (pending but past expires_at: it is marked expired), or Conflict
+        (no longer pending; the message names its status)."""
+        ...
+
+    async def expire_due(self, now: datetime) -> builtins.list[Invocation]:
+        """Mark every pending invocation whose expires_at <= now as expired; return them."""
+        ...
+
+    async def next_expiry(self) -> datetime | None:
+        """The earliest expires_at among pending invocations."""
+        ...
+
+    async def wait_for_change(self) -> None:
+        """Return after the next commit to the ledger, by this process or (while `watch` runs) any other."""
+        ...
+
+    async def watch(self, interval: float = 0.05) -> None:
+        """Until cancelled, notice commits made by other processes (and wake `wait_for_change`)."""
+        ...
+
+    async def recover(self, instance_alive: Callable[[str], bool]) -> RecoveryReport:
+        """At start-up: `executing` invocations whose owner is not alive become `unknown`; report the
+        approved ones of dead owners (never started) and how many are pending."""
+        ...
+
+    async def claim(self, invocation_id: str, *, owner: str) -> Invocation | None:
+        """approved -> executing for exactly one claimer (None for the others)."""
+        ...
+
+    async def pins(self, source_id: str | None = None) -> builtins.list[Pin]: ...
+
+    async def save_pin(self, pin: Pin) -> None:
+        """Insert or replace the pin of (source_id, action_id), drift included."""
+        ...
+
+    async def accept_drift(self, *, source_id: str, action_id: str | None, principal: str | None) -> builtins.list[Pin]:
+        """Re-pin drifted actions (one, or every drifted one of a source) to their drifted definition."""
+        ...
