@@ -2,10 +2,14 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# The benchmarks' own environment: Bastion (editable) plus FastMCP to compare with, and profilers.
+# fastmcp 4.1.3+ needs a certifi newer than the registry here serves; 4.1.2 installs beside mcp 2.3.
+BENCH_VENV := .venv-bench
+BENCH_BIN := $(BENCH_VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
-.PHONY: run test lint format bench clean
+.PHONY: run test lint format bench conformance clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,9 +37,22 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check bastion tests bench
 	$(BIN)/mypy
 
-## bench: the benchmarks of DESIGN.md §11 that exist so far; results under bench/results/
-bench: $(VENV)/.installed
-	$(BIN)/python bench/approval_wakeup.py
+$(BENCH_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_BIN)/python -m pip install --quiet --upgrade pip
+	$(BENCH_BIN)/python -m pip install --quiet -e . 'fastmcp==4.1.2' pyinstrument py-spy
+	touch $@
+
+## bench: the benchmarks of DESIGN.md §11 (latency, throughput, scale, approval wake-up); results under bench/results/
+bench: $(BENCH_VENV)/.installed
+	$(BENCH_BIN)/python -m bench.latency
+	$(BENCH_BIN)/python -m bench.throughput
+	$(BENCH_BIN)/python -m bench.scale
+	$(BENCH_BIN)/python bench/approval_wakeup.py
+
+## conformance: the official MCP conformance suite through Bastion (Node 22 + suite in .tools/; tests/conformance/)
+conformance: $(VENV)/.installed
+	$(BIN)/python -m tests.conformance.run
 
 ## format: apply ruff's formatting and safe fixes
 format: $(VENV)/.installed-dev

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -89,6 +89,18 @@ def _start_time(pid: int) -> str:
         return ""
 
 
+PendingFn = Callable[[Invocation], Coroutine[Any, Any, None]]
+"""Called (concurrently with the wait) once a held invocation is recorded pending: inline approval."""
+
+
+class AwaitingInput(Exception):
+    """Not a refusal: the call is pending, and its host will be asked to decide in a later request."""
+
+    def __init__(self, invocation: Invocation) -> None:
+        super().__init__(f"invocation {invocation.id} is waiting for the host's answer")
+        self.invocation = invocation
+
+
 class Progress:
     """Monotonic progress for one host request: heartbeats while it waits, then the downstream's own."""
 
@@ -148,9 +160,20 @@ class ApprovalDesk:
         return len(self._held)
 
     async def hold(
-        self, invocation: Invocation, entry: CatalogEntry, arguments: dict[str, Any], on_progress: ProgressFn | None
+        self,
+        invocation: Invocation,
+        entry: CatalogEntry,
+        arguments: dict[str, Any],
+        on_progress: ProgressFn | None,
+        *,
+        on_pending: PendingFn | None = None,
+        defer: bool = False,
     ) -> types.CallToolResult:
-        """Record the invocation as pending and block until it is decided, run, expired or refused."""
+        """Record the invocation as pending and block until it is decided, run, expired or refused.
+
+        `on_pending` runs beside the wait (and is cancelled when it ends); `defer` returns at once by
+        raising AwaitingInput, and a later `resume` waits instead.
+        """
         held = Held(invocation, entry, arguments, Progress(on_progress) if on_progress else None)
         self._held[invocation.id] = held
         try:
@@ -159,9 +182,37 @@ class ApprovalDesk:
             self._held.pop(invocation.id, None)
             raise
         self._added.set()
+        if defer:
+            raise AwaitingInput(invocation)
+        if on_pending is None:
+            return await self._wait(held)
+        async with anyio.create_task_group() as beside:
+            beside.start_soon(on_pending, invocation)
+            await self._beat_until_done(held)
+            beside.cancel_scope.cancel()
+        return await self._wait(held)  # done: returns or raises at once, outside the task group
+
+    async def resume(self, invocation_id: str, on_progress: ProgressFn | None) -> types.CallToolResult:
+        """Wait again for a call this process holds (after AwaitingInput, or a host that came back)."""
+        held = self._held.get(invocation_id)
+        if held is None:
+            raise UnknownOutcome(
+                f"invocation {invocation_id} is not held by this Bastion process; ask bastion__invocation for it",
+                invocation_id=invocation_id,
+            )
+        if on_progress is not None:
+            held.progress = Progress(on_progress)
         return await self._wait(held)
 
     async def _wait(self, held: Held) -> types.CallToolResult:
+        await self._beat_until_done(held)
+        if held.error is not None:
+            raise held.error
+        assert held.result is not None
+        return held.result
+
+    async def _beat_until_done(self, held: Held) -> None:
+        """Wait for the outcome, sending the host a heartbeat every `heartbeat_seconds`."""
         invocation_id = held.invocation.id
         message = (
             f"invocation {invocation_id} ({held.entry.key}) is waiting for an approver: "
@@ -172,10 +223,6 @@ class ApprovalDesk:
                 await held.done.wait()
             if not held.done.is_set() and held.progress is not None:
                 await held.progress.beat(message)
-        if held.error is not None:
-            raise held.error
-        assert held.result is not None
-        return held.result
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """The desk's loop: until cancelled, settle held calls, sweep expiries, adopt orphans."""

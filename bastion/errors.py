@@ -80,3 +80,15 @@ class ConfigError(BastionError):
     """The configuration cannot be used; the message names the file, line and fix."""
 
     error_class = "config_error"
+
+
+class Unauthenticated(BastionError):
+    """No valid token: the message never says whether the thing asked for exists."""
+
+    error_class = "unauthenticated"
+
+
+class Forbidden(BastionError):
+    """A valid token whose role (or relation to the invocation) does not allow the operation."""
+
+    error_class = "forbidden"

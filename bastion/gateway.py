@@ -3,6 +3,10 @@
 Every call: resolve the tool, validate its arguments, apply the session's rate limit, resolve the
 mode (tightened by drift), record the intent, then run it, hold it for an approver, or refuse it,
 and record the outcome.
+
+Beside tools, the gateway relays its sources' resources, resource templates and prompts (see
+`bastion.resources` for naming and routing). Those are not actions: policy gates tools only, and
+reading a resource, getting a prompt or completing an argument is never recorded in the ledger.
 """
 
 from __future__ import annotations
@@ -11,15 +15,15 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn, TypeVar
 
 import anyio
 import mcp_types as types
 
-from bastion.approvals import ApprovalDesk, Progress, args_hash, owner_alive, process_identity
+from bastion.approvals import ApprovalDesk, PendingFn, Progress, args_hash, owner_alive, process_identity
 from bastion.catalog import Catalog, CatalogEntry, PreparedAction, prepare_source, risk_of
 from bastion.config import Config, ConnectorConfig
 from bastion.errors import (
@@ -38,9 +42,18 @@ from bastion.errors import (
 from bastion.models import CallContext, Invocation, ModeDecision, Risk, SourceStatus, Status, utcnow
 from bastion.pinning import PinBook
 from bastion.policies import RateLimiter, guard_drift, resolve_mode
-from bastion.seams import ActionSource, Ledger, ProgressFn
+from bastion.resources import ContentCatalog, PromptEntry, SourceContent
+from bastion.seams import ActionSource, ContentSource, Ledger, ProgressFn, Relay, UpdatedFn
 
 logger = logging.getLogger(__name__)
+
+ListingKind = Literal["tools", "resources", "prompts"]
+"""What a host re-lists after a change notification (resource templates go with resources)."""
+
+ListingsFn = Callable[[frozenset[ListingKind]], Awaitable[None]]
+"""Called after a rebuild with the kinds of listing that changed."""
+
+_T = TypeVar("_T")
 
 INVOCATION_TOOL = types.Tool(
     name="bastion__invocation",
@@ -93,6 +106,20 @@ class Gateway:
         self._rate = RateLimiter(config.settings.limits.invocations_per_minute)
         self._listeners: list[Callable[[], Awaitable[None]]] = []
         self._changed = anyio.Event()
+        self._content_sources = {
+            s.source_id: s for s in sources if isinstance(s, ContentSource) and s.source_id not in self._disabled
+        }
+        self._content: dict[str, SourceContent] = {}
+        self.content = ContentCatalog()
+        """The merged resources, templates and prompts, and the routes back to their sources."""
+        self._dirty: set[ListingKind] = set()
+        self._listing_listeners: list[ListingsFn] = []
+        self._update_listeners: list[UpdatedFn] = []
+        self._subscriptions: dict[str, tuple[str, int]] = {}
+        """Subscribed URI -> (the source subscribed to, how many host subscriptions share it)."""
+        self._subscribing = anyio.Lock()
+        self._relays: dict[str, Relay] = {}
+        """Invocation id -> the host request its downstream messages go to, while its call() runs."""
 
     # -- catalog ---------------------------------------------------------------------------------
 
@@ -107,8 +134,16 @@ class Gateway:
         return sorted(found, key=lambda s: s.source_id)
 
     def on_catalog_changed(self, listener: Callable[[], Awaitable[None]]) -> None:
-        """Register a coroutine called after every catalog rebuild (the server notifies hosts)."""
+        """Register a coroutine called after every catalog rebuild."""
         self._listeners.append(listener)
+
+    def on_listings_changed(self, listener: ListingsFn) -> None:
+        """Register a coroutine called after a rebuild that changed what hosts list (the server notifies them)."""
+        self._listing_listeners.append(listener)
+
+    def on_resource_updated(self, listener: UpdatedFn) -> None:
+        """Register a coroutine called with the URI of every update of a subscribed resource."""
+        self._update_listeners.append(listener)
 
     def _lookup(self, source_id: str, action_id: str) -> CatalogEntry | None:
         return self.catalog.by_action.get((source_id, action_id))
@@ -116,23 +151,52 @@ class Gateway:
     async def _source_changed(self, source_id: str) -> None:
         """A source (re)listed or went away: prepare its actions and check them against their pins."""
         source = self._sources[source_id]
-        prepared = prepare_source(self._connectors[source_id], source.tools())
+        config = self._connectors[source_id]
+        prepared = prepare_source(config, source.tools())
+        before = self._prepared.get(source_id, [])
+        if [a.upstream for a in before] != [a.upstream for a in prepared]:
+            self._dirty.add("tools")
         self._prepared[source_id] = prepared
+        content_source = self._content_sources.get(source_id)
+        if content_source is not None:
+            self._observe_content(content_source, config.effective_namespace)
         await self.pins.observe(source_id, prepared)
         self._changed.set()
 
-    def _rebuild(self) -> None:
+    def _observe_content(self, source: ContentSource, namespace: str) -> None:
+        content = SourceContent(
+            source_id=source.source_id,
+            namespace=namespace,
+            resources=tuple(source.resources()),
+            templates=tuple(source.resource_templates()),
+            prompts=tuple(source.prompts()),
+        )
+        before = self._content.get(source.source_id, SourceContent(source.source_id, namespace))
+        if (before.resources, before.templates) != (content.resources, content.templates):
+            self._dirty.add("resources")
+        if before.prompts != content.prompts:
+            self._dirty.add("prompts")
+        self._content[source.source_id] = content
+
+    def _rebuild(self) -> frozenset[ListingKind]:
+        """Rebuild what hosts list; returns the kinds of listing that changed since the last rebuild."""
         self.catalog = Catalog(action for actions in self._prepared.values() for action in actions)
         self.tools = [*self.catalog.tools, INVOCATION_TOOL]
+        self.content = ContentCatalog(self._content.values())
+        changed, self._dirty = frozenset(self._dirty), set()
+        return changed
 
     async def _rebuild_loop(self) -> None:
         """Coalesce change bursts (a start-up of many sources) into few rebuilds and host notifications."""
         while True:
             await self._changed.wait()
             self._changed = anyio.Event()
-            self._rebuild()
+            changed = self._rebuild()
             for listener in self._listeners:
                 await listener()
+            if changed:
+                for listing_listener in self._listing_listeners:
+                    await listing_listener(changed)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Gateway]:
@@ -163,6 +227,91 @@ class Gateway:
                 yield self
             finally:
                 tg.cancel_scope.cancel()
+
+    # -- resources, prompts, completion (relayed, never gated or recorded) -------------------------
+
+    async def read_resource(self, uri: str) -> types.ReadResourceResult:
+        """Read a resource from the source that lists it (or whose template matches it)."""
+        source = self._content_source(self.content.route_uri(uri), f"no resource or resource template matches {uri!r}")
+        return await self._bounded(f"resources/read {uri}", lambda: source.read_resource(uri))
+
+    async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult:
+        """Get a prompt by its host name from its source, under the source's own name for it."""
+        entry, source = self._prompt(name)
+        return await self._bounded(f"prompts/get {name}", lambda: source.get_prompt(entry.upstream_name, arguments))
+
+    async def complete(
+        self,
+        ref: types.PromptReference | types.ResourceTemplateReference,
+        argument: types.CompletionArgument,
+        context: types.CompletionContext | None,
+    ) -> types.CompleteResult:
+        """Route a completion by the prompt's host name (sent upstream under its own) or the template's URI."""
+        if isinstance(ref, types.PromptReference):
+            entry, source = self._prompt(ref.name)
+            ref = ref.model_copy(update={"name": entry.upstream_name})
+        else:
+            routed = self.content.route_reference(ref.uri)
+            source = self._content_source(routed, f"no resource or resource template matches {ref.uri!r}")
+        upstream_ref = ref
+        return await self._bounded("completion/complete", lambda: source.complete(upstream_ref, argument, context))
+
+    async def subscribe_resource(self, uri: str) -> None:
+        """One more host subscription to `uri`; the first one subscribes its source."""
+        async with self._subscribing:
+            held = self._subscriptions.get(uri)
+            if held is not None:
+                self._subscriptions[uri] = (held[0], held[1] + 1)
+                return
+            source_id = self.content.route_uri(uri)
+            source = self._content_source(source_id, f"no resource or resource template matches {uri!r}")
+            await self._bounded(f"resources/subscribe {uri}", lambda: source.subscribe(uri, self._resource_updated))
+            self._subscriptions[uri] = (source.source_id, 1)
+
+    async def unsubscribe_resource(self, uri: str) -> None:
+        """One host subscription to `uri` fewer; the last one unsubscribes its source."""
+        async with self._subscribing:
+            held = self._subscriptions.get(uri)
+            if held is None:
+                return
+            source_id, count = held
+            if count > 1:
+                self._subscriptions[uri] = (source_id, count - 1)
+                return
+            del self._subscriptions[uri]
+            source = self._content_sources.get(source_id)
+            if source is None:
+                return
+            try:
+                await self._bounded(f"resources/unsubscribe {uri}", lambda: source.unsubscribe(uri))
+            except BastionError as exc:
+                logger.info("unsubscribing %s from %s failed: %s", source_id, uri, exc.message)
+
+    async def _resource_updated(self, uri: str) -> None:
+        for listener in self._update_listeners:
+            await listener(uri)
+
+    def _prompt(self, name: str) -> tuple[PromptEntry, ContentSource]:
+        entry = self.content.prompt(name)
+        missing = f"no prompt named {name!r}"
+        if entry is None:
+            raise NotFound(f"{missing}; list prompts to see what this gateway offers")
+        return entry, self._content_source(entry.source_id, missing)
+
+    def _content_source(self, source_id: str | None, missing: str) -> ContentSource:
+        source = self._content_sources.get(source_id) if source_id is not None else None
+        if source is None:
+            raise NotFound(f"{missing}; list resources, templates and prompts to see what this gateway offers")
+        return source
+
+    async def _bounded(self, what: str, request: Callable[[], Awaitable[_T]]) -> _T:
+        """A request to a source, bounded by the call timeout."""
+        timeout = self.config.settings.limits.call_timeout_seconds
+        try:
+            with anyio.fail_after(timeout):
+                return await request()
+        except TimeoutError as exc:
+            raise CallTimeout(f"{what} did not answer within {timeout:g}s") from exc
 
     # -- policy ----------------------------------------------------------------------------------
 
@@ -199,8 +348,17 @@ class Gateway:
         context: CallContext,
         *,
         on_progress: ProgressFn | None = None,
+        on_pending: PendingFn | None = None,
+        defer: bool = False,
+        relay: Relay | None = None,
     ) -> types.CallToolResult:
-        """Resolve, validate, decide, record, run and record again. Refusals raise a BastionError."""
+        """Resolve, validate, decide, record, run and record again. Refusals raise a BastionError.
+
+        For a call that needs approval, `on_pending` runs beside the wait (inline approval on a
+        2025-era connection), and `defer` raises AwaitingInput instead of waiting (2026-07-28).
+        `relay` receives what the downstream logs or asks while the call runs, as long as this
+        call() is waiting for it (a call resumed later by `resume` runs without one).
+        """
         arguments = arguments or {}
         if name == INVOCATION_TOOL.name:
             return await self._invocation_status(arguments, context)
@@ -212,20 +370,33 @@ class Gateway:
         drift = await self.pins.current_drift(entry.source_id, entry.action_id)
         decision = self.decide(entry, context, drifted=drift is not None)
         invocation = self._new_invocation(entry, arguments, decision, context, drift)
-        if not self._rate.admit(context.session_id, time.monotonic()):
-            wait = self._rate.retry_after(context.session_id, time.monotonic())
-            limit = self.config.settings.limits.invocations_per_minute
-            await self._refuse(
-                invocation,
-                RateLimited,
-                f"session over its limit of {limit} invocations per minute; retry in {wait:.0f} s",
-            )
-        if decision.mode == "deny":
-            await self._refuse(invocation, PolicyDenied, f"policy ({decision.source}) denies {entry.key}")
-        if decision.mode == "require_approval":
-            return await self._hold(entry, invocation, arguments, on_progress)
-        await self.ledger.record(invocation, ("planned", "approved", "executing"))
-        return await self._run(entry, invocation, arguments, Progress(on_progress) if on_progress else None)
+        with self._relaying(invocation.id, relay):
+            if not self._rate.admit(context.session_id, time.monotonic()):
+                wait = self._rate.retry_after(context.session_id, time.monotonic())
+                limit = self.config.settings.limits.invocations_per_minute
+                await self._refuse(
+                    invocation,
+                    RateLimited,
+                    f"session over its limit of {limit} invocations per minute; retry in {wait:.0f} s",
+                )
+            if decision.mode == "deny":
+                await self._refuse(invocation, PolicyDenied, f"policy ({decision.source}) denies {entry.key}")
+            if decision.mode == "require_approval":
+                return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
+            await self.ledger.record(invocation, ("planned", "approved", "executing"))
+            return await self._run(entry, invocation, arguments, Progress(on_progress) if on_progress else None)
+
+    @contextmanager
+    def _relaying(self, invocation_id: str, relay: Relay | None) -> Iterator[None]:
+        """Keep the call's relay where `_run` finds it, also when the approval desk runs the call."""
+        if relay is None:
+            yield
+            return
+        self._relays[invocation_id] = relay
+        try:
+            yield
+        finally:
+            self._relays.pop(invocation_id, None)
 
     def _refuse_unknown(self, name: str) -> NoReturn:
         for source_id in self._disabled:
@@ -273,7 +444,13 @@ class Gateway:
         raise error(reason, invocation_id=invocation.id)
 
     async def _hold(
-        self, entry: CatalogEntry, invocation: Invocation, arguments: dict[str, Any], on_progress: ProgressFn | None
+        self,
+        entry: CatalogEntry,
+        invocation: Invocation,
+        arguments: dict[str, Any],
+        on_progress: ProgressFn | None,
+        on_pending: PendingFn | None,
+        defer: bool,
     ) -> types.CallToolResult:
         """require_approval: pending in the ledger, and the host's call blocks until it is decided."""
         approvals = self.config.settings.approvals
@@ -290,7 +467,11 @@ class Gateway:
             update={"status": "pending", "expires_at": now + timedelta(seconds=approvals.expiry_seconds)}
         )
         logger.info("invocation %s (%s) waits for approval", held.id, entry.key)
-        return await self.desk.hold(held, entry, arguments, on_progress)
+        return await self.desk.hold(held, entry, arguments, on_progress, on_pending=on_pending, defer=defer)
+
+    async def resume(self, invocation_id: str, *, on_progress: ProgressFn | None = None) -> types.CallToolResult:
+        """Wait for a held call again (the host answered an inline approval in a new request)."""
+        return await self.desk.resume(invocation_id, on_progress)
 
     async def _run(
         self, entry: CatalogEntry, invocation: Invocation, arguments: dict[str, Any], progress: Progress | None
@@ -306,6 +487,7 @@ class Gateway:
                 correlation_id=invocation.id,
                 timeout=self.config.settings.limits.call_timeout_seconds,
                 on_progress=progress.relay if progress else None,
+                relay=self._relays.get(invocation.id),
             )
         except (CallTimeout, UnknownOutcome) as exc:
             await self._finish(invocation.id, "unknown", error=exc)

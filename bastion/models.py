@@ -152,3 +152,36 @@ class RecoveryReport(BaseModel):
     """Ids of `approved` invocations of a stopped process that never started; they may be claimed and run."""
     pending: int = 0
     """How many `pending` invocations are kept, with their expiry, still decidable."""
+
+
+Role = Literal["owner", "admin", "agent"]
+ROLES: Final[tuple[Role, ...]] = get_args(Role)
+APPROVER_ROLES: Final[frozenset[Role]] = frozenset({"owner", "admin"})
+
+
+class Principal(BaseModel):
+    """Who is acting: a token's name and role (and, for agent tokens, the profile its sessions use)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    role: Role
+    profile: str | None = None
+
+    @property
+    def may_decide(self) -> bool:
+        return self.role in APPROVER_ROLES
+
+
+class TokenInfo(BaseModel):
+    """A stored token, never its secret: the ledger keeps only the SHA-256 of it."""
+
+    name: str
+    role: Role
+    profile: str | None = None
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None

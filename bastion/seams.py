@@ -9,17 +9,60 @@ from __future__ import annotations
 import builtins
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import mcp_types as types
 
-from bastion.models import EventKind, Invocation, InvocationEvent, Pin, RecoveryReport, SourceStatus, Status
+from bastion.models import (
+    EventKind,
+    Invocation,
+    InvocationEvent,
+    Pin,
+    Principal,
+    RecoveryReport,
+    Role,
+    SourceStatus,
+    Status,
+    TokenInfo,
+)
 
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 """Called with (progress, total, message) for each progress notification of a downstream call."""
 
 ChangeFn = Callable[[str], Awaitable[None]]
-"""Called with a source_id whenever that source's listing changed (tools came, went or changed)."""
+"""Called with a source_id whenever that source's listing changed (tools, resources or prompts came,
+went or changed)."""
+
+UpdatedFn = Callable[[str], Awaitable[None]]
+"""Called with a resource URI whenever a subscribed downstream says that resource was updated."""
+
+
+class Relay(Protocol):
+    """The host request a downstream call is made for (DESIGN.md §3).
+
+    While the call runs, the downstream's log messages and its own requests (sampling, elicitation)
+    go back to that request. Implemented by the front door over the host's connection; sources
+    satisfy nothing here, they only call it.
+    """
+
+    @property
+    def log_level(self) -> types.LoggingLevel | None:
+        """The lowest level of log message the host wants for this request; None for none at all."""
+        ...
+
+    async def log(self, params: types.LoggingMessageNotificationParams) -> None:
+        """Relay one downstream log message (dropped when below `log_level`)."""
+        ...
+
+    async def sample(
+        self, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
+        """Ask the host to sample its model; an ErrorData when it cannot or will not."""
+        ...
+
+    async def elicit(self, params: types.ElicitRequestParams) -> types.ElicitResult | types.ErrorData:
+        """Ask the host's user for input; an ErrorData when the host cannot ask."""
+        ...
 
 
 class ActionSource(Protocol):
@@ -47,9 +90,49 @@ class ActionSource(Protocol):
         correlation_id: str,
         timeout: float,
         on_progress: ProgressFn | None = None,
+        relay: Relay | None = None,
     ) -> types.CallToolResult:
         """Run one action. Raises ConnectorUnavailable (nothing was sent), CallTimeout or
-        UnknownOutcome (sent, outcome unknown) or UpstreamError (the upstream answered with an error)."""
+        UnknownOutcome (sent, outcome unknown) or UpstreamError (the upstream answered with an error).
+        `relay` receives what the upstream asks or logs while it runs."""
+        ...
+
+
+@runtime_checkable
+class ContentSource(Protocol):
+    """A source that also offers resources, resource templates and prompts (a downstream MCP server).
+
+    Listings are exactly as the upstream sent them (all pages; empty while down). Results come back
+    unchanged but for protocol-internal `_meta` keys. Errors as for `ActionSource.call`; an
+    UpstreamError caused by the upstream's own MCP error keeps that error as its `__cause__`.
+    """
+
+    @property
+    def source_id(self) -> str: ...
+
+    def resources(self) -> Sequence[types.Resource]: ...
+
+    def resource_templates(self) -> Sequence[types.ResourceTemplate]: ...
+
+    def prompts(self) -> Sequence[types.Prompt]: ...
+
+    async def read_resource(self, uri: str) -> types.ReadResourceResult: ...
+
+    async def subscribe(self, uri: str, on_updated: UpdatedFn) -> None:
+        """Ask the upstream for updates of `uri` (kept across reconnects until `unsubscribe`)."""
+        ...
+
+    async def unsubscribe(self, uri: str) -> None: ...
+
+    async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult: ...
+
+    async def complete(
+        self,
+        ref: types.PromptReference | types.ResourceTemplateReference,
+        argument: types.CompletionArgument,
+        context: types.CompletionContext | None,
+    ) -> types.CompleteResult:
+        """Argument completion; an empty completion when the upstream offers none."""
         ...
 
 
@@ -125,6 +208,24 @@ class Ledger(Protocol):
 
     async def claim(self, invocation_id: str, *, owner: str) -> Invocation | None:
         """approved -> executing for exactly one claimer (None for the others)."""
+        ...
+
+    async def create_token(self, name: str, *, role: Role, profile: str | None, now: datetime) -> str:
+        """Store a new token (only its SHA-256) and return its secret, once. Conflict if the name is taken."""
+        ...
+
+    async def tokens(self) -> builtins.list[TokenInfo]: ...
+
+    async def revoke_token(self, name: str, *, now: datetime) -> TokenInfo:
+        """Revoke an active token; NotFound if there is no active token of that name."""
+        ...
+
+    async def authenticate(self, secret: str) -> Principal | None:
+        """The principal of an active token with this secret, else None."""
+        ...
+
+    async def has_tokens(self) -> bool:
+        """Whether any active token exists (then every HTTP caller must present one)."""
         ...
 
     async def pins(self, source_id: str | None = None) -> builtins.list[Pin]: ...

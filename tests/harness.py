@@ -11,6 +11,7 @@ from typing import Any
 
 import mcp_types as types
 from mcp import Client
+from mcp.client.session import ElicitationFnT, LoggingFnT, MessageHandlerFnT, SamplingFnT
 from mcp.shared.dispatcher import ProgressFnT
 
 from bastion.config import (
@@ -28,7 +29,7 @@ from bastion.gateway import Gateway
 from bastion.ledger import Redactor, SqliteLedger
 from bastion.models import Invocation
 from bastion.server.mcp import FrontDoor
-from tests.downstream import FixtureServer
+from tests.downstream import FixtureServer, StreamTarget
 
 
 @dataclass
@@ -63,14 +64,27 @@ async def harness(
     pin_new_tools: str = "trust",
     fixture: FixtureServer | None = None,
     mode: str = "auto",
+    principal: str | None = None,
+    elicitation: ElicitationFnT | None = None,
+    sampling: SamplingFnT | None = None,
+    logging: LoggingFnT | None = None,
+    log_level: types.LoggingLevel | None = None,
+    messages: MessageHandlerFnT | None = None,
+    downstream: str = "direct",
+    namespace: str | None = None,
 ) -> AsyncIterator[Harness]:
     """`mode="legacy"` runs the client over JSON-RPC streams; "auto" uses the SDK's direct in-process
-    path, which carries no progress token in the request (so Bastion sends no heartbeats there)."""
+    path, which carries no progress token in the request (so Bastion sends no heartbeats there).
+
+    `downstream` is how Bastion reaches the fixture: "direct" (in-process, 2026-07-28), "streams"
+    (memory streams, 2026-07-28) or "legacy-streams" (memory streams, 2025-11-25 handshake).
+    `sampling`, `logging`, `log_level` and `messages` are the host client's own callbacks."""
     fixture = fixture or FixtureServer()
+    fx: dict[str, Any] = {"id": "fx", "command": "unused", "tools": overrides or {}, "pin_new_tools": pin_new_tools}
+    if namespace is not None:
+        fx["namespace"] = namespace
     connectors = [
-        ConnectorConfig.model_validate(
-            {"id": "fx", "command": "unused", "tools": overrides or {}, "pin_new_tools": pin_new_tools}
-        ),
+        ConnectorConfig.model_validate(fx),
         ConnectorConfig(id="off", command="unused"),
     ]
     config = Config(
@@ -86,10 +100,25 @@ async def harness(
         ledger_url=f"sqlite:///{tmp_path}/ledger.db",
     )
     served = fixture
-    sources = [McpConnector(connectors[0], target=lambda: served.server)]
+    target: Any = (
+        (lambda: served.server)
+        if downstream == "direct"
+        else StreamTarget(served.server, legacy_only=downstream == "legacy-streams")
+    )
+    sources = [McpConnector(connectors[0], target=target)]
     async with await SqliteLedger.open(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, sources)
         async with gateway.running():
-            front = FrontDoor(gateway, profile=profile)
-            async with Client(front.server, cache=None, mode=mode) as client:
+            front = FrontDoor(gateway, profile=profile, principal=principal)
+            client = Client(
+                front.server,
+                cache=None,
+                mode=mode,
+                elicitation_callback=elicitation,
+                sampling_callback=sampling,
+                logging_callback=logging,
+                log_level=log_level,
+                message_handler=messages,
+            )
+            async with client:
                 yield Harness(client, fixture, ledger, gateway)

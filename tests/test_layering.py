@@ -23,8 +23,11 @@ LAYERS: dict[str, int] = {
     "bastion.starter": 1,
     "bastion.catalog": 4,  # the pipeline: catalog and seams, then pins and approvals, then the gateway
     "bastion.seams": 4,
+    "bastion.resources": 4,  # relayed resources, templates and prompts: naming and routing
     "bastion.pinning": 5,
     "bastion.approvals": 5,
+    "bastion.authority": 5,
+    "bastion.views": 5,  # the JSON shapes the CLI prints and the API answers
     "bastion.gateway": 6,
     "bastion.server": 7,
     "bastion.cli": 8,
@@ -44,8 +47,11 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.starter": set(),
     "bastion.catalog": {"mcp_types", "jsonschema", "pydantic"},
     "bastion.seams": {"mcp_types"},
+    "bastion.resources": {"mcp_types", "mcp"},  # mcp.shared.uri_template: RFC 6570 matching
     "bastion.pinning": set(),
     "bastion.approvals": {"mcp_types", "anyio"},
+    "bastion.authority": set(),
+    "bastion.views": {"pydantic"},
     "bastion.gateway": {"mcp_types", "anyio", "pydantic"},
     "bastion.server": None,
     "bastion.cli": None,

@@ -2,7 +2,7 @@
 
 `app` holds the typer application and what commands share; each other module registers one command
 group on it when imported: `serve`, `inspect` (catalog, connectors, invocations, doctor, init),
-`approvals` (+ `watch`) and `pins`. Exit statuses: 0 success, 1 a refused operation, 2 a usage or
+`approvals` (+ `watch`), `pins` and `tokens`. Exit statuses: 0 success, 1 a refused operation, 2 a usage or
 config error.
 """
 
@@ -14,14 +14,14 @@ import sys
 
 # Each module registers its commands on `app` when imported; this order is the order of `bastion --help`.
 # isort: off
-from bastion.cli import serve, inspect, approvals, watch, pins
+from bastion.cli import serve, inspect, approvals, watch, pins, tokens
 
 # isort: on
 from bastion.cli.app import Exit, app, err
 
 __all__ = ["app", "main"]
 
-COMMAND_GROUPS = (serve, inspect, approvals, watch, pins)
+COMMAND_GROUPS = (serve, inspect, approvals, watch, pins, tokens)
 
 
 def main() -> None:

@@ -26,7 +26,6 @@ from bastion.connectors import McpConnector
 from bastion.errors import BastionError, ConfigError
 from bastion.gateway import Gateway
 from bastion.ledger import Redactor, SqliteLedger
-from bastion.models import Invocation
 
 app = typer.Typer(
     help="Bastion: one policy-gated, audited MCP gateway for your agents' side effects.",
@@ -73,11 +72,6 @@ def run_async(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
 def emit_json(data: Any) -> None:
     """JSON for scripts: plain stdout, never wrapped or coloured."""
     sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-
-
-def invocation_json(invocation: Invocation) -> dict[str, Any]:
-    """The JSON shape of an invocation for scripts (DESIGN.md §9)."""
-    return invocation.model_dump(mode="json")
 
 
 def timestamp(moment: datetime) -> str:

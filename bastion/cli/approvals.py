@@ -9,18 +9,20 @@ from __future__ import annotations
 import shlex
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from bastion import authority
+from bastion.authority import local_owner
 from bastion.cli.app import (
     ConfigOption,
+    Exit,
     JsonOption,
     app,
     approver_principal,
     emit_json,
-    invocation_json,
     load,
     open_ledger,
     out,
@@ -28,10 +30,12 @@ from bastion.cli.app import (
     timestamp,
 )
 from bastion.cli.inspect import details_table
+from bastion.cli.remote import RemoteApi, TokenOption, UrlOption, remote_api
 from bastion.config import Config
-from bastion.errors import NotFound
-from bastion.ledger import SqliteLedger
+from bastion.errors import ConfigError, NotFound
 from bastion.models import Invocation, utcnow
+from bastion.views import DEFAULT_LIMIT, expires_in, invocation_json, pending_json
+from bastion.views import pending_invocations as pending_invocations  # re-exported for `approvals watch`
 
 approvals_app = typer.Typer(
     help="Calls waiting for a human: list and inspect them, approve or deny, or watch them live.",
@@ -40,26 +44,9 @@ approvals_app = typer.Typer(
 app.add_typer(approvals_app, name="approvals")
 
 IdArgument = Annotated[str, typer.Argument(help="The pending invocation's id (see `bastion approvals list`).")]
-DEFAULT_LIMIT: Final = 100
 
 
 # -- shared with `approvals watch` ------------------------------------------------------------------
-
-
-async def pending_invocations(ledger: SqliteLedger, now: datetime, *, limit: int = DEFAULT_LIMIT) -> list[Invocation]:
-    """Pending invocations, newest first, after marking the ones past their expiry as expired (as the
-    gateway's sweeper would), so nobody is shown a call that can no longer be approved."""
-    due = await ledger.next_expiry()
-    if due is not None and due <= now:
-        await ledger.expire_due(now)
-    return await ledger.list(status="pending", limit=limit)
-
-
-def expires_in(invocation: Invocation, now: datetime) -> int | None:
-    """Whole seconds until the invocation expires (None when it never does)."""
-    if invocation.expires_at is None:
-        return None
-    return int((invocation.expires_at - now).total_seconds())
 
 
 def format_seconds(seconds: int | None) -> str:
@@ -73,14 +60,6 @@ def format_seconds(seconds: int | None) -> str:
     if hours:
         return f"{hours}h {minutes:02d}m"
     return f"{minutes}m {rest:02d}s" if minutes else f"{rest}s"
-
-
-def pending_json(invocation: Invocation, now: datetime) -> dict[str, Any]:
-    """An invocation as scripts see it, plus `expires_in_seconds` and `drifted`."""
-    data = invocation_json(invocation)
-    data["expires_in_seconds"] = expires_in(invocation, now)
-    data["drifted"] = invocation.drift is not None
-    return data
 
 
 def pending_table(pending: list[Invocation], now: datetime, *, selected: str | None = None) -> Table:
@@ -125,15 +104,28 @@ def approvals_list(
     config_dir: ConfigOption = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = DEFAULT_LIMIT,
     as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
 ) -> None:
     """List pending invocations, newest first: tool, session, who asked, time left, drift."""
-    config = load(config_dir, report=False)
+    api = _remote(url, token)
+    if api is not None:
+        remote_api = api
 
-    async def run() -> list[Invocation]:
-        async with open_ledger(config) as ledger:
-            return await pending_invocations(ledger, utcnow(), limit=limit)
+        async def fetch() -> list[dict[str, Any]]:
+            async with remote_api:
+                return await remote_api.pending(limit)
 
-    pending = run_async(run)
+        rows = run_async(fetch)
+        pending = [Invocation.model_validate(row) for row in rows]
+    else:
+        config = load(config_dir, report=False)
+
+        async def run() -> list[Invocation]:
+            async with open_ledger(config) as ledger:
+                return await pending_invocations(ledger, utcnow(), limit=limit)
+
+        pending = run_async(run)
     now = utcnow()
     if as_json:
         emit_json([pending_json(i, now) for i in pending])
@@ -144,8 +136,38 @@ def approvals_list(
 
 
 @approvals_app.command("show")
-def approvals_show(invocation_id: IdArgument, config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
+def approvals_show(
+    invocation_id: IdArgument,
+    config_dir: ConfigOption = None,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
     """Show one invocation: redacted args, events, the drift diff, and the commands that decide it."""
+    api = _remote(url, token)
+    if api is not None:
+        remote_api = api
+
+        async def fetch() -> dict[str, Any]:
+            async with remote_api:
+                detail = await remote_api.invocation(invocation_id)
+            invocation = Invocation.model_validate(detail)
+            data = pending_json(invocation, utcnow())
+            data["events"] = detail.get("events", [])
+            flags = f" --url {shlex.quote(remote_api.base)}"
+            target = shlex.quote(invocation_id)
+            data["commands"] = (
+                {
+                    "approve": f"bastion approvals approve {target}{flags}",
+                    "deny": f"bastion approvals deny {target}{flags} --reason TEXT",
+                }
+                if invocation.status == "pending"
+                else None
+            )
+            return data
+
+        _show(run_async(fetch), as_json)
+        return
     config = load(config_dir, report=False)
 
     async def run() -> dict[str, Any]:
@@ -158,7 +180,10 @@ def approvals_show(invocation_id: IdArgument, config_dir: ConfigOption = None, a
             data["commands"] = decide_commands(config, invocation_id) if invocation.status == "pending" else None
             return data
 
-    data = run_async(run)
+    _show(run_async(run), as_json)
+
+
+def _show(data: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit_json(data)
         return
@@ -180,9 +205,11 @@ def approvals_approve(
     note: Annotated[str | None, typer.Option(help="A note kept in the ledger with your decision.")] = None,
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Approve a pending invocation: the waiting call runs it at once. Exit 1 if it is no longer pending."""
-    _decide(config_dir, invocation_id, approve=True, note=note, as_json=as_json)
+    _decide(config_dir, invocation_id, approve=True, note=note, as_json=as_json, api=_remote(url, token))
 
 
 @approvals_app.command("deny")
@@ -191,21 +218,53 @@ def approvals_deny(
     reason: Annotated[str | None, typer.Option(help="Why; the agent is told this reason.")] = None,
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Deny a pending invocation: the waiting call returns approval_denied. Exit 1 if it is no longer pending."""
-    _decide(config_dir, invocation_id, approve=False, note=reason, as_json=as_json)
+    _decide(config_dir, invocation_id, approve=False, note=reason, as_json=as_json, api=_remote(url, token))
 
 
-def _decide(config_dir: Path | None, invocation_id: str, *, approve: bool, note: str | None, as_json: bool) -> None:
-    config = load(config_dir, report=False)
-    principal = approver_principal()
+def _decide(
+    config_dir: Path | None,
+    invocation_id: str,
+    *,
+    approve: bool,
+    note: str | None,
+    as_json: bool,
+    api: RemoteApi | None,
+) -> None:
+    if api is not None:
+        remote_api = api
 
-    async def run() -> Invocation:
-        async with open_ledger(config) as ledger:
-            return await ledger.decide(invocation_id, approve=approve, principal=principal, note=note, now=utcnow())
+        async def remotely() -> tuple[Invocation, str]:
+            async with remote_api:
+                answer = await remote_api.decide(invocation_id, approve=approve, note=note)
+                detail = await remote_api.invocation(invocation_id)
+            decided = Invocation.model_validate(answer)
+            by = [e.get("detail", {}).get("by") for e in detail.get("events", []) if e.get("kind") == decided.status]
+            return decided, str(by[-1]) if by and by[-1] else "your token"
 
-    decided = run_async(run)
+        decided, principal = run_async(remotely)
+    else:
+        config = load(config_dir, report=False)
+        principal = approver_principal()
+
+        async def run() -> Invocation:
+            async with open_ledger(config) as ledger:
+                return await authority.decide(
+                    ledger, invocation_id, approve=approve, principal=local_owner(principal), note=note, now=utcnow()
+                )
+
+        decided = run_async(run)
     if as_json:
         emit_json(invocation_json(decided))
         return
     out.print(f"{decided.status} {decided.id} ({decided.tool}) as {principal}", markup=False, highlight=False)
+
+
+def _remote(url: str | None, token: str | None) -> RemoteApi | None:
+    try:
+        return remote_api(url, token)
+    except ConfigError as exc:
+        raise Exit(f"error: {exc.message}", 2) from exc

@@ -5,7 +5,7 @@ Drift never clears by itself: only an approver accepts a drifted definition, whi
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -26,7 +26,7 @@ from bastion.cli.app import (
 )
 from bastion.errors import Conflict, NotFound
 from bastion.models import Pin
-from bastion.policies import diff_definitions
+from bastion.views import drift_diff, pin_json
 
 pins_app = typer.Typer(
     help="Pinned tool definitions and their drift: list, accept a new definition.", no_args_is_help=True
@@ -35,22 +35,6 @@ app.add_typer(pins_app, name="pins")
 
 FINGERPRINT_PREFIX = 12
 _DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("+", "green"), ("-", "red"))
-
-
-def drift_diff(pin: Pin) -> list[str] | None:
-    """The unified diff from the pinned definition to the drifted one, or None when not drifted."""
-    if pin.drift is None:
-        return None
-    return diff_definitions(pin.pinned.definition, pin.drift.definition)
-
-
-def pin_json(pin: Pin) -> dict[str, Any]:
-    """A pin as scripts see it: the stored pin plus `key`, `drifted` and the drift `diff`."""
-    data = pin.model_dump(mode="json")
-    data["key"] = pin.key
-    data["drifted"] = pin.drift is not None
-    data["diff"] = drift_diff(pin)
-    return data
 
 
 def diff_text(lines: list[str]) -> Text:

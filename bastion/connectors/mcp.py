@@ -1,14 +1,18 @@
-"""One supervised downstream MCP server (DESIGN.md §3): connect, list, watch, reconnect, call.
+"""One supervised downstream MCP server (DESIGN.md §3): connect, list, watch, reconnect, call, relay.
 
-`McpConnector` satisfies the pipeline's `ActionSource` protocol structurally. `run()` keeps one
-`mcp.Client` connected: it lists every page of tools, re-lists when the downstream says its tools
-changed, notices the connection dying, withdraws the tools and reconnects with exponential backoff.
+`McpConnector` satisfies the pipeline's `ActionSource` and `ContentSource` protocols structurally.
+`run()` keeps one `mcp.Client` connected: it lists every page of tools (and of resources, resource
+templates and prompts when the downstream offers them), re-lists what the downstream says changed,
+notices the connection dying, withdraws the listings and reconnects with exponential backoff.
+While a call runs, what the downstream logs or asks (sampling, elicitation) goes to the call's
+relay (see `inflight.py`); resource subscriptions are kept across reconnects (`subscriptions.py`).
 
 How a dead downstream is noticed depends on the protocol era the connection negotiated:
 
 - 2026-07-28: an open `subscriptions/listen` stream ends (`SubscriptionLost`) as soon as the
   transport does (stdio EOF, a broken HTTP response stream); it also carries `tools/list_changed`.
-  A modern server that does not serve `subscriptions/listen` is probed with `server/discover`.
+  It also carries `resources/list_changed` and `prompts/list_changed`. A modern server that does not
+  serve `subscriptions/listen` is probed with `server/discover`.
 - 2025 and earlier (handshake era): nothing fails until a request is sent, so a `ping` goes out
   every `probe_interval` seconds. Over streamable HTTP a request to a dead server makes the
   transport's task group fail, which cancels the connection and exits the `Client` with an
@@ -25,7 +29,8 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Final, TypeAlias, cast
+from dataclasses import replace
+from typing import Any, Final, TypeAlias, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -39,15 +44,18 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import SubscriptionLost
 from mcp.shared.dispatcher import ProgressFnT
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from mcp_types import CONNECTION_CLOSED, LOG_LEVEL_META_KEY, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from bastion.config import ConnectorConfig
+from bastion.connectors.inflight import CallRelay, InFlightCalls
+from bastion.connectors.listing import Kind, Listing, list_prompts, list_resources, list_tools
+from bastion.connectors.subscriptions import ResourceWatch, UpdatedFn
 from bastion.errors import BastionError, CallTimeout, ConnectorUnavailable, UnknownOutcome, UpstreamError
 from bastion.models import SourceStatus, utcnow
 
-__all__ = ["CORRELATION_META_KEY", "ClientTarget", "McpConnector"]
+__all__ = ["CORRELATION_META_KEY", "ClientTarget", "McpConnector", "strip_protocol_meta"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +64,10 @@ CORRELATION_META_KEY: Final = "io.bastion/correlation-id"
 
 PROTOCOL_META_PREFIX: Final = "io.modelcontextprotocol/"
 """Protocol-internal `_meta` keys of the downstream, stripped from forwarded results (gotcha G2)."""
+
+DOWNSTREAM_LOG_LEVEL: Final = "debug"
+"""What a 2025-era downstream that offers logging is asked for once: everything (each host's own
+level is applied when a message is relayed)."""
 
 HTTP_TIMEOUT: Final = httpx2.Timeout(30.0, read=300.0)
 """Connect/write budget for HTTP downstreams; reads wait longer for slow tools and quiet streams."""
@@ -68,6 +80,14 @@ ClientTarget: TypeAlias = Any
 ChangeFn = Callable[[str], Awaitable[None]]
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 
+_Result = TypeVar("_Result", bound=types.Result)
+
+_CHANGED: Final[dict[type[types.ServerNotification], Kind]] = {
+    types.ToolListChangedNotification: "tools",
+    types.ResourceListChangedNotification: "resources",
+    types.PromptListChangedNotification: "prompts",
+}
+
 
 class _Link:
     """One connection attempt: its client and the signals its watchers raise."""
@@ -75,11 +95,17 @@ class _Link:
     client: Client
     """Set right after construction: the client needs `on_message` first."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_resource_updated: Callable[[str], None]) -> None:
         self.ready = False
         self.lost = anyio.Event()
         self.reason: str | None = None
+        self.relist: set[Kind] = set()
         self.relist_wanted = anyio.Event()
+        self._on_resource_updated = on_resource_updated
+
+    @property
+    def modern(self) -> bool:
+        return self.client.protocol_version in MODERN_PROTOCOL_VERSIONS
 
     def lose(self, reason: str) -> None:
         """Mark the connection dead; the first reason wins."""
@@ -88,15 +114,20 @@ class _Link:
             self.lost.set()
 
     async def on_message(self, message: IncomingMessage) -> None:
-        """The one place that reacts to `tools/list_changed` (legacy delivery and the modern `listen()` tee)."""
-        if isinstance(message, types.ToolListChangedNotification):
-            self.relist_wanted.set()
-        elif isinstance(message, Exception):
+        """The one place that reacts to change notifications (legacy delivery and the modern `listen()` tee)."""
+        if isinstance(message, Exception):
             logger.warning("transport error from downstream: %r", message)
+            return
+        kind = _CHANGED.get(type(message))
+        if kind is not None:
+            self.relist.add(kind)
+            self.relist_wanted.set()
+        elif isinstance(message, types.ResourceUpdatedNotification):
+            self._on_resource_updated(message.params.uri)
 
 
 class McpConnector:
-    """A downstream MCP server kept connected, its tools listed, its calls forwarded."""
+    """A downstream MCP server kept connected, its listings current, its calls forwarded and relayed."""
 
     def __init__(
         self,
@@ -116,9 +147,11 @@ class McpConnector:
         self._backoff_initial = backoff_initial
         self._backoff_cap = backoff_cap
         self._probe_interval = probe_interval
-        self._tools: list[types.Tool] = []
+        self._listing = Listing()
         self._status = SourceStatus(source_id=config.id, state="starting")
         self._link: _Link | None = None
+        self._calls = InFlightCalls(config.id)
+        self._watch = ResourceWatch(config.id, timeout=list_timeout)
 
     @property
     def source_id(self) -> str:
@@ -130,7 +163,16 @@ class McpConnector:
 
     def tools(self) -> list[types.Tool]:
         """The current listing exactly as the downstream sent it (all pages); empty while down."""
-        return list(self._tools)
+        return list(self._listing.tools)
+
+    def resources(self) -> list[types.Resource]:
+        return list(self._listing.resources)
+
+    def resource_templates(self) -> list[types.ResourceTemplate]:
+        return list(self._listing.templates)
+
+    def prompts(self) -> list[types.Prompt]:
+        return list(self._listing.prompts)
 
     async def run(self, on_change: ChangeFn) -> None:
         """Keep the downstream connected until cancelled; `on_change(source_id)` follows every listing change."""
@@ -147,6 +189,7 @@ class McpConnector:
                         logger.exception("connector %s failed unexpectedly", self.source_id)
                 finally:
                     self._link = None
+                    self._watch.detach()
                 await self._go_down(reason, on_change)
                 if link is not None and link.ready:
                     delay = self._backoff_initial
@@ -155,7 +198,7 @@ class McpConnector:
                 delay = min(delay * 2, self._backoff_cap)
         finally:
             # Cancelled: nothing is connected any more (no on_change: the caller is shutting down).
-            self._tools = []
+            self._listing = Listing()
             self._status = SourceStatus(
                 source_id=self.source_id, state="down", last_error="stopped", server_name=self._status.server_name
             )
@@ -168,24 +211,24 @@ class McpConnector:
         correlation_id: str,
         timeout: float,
         on_progress: ProgressFn | None = None,
+        relay: CallRelay | None = None,
     ) -> types.CallToolResult:
         """Call one downstream tool; see `ActionSource.call` for the errors raised."""
-        link = self._link
-        if link is None or not link.ready or link.lost.is_set():
-            raise ConnectorUnavailable(
-                f"connector {self.source_id} is not connected ({self._status.last_error or self._status.state})"
-            )
-
+        link = self._ready_link()
         # An open TypedDict (PEP 728 `extra_items`), which mypy does not model yet.
         meta = cast(types.RequestParamsMeta, {CORRELATION_META_KEY: correlation_id})
+        if relay is not None and link.modern and relay.log_level is not None:
+            # 2026-07-28 logging is opted into per request (2025-era downstreams were asked once at connect).
+            meta[LOG_LEVEL_META_KEY] = relay.log_level  # type: ignore[literal-required]
         try:
-            result = await link.client.call_tool(
-                action_id,
-                arguments,
-                read_timeout_seconds=timeout,
-                progress_callback=_forwarder(on_progress) if on_progress is not None else None,
-                meta=meta,
-            )
+            with self._calls.calling(relay):
+                result = await link.client.call_tool(
+                    action_id,
+                    arguments,
+                    read_timeout_seconds=timeout,
+                    progress_callback=_forwarder(on_progress) if on_progress is not None else None,
+                    meta=meta,
+                )
         except MCPError as exc:
             if exc.code == REQUEST_TIMEOUT:
                 raise CallTimeout(f"{self.source_id}:{action_id} did not answer within {timeout:g}s") from exc
@@ -202,17 +245,93 @@ class McpConnector:
             raise ConnectorUnavailable(f"connector {self.source_id} disconnected: {exc}") from exc
         return strip_protocol_meta(result)
 
+    # -- resources, prompts, completion ------------------------------------------------------------
+
+    async def read_resource(self, uri: str) -> types.ReadResourceResult:
+        link = self._ready_link()
+        return await self._ask(link, f"resources/read {uri}", link.client.read_resource(uri))
+
+    async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult:
+        link = self._ready_link()
+        return await self._ask(link, f"prompts/get {name}", link.client.get_prompt(name, arguments))
+
+    async def complete(
+        self,
+        ref: types.PromptReference | types.ResourceTemplateReference,
+        argument: types.CompletionArgument,
+        context: types.CompletionContext | None,
+    ) -> types.CompleteResult:
+        link = self._ready_link()
+        if link.client.server_capabilities.completions is None:
+            return types.CompleteResult(completion=types.Completion(values=[]))
+        request = types.CompleteRequest(params=types.CompleteRequestParams(ref=ref, argument=argument, context=context))
+        sent = link.client.session.send_request(request, types.CompleteResult)
+        return await self._ask(link, "completion/complete", sent)
+
+    async def subscribe(self, uri: str, on_updated: UpdatedFn) -> None:
+        """Watch `uri` on the downstream, now if connected and again after every reconnect."""
+        try:
+            await self._watch.subscribe(uri, on_updated)
+        except MCPError as exc:
+            raise self._translate(exc, f"resources/subscribe {uri}") from exc
+
+    async def unsubscribe(self, uri: str) -> None:
+        try:
+            await self._watch.unsubscribe(uri)
+        except MCPError as exc:
+            raise self._translate(exc, f"resources/unsubscribe {uri}") from exc
+
+    def _ready_link(self) -> _Link:
+        link = self._link
+        if link is None or not link.ready or link.lost.is_set():
+            raise ConnectorUnavailable(
+                f"connector {self.source_id} is not connected ({self._status.last_error or self._status.state})"
+            )
+        return link
+
+    async def _ask(self, link: _Link, what: str, request: Awaitable[_Result]) -> _Result:
+        """Await one request to the downstream, translating its failures; the answer loses its protocol `_meta`."""
+        try:
+            with self._calls.calling(None):
+                return strip_protocol_meta(await request)
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                link.lose(f"the connection closed during {what}")
+            raise self._translate(exc, what) from exc
+        except (ValidationError, InputRequiredRoundsExceededError) as exc:
+            raise UpstreamError(f"{self.source_id}: {what} returned an unusable result: {exc}") from exc
+        except RuntimeError as exc:
+            raise ConnectorUnavailable(f"connector {self.source_id} disconnected: {exc}") from exc
+
+    def _translate(self, exc: MCPError, what: str) -> BastionError:
+        if exc.code == CONNECTION_CLOSED:
+            return ConnectorUnavailable(f"the connection to {self.source_id} closed during {what}")
+        if exc.code == REQUEST_TIMEOUT:
+            return CallTimeout(f"{self.source_id}: {what} timed out")
+        # Its cause is the downstream's own error, which the front door passes on to the host as it is.
+        return UpstreamError(f"{self.source_id}: {what} failed with error {exc.code}: {exc.message}")
+
+    # -- the connection ------------------------------------------------------------------------------
+
     async def _connect_and_watch(self, on_change: ChangeFn) -> _Link:
         """Run one connection until it is lost; returns its link (with the reason) or raises."""
-        link = _Link()
-        link.client = client = Client(self._target(), mode="auto", cache=None, message_handler=link.on_message)
+        link = _Link(self._watch.updated)
+        link.client = client = Client(
+            self._target(),
+            mode="auto",
+            cache=None,
+            message_handler=link.on_message,
+            sampling_callback=self._calls.sample,
+            elicitation_callback=self._calls.elicit,
+            logging_callback=self._calls.log,
+        )
         with anyio.CancelScope() as attempt:
             async with anyio.create_task_group() as guard:
                 timer = anyio.CancelScope()
                 guard.start_soon(self._give_up_connecting, link, timer, attempt, on_change)
                 # Client first, then its task group (gotcha G4): scopes unwind in LIFO order.
                 async with client, anyio.create_task_group() as tg:
-                    if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                    if link.modern:
                         # Subscribe before listing, so no change between the two goes unnoticed.
                         await tg.start(self._watch_subscription, link)
                     if not link.lost.is_set():
@@ -224,7 +343,7 @@ class McpConnector:
     async def _give_up_connecting(
         self, link: _Link, timer: anyio.CancelScope, attempt: anyio.CancelScope, on_change: ChangeFn
     ) -> None:
-        """Abandon an attempt that has not listed its tools within `list_timeout` (connect included)."""
+        """Abandon an attempt that has not listed within `list_timeout` (connect included)."""
         with timer:
             await anyio.sleep(self._list_timeout)
             link.lose(f"no answer to connect and list tools within {self._list_timeout:g}s")
@@ -234,13 +353,18 @@ class McpConnector:
                 await self._go_down(link.reason or "timed out", on_change)
 
     async def _serve(self, link: _Link, tg: anyio.abc.TaskGroup, timer: anyio.CancelScope, on_change: ChangeFn) -> None:
-        """List, go ready, and wait for the connection to be lost; then withdraw the tools."""
+        """List, go ready, and wait for the connection to be lost; then withdraw the listings."""
         client = link.client
-        tools = await self._list_all(client)
+        tools = await list_tools(client, self.source_id)
+        resources, templates = await list_resources(client, self.source_id)
+        prompts = await list_prompts(client, self.source_id)
         if link.lost.is_set():
             return
+        if not link.modern and client.server_capabilities.logging is not None:
+            await self._ask_for_logs(client)
+        await self._watch.attach(client, tg)
         timer.cancel()
-        self._tools = tools
+        self._listing = Listing(tools=tools, resources=resources, templates=templates, prompts=prompts)
         self._status = SourceStatus(
             source_id=self.source_id,
             state="ready",
@@ -251,61 +375,71 @@ class McpConnector:
         link.ready = True
         self._link = link
         logger.info(
-            "connector %s: connected (%s, protocol %s, %d tools)",
+            "connector %s: connected (%s, protocol %s, %d tools, %d resources, %d templates, %d prompts)",
             self.source_id,
             self._status.server_name or "unnamed server",
             client.protocol_version,
             len(tools),
+            len(resources),
+            len(templates),
+            len(prompts),
         )
         tg.start_soon(self._relist_on_request, link, on_change)
-        if client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        if not link.modern:
             tg.start_soon(self._probe, link)
         await self._announce(on_change)
         await link.lost.wait()
         self._link = None
-        # Withdraw the tools now rather than after the (possibly slow) transport shutdown.
+        self._watch.detach()
+        # Withdraw the listings now rather than after the (possibly slow) transport shutdown.
         await self._go_down(link.reason or "the connection closed", on_change)
 
-    async def _list_all(self, client: Client) -> list[types.Tool]:
-        """Every page of the downstream's tool listing."""
-        tools: list[types.Tool] = []
-        cursor: str | None = None
-        seen: set[str] = set()
-        while True:
-            page = await client.list_tools(cursor=cursor)
-            tools.extend(page.tools)
-            cursor = page.next_cursor
-            if cursor is None:
-                return tools
-            if cursor in seen:
-                raise UpstreamError(f"connector {self.source_id} repeated the tools/list cursor {cursor!r}")
-            seen.add(cursor)
+    async def _ask_for_logs(self, client: Client) -> None:
+        """2025-era: ask once for every log message (sent as a plain request: the SDK helper is deprecated)."""
+        request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=DOWNSTREAM_LOG_LEVEL))
+        try:
+            await client.session.send_request(request, types.EmptyResult)
+        except MCPError as exc:
+            logger.info("connector %s: logging/setLevel refused (%s); relaying what it sends", self.source_id, exc)
 
     async def _relist_on_request(self, link: _Link, on_change: ChangeFn) -> None:
-        """Re-list whenever the downstream announced a change (outside the message handler)."""
+        """Re-list what the downstream announced as changed (outside the message handler)."""
         while True:
             await link.relist_wanted.wait()
             link.relist_wanted = anyio.Event()
+            kinds, link.relist = link.relist, set()
+            listing = self._listing
             try:
                 with anyio.fail_after(self._list_timeout):
-                    tools = await self._list_all(link.client)
+                    if "tools" in kinds:
+                        listing = replace(listing, tools=await list_tools(link.client, self.source_id))
+                    if "resources" in kinds:
+                        resources, templates = await list_resources(link.client, self.source_id)
+                        listing = replace(listing, resources=resources, templates=templates)
+                    if "prompts" in kinds:
+                        listing = replace(listing, prompts=await list_prompts(link.client, self.source_id))
             except (MCPError, TimeoutError, UpstreamError) as exc:
-                link.lose(f"re-listing tools failed: {_describe(exc)}")
+                link.lose(f"re-listing {', '.join(sorted(kinds))} failed: {_describe(exc)}")
                 return
-            self._tools = tools
-            self._status = self._status.model_copy(update={"tools": len(tools)})
-            logger.info("connector %s: tools changed (%d tools)", self.source_id, len(tools))
+            self._listing = listing
+            self._status = self._status.model_copy(update={"tools": len(listing.tools)})
+            logger.info("connector %s: %s changed", self.source_id, ", ".join(sorted(kinds)))
             await self._announce(on_change)
 
     async def _watch_subscription(self, link: _Link, *, task_status: TaskStatus[None]) -> None:
         """2026-07-28: hold a `listen()` stream open; its end is the connection's end.
 
-        Started once the stream is acknowledged (or found unavailable). Its `tools/list_changed`
-        frames are teed to the message handler, which does the reacting; here events are only drained.
+        Started once the stream is acknowledged (or found unavailable). Its `*/list_changed` frames
+        are teed to the message handler, which does the reacting; here events are only drained.
         """
+        capabilities = link.client.server_capabilities
         started = False
         try:
-            async with link.client.listen(tools_list_changed=True) as subscription:
+            async with link.client.listen(
+                tools_list_changed=True,
+                resources_list_changed=capabilities.resources is not None,
+                prompts_list_changed=capabilities.prompts is not None,
+            ) as subscription:
                 started = True
                 task_status.started()
                 async for _event in subscription:
@@ -328,12 +462,11 @@ class McpConnector:
     async def _probe(self, link: _Link) -> None:
         """Send a cheap request every `probe_interval` seconds; a failure means the connection is gone."""
         session = link.client.session
-        modern = link.client.protocol_version in MODERN_PROTOCOL_VERSIONS
         while True:
             await anyio.sleep(self._probe_interval)
             try:
                 with anyio.fail_after(self._list_timeout):
-                    if modern:
+                    if link.modern:
                         await session.send_discover(link.client.protocol_version)
                     else:
                         await session.send_ping()
@@ -342,9 +475,9 @@ class McpConnector:
                 return
 
     async def _go_down(self, reason: str, on_change: ChangeFn) -> None:
-        """Withdraw the tools and record why; announce it when the state or the listing changed."""
-        changed = self._status.state != "down" or bool(self._tools)
-        self._tools = []
+        """Withdraw the listings and record why; announce it when the state or the listings changed."""
+        changed = self._status.state != "down" or self._listing != Listing()
+        self._listing = Listing()
         if self._status.state == "down":
             self._status = self._status.model_copy(update={"last_error": reason})
         else:
@@ -404,8 +537,11 @@ def _forwarder(on_progress: ProgressFn) -> ProgressFnT:
     return forward
 
 
-def strip_protocol_meta(result: types.CallToolResult) -> types.CallToolResult:
-    """Drop the downstream's `io.modelcontextprotocol/*` `_meta` keys, and `_meta` itself if that empties it."""
+def strip_protocol_meta(result: _Result) -> _Result:
+    """Drop the downstream's `io.modelcontextprotocol/*` `_meta` keys, and `_meta` itself if that empties it.
+
+    Everything else of a forwarded result (contents, structured content, other `_meta` keys) is kept as is.
+    """
     meta = result.meta
     if not meta or not any(key.startswith(PROTOCOL_META_PREFIX) for key in meta):
         return result

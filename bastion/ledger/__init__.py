@@ -1,6 +1,6 @@
 """The invocation store (DESIGN.md §6): redaction and truncation, and the SQLite implementation of `Ledger`.
 
-`schema` holds the tables and their migrations, `invocations` and `pins` the statements on them, and
+`schema` holds the tables and their migrations, `invocations`, `pins` and `tokens` the statements on them, and
 `sqlite` the `SqliteLedger` that runs them on one connection.
 """
 

@@ -2,7 +2,7 @@
 
 `PRAGMA user_version` holds the number of migrations applied. Each migration is a tuple of statements run
 in one transaction together with the version bump, so a file is always at exactly one version. Migrations
-are only ever appended: later ones (tokens, ...) go at the end of `MIGRATIONS`.
+are only ever appended: later ones go at the end of `MIGRATIONS`.
 
 Timestamps are stored as fixed-width ISO-8601 UTC text with microseconds
 (`2026-11-21T10:00:00.000000+00:00`), so they compare and sort lexicographically; JSON as compact UTF-8
@@ -104,7 +104,26 @@ _MIGRATION_2: Final = (
     """,
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1, _MIGRATION_2)
+_MIGRATION_3: Final = (
+    # Bearer tokens (DESIGN.md §10), kept only as the SHA-256 of their secret. A revoked token keeps its
+    # row, so a name is unique only among active tokens and may be reused once revoked.
+    """
+    CREATE TABLE tokens (
+        id          INTEGER PRIMARY KEY,
+        name        TEXT NOT NULL,
+        role        TEXT NOT NULL,   -- owner | admin | agent
+        profile     TEXT,            -- agent tokens only: the profile their sessions use
+        secret_hash TEXT NOT NULL,   -- SHA-256 hex of the secret
+        created_at  TEXT NOT NULL,
+        revoked_at  TEXT
+    )
+    """,
+    # Every authenticated HTTP request looks its token up by hash.
+    "CREATE UNIQUE INDEX tokens_secret_hash ON tokens (secret_hash)",
+    "CREATE UNIQUE INDEX tokens_active_name ON tokens (name) WHERE revoked_at IS NULL",
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3)
 """Migration N (1-based) brings a ledger from user_version N-1 to N."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

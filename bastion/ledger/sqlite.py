@@ -30,6 +30,7 @@ from anyio.abc import TaskStatus
 
 from bastion.errors import ApprovalExpired, ConfigError, Conflict, NotFound
 from bastion.ledger import pins as pin_table
+from bastion.ledger import tokens as token_table
 from bastion.ledger.invocations import (
     APPEND_EVENT,
     COLUMNS,
@@ -59,7 +60,18 @@ from bastion.ledger.invocations import (
 )
 from bastion.ledger.redaction import Redactor
 from bastion.ledger.schema import dumps, migrate, optional_timestamp, timestamp
-from bastion.models import EventKind, Invocation, InvocationEvent, Pin, RecoveryReport, Status, utcnow
+from bastion.models import (
+    EventKind,
+    Invocation,
+    InvocationEvent,
+    Pin,
+    Principal,
+    RecoveryReport,
+    Role,
+    Status,
+    TokenInfo,
+    utcnow,
+)
 
 _T = TypeVar("_T")
 
@@ -82,6 +94,7 @@ class SqliteLedger:
 
     Args, results, error messages and event details pass through `redactor.scrub` before they are stored.
     Pins and the drift diffs of invocations are stored verbatim (see `bastion.ledger.pins`).
+    Tokens are stored as the SHA-256 of their secret only (see `bastion.ledger.tokens`).
     """
 
     def __init__(self, db: aiosqlite.Connection, path: Path, redactor: Redactor) -> None:
@@ -321,6 +334,33 @@ class SqliteLedger:
 
         return await self._write(work)
 
+    async def create_token(self, name: str, *, role: Role, profile: str | None, now: datetime) -> str:
+        """Store a new token created at `now` and return its secret: the only time it exists outside the
+        caller, since the ledger keeps just its SHA-256.
+
+        Raises ValueError for a malformed name, an unknown role or a profile on a non-agent token, and
+        Conflict when an active token already has the name.
+        """
+        token_table.validate_token_name(name)
+        token_table.validate_token_role(role, profile)
+        secret = token_table.new_secret()
+        digest = token_table.secret_hash(secret)
+
+        def work(conn: sqlite3.Connection) -> None:
+            token_table.insert_token(conn, name=name, role=role, profile=profile, digest=digest, now=now)
+
+        await self._write(work)
+        return secret
+
+    async def revoke_token(self, name: str, *, now: datetime) -> TokenInfo:
+        """Revoke the active token `name` at `now`; its secret authenticates no more. Raises NotFound when
+        there is no active token of that name."""
+
+        def work(conn: sqlite3.Connection) -> TokenInfo:
+            return token_table.revoke_token(conn, name=name, now=now)
+
+        return await self._write(work)
+
     # -- change notification -----------------------------------------------------------------------------
 
     async def wait_for_change(self) -> None:
@@ -409,6 +449,29 @@ class SqliteLedger:
         """Every pin, or those of one source, sorted by source and action."""
         rows = await self._db.execute_fetchall(*pin_table.select_pins(source_id))
         return [pin_table.pin_from_row(row) for row in rows]
+
+    async def tokens(self) -> builtins.list[TokenInfo]:
+        """Every token, active and revoked, newest first; never a secret (the ledger has none)."""
+        rows = await self._db.execute_fetchall(token_table.SELECT_ALL)
+        return [token_table.token_from_row(row) for row in rows]
+
+    async def authenticate(self, secret: str) -> Principal | None:
+        """The principal of the active token with this secret, else None.
+
+        Runs on every HTTP request: input without a token's shape is refused without a query, the rest is
+        one lookup by the SHA-256 of the secret on a unique index. It never writes.
+        """
+        if not token_table.looks_like_secret(secret):
+            return None
+        rows = builtins.list(
+            await self._db.execute_fetchall(token_table.AUTHENTICATE, (token_table.secret_hash(secret),))
+        )
+        return token_table.principal_from_row(rows[0]) if rows else None
+
+    async def has_tokens(self) -> bool:
+        """Whether any active token exists (then every HTTP caller must present one)."""
+        rows = builtins.list(await self._db.execute_fetchall(token_table.HAS_ACTIVE))
+        return bool(rows[0][0])
 
     # -- internals ---------------------------------------------------------------------------------------
 

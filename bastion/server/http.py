@@ -1,6 +1,8 @@
-"""The HTTP surface (DESIGN.md §10): `/mcp` streamable HTTP, `/sse` + `/messages/` legacy SSE, `/healthz`.
+"""The HTTP surface (DESIGN.md §10): `/mcp` streamable HTTP, `/sse` + `/messages/` legacy SSE, the approver
+API under `/api`, `/healthz`.
 
-Every request passes the Host/Origin guard first (DNS-rebinding protection).
+Every request passes the Host/Origin guard first (DNS-rebinding protection), then bearer-token
+authentication (bastion.server.auth), then routing.
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bastion import __version__
+from bastion.errors import ConfigError
+from bastion.server.api import build_api, routing_error
+from bastion.server.auth import BearerAuth
 from bastion.server.mcp import FrontDoor
 
 logger = logging.getLogger(__name__)
@@ -83,8 +89,13 @@ class _SseEndpoint:
             await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
-def build_app(front: FrontDoor, *, allowed_hosts: Iterable[str]) -> ASGIApp:
-    """The Starlette application behind `bastion serve --transport http`."""
+def build_app(front: FrontDoor, *, allowed_hosts: Iterable[str], non_loopback: bool = False) -> ASGIApp:
+    """The Starlette application behind `bastion serve --transport http`.
+
+    `non_loopback` (the server listens beyond loopback) makes a token compulsory on `/mcp` and `/sse`
+    even while the ledger holds none; otherwise they are open to anonymous local hosts until the first
+    token is created. `/api` always needs one.
+    """
     manager = StreamableHTTPSessionManager(app=front.server, json_response=False, stateless=False)
     sse = SseServerTransport("/messages/")
 
@@ -108,10 +119,12 @@ def build_app(front: FrontDoor, *, allowed_hosts: Iterable[str]) -> ASGIApp:
             Route("/sse", endpoint=_SseEndpoint(front, sse), methods=["GET"]),
             Mount("/messages/", app=sse.handle_post_message),
             Route("/healthz", endpoint=healthz, methods=["GET"]),
+            Mount("/api", app=build_api(front.gateway.ledger)),
         ],
         lifespan=lifespan,
+        exception_handlers={HTTPException: routing_error},
     )
-    return HostOriginGuard(app, allowed_hosts)
+    return HostOriginGuard(BearerAuth(app, front.gateway.ledger, tokens_required=non_loopback), allowed_hosts)
 
 
 def allowed_hosts_for(bind_host: str, extra: Iterable[str] = ()) -> set[str]:
@@ -133,9 +146,16 @@ async def serve_http(
     """Serve until interrupted (uvicorn handles SIGINT/SIGTERM).
 
     The socket is bound before `on_ready` is called with the base URL, so a caller that reads it
-    (a person, a test, a supervisor) can connect at once; `port=0` picks a free port.
+    (a person, a test, a supervisor) can connect at once; `port=0` picks a free port. Binding beyond
+    loopback is refused (ConfigError) while the ledger holds no active token (DESIGN.md §10).
     """
-    app = build_app(front, allowed_hosts=allowed_hosts_for(host, extra_hosts))
+    non_loopback = not is_loopback(host)
+    if non_loopback and not await front.gateway.ledger.has_tokens():
+        raise ConfigError(
+            f"refusing to serve on {host} without tokens: anyone who can reach it could call tools and decide. "
+            "Create one first with `bastion tokens create NAME --role admin`, or bind to 127.0.0.1."
+        )
+    app = build_app(front, allowed_hosts=allowed_hosts_for(host, extra_hosts), non_loopback=non_loopback)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:

@@ -1,37 +1,59 @@
 """The MCP front door: one low-level `Server` over the Gateway, for both protocol eras.
 
-Handshake-era hosts (2025-11-25 and before) learn of catalog changes through
-`notifications/tools/list_changed` on their connection; 2026-07-28 hosts through
-`subscriptions/listen`. Both are served here.
+Tools go through the gateway's call pipeline; resources, prompts, completion and logging are
+relayed (`content.py`); what a downstream logs or asks during a call reaches the host request that
+made it (`relay.py`). Handshake-era hosts (2025-11-25 and before) learn of listing changes through
+`notifications/*/list_changed` on their connection; 2026-07-28 hosts through `subscriptions/listen`.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any
+from typing import Any, Literal
 
 import mcp_types as types
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.connection import Connection
 from mcp.server.models import InitializationOptions
+from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    PromptsListChanged,
+    ResourcesListChanged,
+    ServerEvent,
+    ToolsListChanged,
+)
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from bastion import __version__
+from bastion.approvals import AwaitingInput, args_hash
 from bastion.errors import BastionError
-from bastion.gateway import Gateway
-from bastion.models import CallContext
+from bastion.gateway import Gateway, ListingKind
+from bastion.models import CallContext, Invocation
+from bastion.seams import ProgressFn, Relay
+from bastion.server import inline
+from bastion.server.auth import principal_of
+from bastion.server.content import ContentHandlers
+from bastion.server.relay import CallRelays, background
 
 logger = logging.getLogger(__name__)
 
 _SESSION_KEY = "bastion.session_id"
 
+_LIST_CHANGED: dict[ListingKind, ServerEvent] = {
+    "tools": ToolsListChanged(),
+    "resources": ResourcesListChanged(),
+    "prompts": PromptsListChanged(),
+}
+
+ALL_CHANGES = NotificationOptions(tools_changed=True, resources_changed=True, prompts_changed=True)
+
 
 class GatewayServer(Server[Any]):
-    """A low-level Server that always advertises `tools.listChanged` (the SDK's HTTP manager passes no options)."""
+    """A low-level Server that always advertises `listChanged` (the SDK's HTTP manager passes no options)."""
 
     def create_initialization_options(
         self,
@@ -40,7 +62,7 @@ class GatewayServer(Server[Any]):
         extensions: dict[str, dict[str, Any]] | None = None,
     ) -> InitializationOptions:
         return super().create_initialization_options(
-            notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions
+            notification_options or ALL_CHANGES, experimental_capabilities, extensions
         )
 
 
@@ -62,6 +84,8 @@ class FrontDoor:
         self.session_id = session_id
         self._bus = InMemorySubscriptionBus()
         self._handshake_sessions: dict[int, ServerSession] = {}
+        self._relays = CallRelays(answer_timeout=gateway.config.settings.limits.call_timeout_seconds)
+        content = ContentHandlers(gateway, self._bus)
         self.server = GatewayServer(
             "bastion",
             version=__version__,
@@ -70,13 +94,28 @@ class FrontDoor:
                 "Bastion gates every tool call by policy and records it in a ledger. "
                 "A refused call returns isError with structuredContent.error.class naming why."
             ),
+            lifespan=background,
             get_tool_input_schema=self._input_schema,
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
-            on_subscriptions_listen=ListenHandler(self._bus),
+            on_list_resources=content.list_resources,
+            on_list_resource_templates=content.list_resource_templates,
+            on_read_resource=content.read_resource,
+            on_subscribe_resource=content.subscribe,
+            on_unsubscribe_resource=content.unsubscribe,
+            on_subscriptions_listen=content.listen,
+            on_list_prompts=content.list_prompts,
+            on_get_prompt=content.get_prompt,
+            on_completion=content.complete,
         )
+        # Not the constructor argument, which warns: logging is deprecated at 2026-07-28, yet 2025-era hosts use it.
+        self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, content.set_logging_level)
         self.server.add_notification_handler("notifications/initialized", types.NotificationParams, self._initialized)
-        gateway.on_catalog_changed(self.notify_tools_changed)
+        # Seals the request_state of inline approvals on 2026-07-28, so a host cannot forge one.
+        self.server.middleware.append(
+            RequestStateBoundary(RequestStateSecurity.ephemeral(), default_audience="bastion")
+        )
+        gateway.on_listings_changed(self.notify_listings_changed)
 
     def _input_schema(self, name: str) -> dict[str, Any] | None:
         entry = self.gateway.catalog.get(name)
@@ -89,29 +128,72 @@ class FrontDoor:
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
-        context = CallContext(
-            session_id=self.session_id or _session_id(ctx, self.principal),
-            profile=self.profile,
-            principal=self.principal,
-        )
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        context = self._context(ctx)
         progress_token = ctx.meta.get("progress_token") if ctx.meta else None
 
         async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
             await ctx.session.report_progress(progress, total, message)
 
+        on_progress = relay_progress if progress_token is not None else None
+        arguments = params.arguments or {}
         try:
-            return await self.gateway.call(
-                params.name,
-                params.arguments,
-                context,
-                on_progress=relay_progress if progress_token is not None else None,
+            if params.request_state is not None:
+                parked = self._relays.resumed(params, args_hash(arguments))
+                if parked is not None:
+                    return await parked.outcome(ctx, params.input_responses)
+                invocation_id, answer = inline.resumed_invocation(params, args_hash(arguments))
+                if answer is not None:
+                    await inline.apply(self.gateway, invocation_id, answer, context.session_id)
+                return await self.gateway.resume(invocation_id, on_progress=on_progress)
+            asking = self._inline_approval(ctx, context)
+
+            async def ask(invocation: Invocation) -> None:
+                await inline.ask_over_back_channel(ctx, self.gateway, invocation, arguments)
+
+            async def call(relay: Relay, on_progress: ProgressFn | None) -> types.CallToolResult:
+                return await self.gateway.call(
+                    params.name,
+                    arguments,
+                    context,
+                    on_progress=on_progress,
+                    on_pending=ask if asking == "back_channel" else None,
+                    defer=asking == "in_result",
+                    relay=relay,
+                )
+
+            return await self._relays.run(
+                ctx, call, tool=params.name, arguments=arguments, with_progress=progress_token is not None
             )
+        except AwaitingInput as waiting:
+            return inline.input_required(waiting.invocation, arguments)
         except BastionError as exc:
             return error_result(exc)
         except Exception as exc:  # the MCP boundary translator: a bug must still answer the host
             logger.exception("tools/call %s failed unexpectedly", params.name)
             return error_result(BastionError(f"internal error: {exc}"))
+
+    def _context(self, ctx: ServerRequestContext[Any]) -> CallContext:
+        """Who calls: the token's principal on HTTP (and its profile, for agent tokens), else this door's."""
+        scope = getattr(ctx.request, "scope", None)
+        token = principal_of(scope) if scope is not None else None
+        principal = token.name if token is not None else self.principal
+        profile = token.profile if token is not None and token.profile else self.profile
+        return CallContext(
+            session_id=self.session_id or _session_id(ctx, principal), profile=profile, principal=principal
+        )
+
+    def _inline_approval(
+        self, ctx: ServerRequestContext[Any], context: CallContext
+    ) -> Literal["back_channel", "in_result"] | None:
+        """How to ask the host's user inline, if this session's profile wants it and may have it."""
+        profiles = self.gateway.config.policy.profiles
+        profile = profiles.get(context.profile) if context.profile else None
+        if profile is None or not profile.inline_approval or context.principal is not None:
+            return None
+        if not inline.supports_elicitation(ctx):
+            return None
+        return "in_result" if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS else "back_channel"
 
     async def _initialized(self, ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
         """Remember handshake-era sessions so catalog changes reach them, and forget them when they close."""
@@ -120,11 +202,18 @@ class FrontDoor:
         self._handshake_sessions[key] = ctx.session
         connection.exit_stack.callback(self._handshake_sessions.pop, key, None)
 
-    async def notify_tools_changed(self) -> None:
-        await self._bus.publish(ToolsListChanged())
+    async def notify_listings_changed(self, kinds: frozenset[ListingKind]) -> None:
+        """Tell every host which listings changed: on the subscription bus and on each handshake-era connection."""
+        for kind in sorted(kinds):
+            await self._bus.publish(_LIST_CHANGED[kind])
         for session in list(self._handshake_sessions.values()):
             try:
-                await session.send_tool_list_changed()
+                if "tools" in kinds:
+                    await session.send_tool_list_changed()
+                if "resources" in kinds:
+                    await session.send_resource_list_changed()
+                if "prompts" in kinds:
+                    await session.send_prompt_list_changed()
             except Exception:  # one broken host connection must not stop the others from hearing
                 logger.exception("could not notify a host of the catalog change")
 

@@ -1,0 +1,119 @@
+"""The approver commands against a remote Bastion, through its REST API (DESIGN.md §10).
+
+`--url URL --token T` (or `$BASTION_URL`, `$BASTION_TOKEN`) switch `bastion approvals ...` from the
+local ledger to this client. The API answers with the same JSON shapes the local commands print, and
+its error bodies carry the same error classes, which become the same exit statuses.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+
+import httpx2
+import typer
+
+from bastion.errors import (
+    ApprovalExpired,
+    BastionError,
+    ConfigError,
+    Conflict,
+    Forbidden,
+    InvalidArguments,
+    NotFound,
+    PendingLimit,
+    RateLimited,
+    Unauthenticated,
+    UpstreamError,
+)
+
+URL_ENV_VAR = "BASTION_URL"
+TOKEN_ENV_VAR = "BASTION_TOKEN"
+
+UrlOption = Annotated[
+    str | None,
+    typer.Option("--url", help=f"A remote Bastion's base URL, e.g. http://host:8765 (or ${URL_ENV_VAR})."),
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option("--token", help=f"An owner or admin token for the remote Bastion (or ${TOKEN_ENV_VAR})."),
+]
+
+_ERRORS: dict[str, type[BastionError]] = {
+    cls.error_class: cls
+    for cls in (
+        NotFound,
+        Conflict,
+        ApprovalExpired,
+        Forbidden,
+        Unauthenticated,
+        InvalidArguments,
+        PendingLimit,
+        RateLimited,
+        UpstreamError,
+    )
+}
+
+
+class RemoteApi:
+    """A small client of `/api`: every answer is JSON; every refusal is raised as its BastionError."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.base = url.rstrip("/")
+        self._client = httpx2.AsyncClient(
+            base_url=f"{self.base}/api",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx2.Timeout(30.0),
+        )
+
+    async def __aenter__(self) -> RemoteApi:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._client.aclose()
+
+    async def pending(self, limit: int) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = (await self._request("GET", "/approvals", params={"limit": limit}))["approvals"]
+        return found
+
+    async def invocation(self, invocation_id: str) -> dict[str, Any]:
+        return await self._request("GET", f"/invocations/{invocation_id}")
+
+    async def decide(self, invocation_id: str, *, approve: bool, note: str | None) -> dict[str, Any]:
+        verb, field = ("approve", "note") if approve else ("deny", "reason")
+        return await self._request("POST", f"/approvals/{invocation_id}/{verb}", json={field: note})
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            response = await self._client.request(method, path, **kwargs)
+        except httpx2.HTTPError as exc:
+            raise ConfigError(f"cannot reach {self.base}: {exc}; check --url (or ${URL_ENV_VAR})") from exc
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = None
+        if response.is_success and isinstance(body, dict):
+            return body
+        error = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(error, dict):
+            raise ConfigError(
+                f"{self.base} answered {response.status_code} without a Bastion error body; is it a Bastion API?"
+            )
+        cls = _ERRORS.get(str(error.get("class")), UpstreamError)
+        raise cls(str(error.get("message")), invocation_id=error.get("invocation_id"))
+
+
+def remote_api(url: str | None, token: str | None) -> RemoteApi | None:
+    """The remote client when a URL is given (flag or environment), else None for the local ledger."""
+    url = url or os.environ.get(URL_ENV_VAR) or None
+    token = token or os.environ.get(TOKEN_ENV_VAR) or None
+    if url is None:
+        if token is not None:
+            raise ConfigError(f"--token needs --url (or ${URL_ENV_VAR}): which Bastion is it for?")
+        return None
+    if token is None:
+        raise ConfigError(
+            f"--url needs --token (or ${TOKEN_ENV_VAR}); create one on that Bastion with "
+            "`bastion tokens create NAME --role admin`"
+        )
+    return RemoteApi(url, token)

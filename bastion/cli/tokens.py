@@ -1,0 +1,121 @@
+"""`bastion tokens`: the bearer tokens of the HTTP surface (DESIGN.md §10).
+
+A token's secret is shown once, when it is created; the ledger keeps only its SHA-256, so neither
+`list` nor anything else can show it again. A lost secret is replaced by revoking the token and creating
+a new one.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, load, open_ledger, out, run_async, timestamp
+from bastion.config import validate_profile
+from bastion.errors import ConfigError
+from bastion.ledger.tokens import validate_token_name
+from bastion.models import ROLES, Role, TokenInfo, utcnow
+
+tokens_app = typer.Typer(help="Bearer tokens for the HTTP surface: create, list, revoke.", no_args_is_help=True)
+app.add_typer(tokens_app, name="tokens")
+
+NameArgument = Annotated[str, typer.Argument(help="The token's name, recorded as the principal of what it does.")]
+
+
+def token_json(token: TokenInfo) -> dict[str, Any]:
+    """A token as scripts see it: name, role, profile, created_at, revoked_at and `active`; never a secret."""
+    data = token.model_dump(mode="json")
+    data["active"] = token.active
+    return data
+
+
+@tokens_app.command("create")
+def tokens_create(
+    name: NameArgument,
+    role: Annotated[Role, typer.Option("--role", help=f"What the token may do: {', '.join(ROLES)}.")],
+    profile: Annotated[
+        str | None, typer.Option("--profile", help="Agent tokens only: the profile their sessions use.")
+    ] = None,
+    config_dir: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Create a token and print its secret, once: it cannot be shown again."""
+    try:
+        validate_token_name(name)
+    except ValueError as exc:
+        raise Exit(f"error: {exc}", 2) from exc
+    if profile is not None and role != "agent":
+        raise Exit("error: --profile is only for agent tokens (--role agent); owner and admin tokens take none", 2)
+    config = load(config_dir, report=False)
+    if profile is not None:
+        try:
+            validate_profile(config, profile)
+        except ConfigError as exc:
+            raise Exit(f"error: {exc.message}", 2) from exc
+    now = utcnow()
+
+    async def run() -> str:
+        async with open_ledger(config) as ledger:
+            return await ledger.create_token(name, role=role, profile=profile, now=now)
+
+    secret = run_async(run)
+    token = TokenInfo(name=name, role=role, profile=profile, created_at=now)
+    if as_json:
+        emit_json(token_json(token) | {"token": secret})
+        return
+    bound = f", profile {profile}" if profile is not None else ""
+    for line in (
+        f"created token {name} (role {role}{bound})",
+        secret,
+        "Store it now: it cannot be shown again (a lost token can only be revoked and replaced).",
+        "Use it as the HTTP header `Authorization: Bearer <token>`; "
+        "from the command line with --token or $BASTION_TOKEN.",
+    ):
+        out.print(line, markup=False, highlight=False)
+
+
+@tokens_app.command("list")
+def tokens_list(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
+    """List tokens, active and revoked, newest first: name, role, profile, created, revoked. Never secrets."""
+    config = load(config_dir, report=False)
+
+    async def run() -> list[TokenInfo]:
+        async with open_ledger(config) as ledger:
+            return await ledger.tokens()
+
+    tokens = run_async(run)
+    if as_json:
+        emit_json([token_json(token) for token in tokens])
+        return
+    active = sum(token.active for token in tokens)
+    table = Table(title=f"{len(tokens)} tokens ({active} active)")
+    table.add_column("name", overflow="fold")
+    table.add_column("role")
+    table.add_column("profile", overflow="fold")
+    table.add_column("created", no_wrap=True)
+    table.add_column("revoked", no_wrap=True)
+    for token in tokens:
+        revoked = timestamp(token.revoked_at) if token.revoked_at is not None else ""
+        table.add_row(token.name, token.role, token.profile or "", timestamp(token.created_at), revoked)
+    out.print(table)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(name: NameArgument, config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
+    """Revoke the active token NAME: requests presenting it are refused from now on."""
+    config = load(config_dir, report=False)
+    now = utcnow()
+
+    async def run() -> TokenInfo:
+        async with open_ledger(config) as ledger:
+            return await ledger.revoke_token(name, now=now)
+
+    token = run_async(run)
+    if as_json:
+        emit_json(token_json(token))
+        return
+    out.print(
+        f"revoked token {token.name} (role {token.role}); it is refused from now on", markup=False, highlight=False
+    )

@@ -1,0 +1,166 @@
+"""Who is calling over HTTP (DESIGN.md §10), and how a refusal reads there (§7).
+
+`BearerAuth` resolves `Authorization: Bearer <secret>` through the ledger before any routing, so a
+wrong or revoked token learns nothing about what it asked for. The principal it finds is left in the
+request scope for the API and the MCP front door (`principal_of`).
+
+Also the one translation of a `BastionError` into an HTTP answer, shared by this middleware and the API
+so that every refusal of the HTTP surface has the same body.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from bastion.errors import BastionError, Unauthenticated
+from bastion.models import Principal
+from bastion.seams import Ledger
+
+logger = logging.getLogger(__name__)
+
+PRINCIPAL_KEY: Final = "bastion.principal"
+"""Where the authenticated principal (None when anonymous) is kept in `scope["state"]`."""
+
+OPEN_PATHS: Final = frozenset({"/healthz"})
+API_PREFIX: Final = "/api"
+
+STATUS_OF_CLASS: Final[Mapping[str, int]] = {
+    "unauthenticated": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "conflict": 409,
+    "approval_expired": 410,
+    "invalid_arguments": 422,
+    "pending_limit": 429,
+    "rate_limited": 429,
+    "upstream_error": 502,
+    "connector_unavailable": 502,
+    "timeout": 502,
+    "unknown_outcome": 502,
+}
+"""DESIGN.md §7: the HTTP status of each error class; any other class is a bug of ours, answered 500."""
+
+TOKENS_RECHECK_SECONDS: Final = 1.0
+"""How long the answer to "does any token exist?" is reused for anonymous requests. Asking costs about
+70 µs of CPU (one query through aiosqlite's thread) on every anonymous MCP request of a local, token-less
+setup; reusing it means a token created with the CLI binds anonymous hosts within this delay. A presented
+token is always checked at once, so a revocation takes effect immediately."""
+
+_INVALID_TOKEN: Final = 'Bearer realm="bastion", error="invalid_token"'
+_NO_TOKEN: Final = 'Bearer realm="bastion"'
+
+
+def http_status(exc: BastionError) -> int:
+    return STATUS_OF_CLASS.get(exc.error_class, 500)
+
+
+def error_body(error_class: str, message: str, invocation_id: str | None = None) -> dict[str, Any]:
+    """The body of every refusal of the HTTP surface."""
+    return {"error": {"class": error_class, "message": message, "invocation_id": invocation_id}}
+
+
+def error_response(exc: BastionError, *, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """The HTTP boundary's translator: a Bastion error as a status and the error body."""
+    return JSONResponse(
+        error_body(exc.error_class, exc.message, exc.invocation_id), status_code=http_status(exc), headers=headers
+    )
+
+
+def principal_of(scope: Scope) -> Principal | None:
+    """The principal `BearerAuth` authenticated for this request; None when the caller is anonymous."""
+    state = scope.get("state")
+    found = state.get(PRINCIPAL_KEY) if isinstance(state, dict) else None
+    return found if isinstance(found, Principal) else None
+
+
+def _token_hint(is_api: bool) -> str:
+    role = "admin" if is_api else "agent"
+    return f"create one with `bastion tokens create NAME --role {role}` and send it as `Authorization: Bearer <token>`"
+
+
+class BearerAuth:
+    """ASGI middleware: authenticate every HTTP request before it reaches a route.
+
+    `/healthz` is open. `/api/*` always needs a valid token. Everything else (`/mcp`, `/sse`,
+    `/messages/`) needs one once any token exists in the ledger, or always when `tokens_required`
+    (Bastion listens beyond loopback); until then local hosts may connect anonymously. A token that is
+    presented is always checked, wherever it is sent.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        ledger: Ledger,
+        *,
+        tokens_required: bool = False,
+        recheck_seconds: float = TOKENS_RECHECK_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.app = app
+        self.ledger = ledger
+        self.tokens_required = tokens_required
+        self.recheck_seconds = recheck_seconds
+        self._clock = clock
+        self._tokens_seen: tuple[float, bool] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            principal, refusal, challenge = await self._check(scope["path"], Headers(scope=scope).get("authorization"))
+        except Exception:  # the ledger failed: answer like every other HTTP refusal, never a bare 500
+            logger.exception("authenticating %s failed unexpectedly", scope["path"])
+            await JSONResponse(error_body("internal", "internal error; see the server log"), status_code=500)(
+                scope, receive, send
+            )
+            return
+        if refusal is not None:
+            await error_response(refusal, headers={"WWW-Authenticate": challenge})(scope, receive, send)
+            return
+        scope.setdefault("state", {})[PRINCIPAL_KEY] = principal
+        await self.app(scope, receive, send)
+
+    async def _check(self, path: str, header: str | None) -> tuple[Principal | None, Unauthenticated | None, str]:
+        """The caller's principal, or why it is refused and the `WWW-Authenticate` challenge to send."""
+        if path in OPEN_PATHS:
+            return None, None, _NO_TOKEN
+        is_api = path == API_PREFIX or path.startswith(API_PREFIX + "/")
+        if header is None:
+            return None, await self._anonymous_refusal(is_api), _NO_TOKEN
+        principal = await self._principal(header)
+        if principal is None:
+            message = "the bearer token is not valid (malformed, unknown or revoked); " + _token_hint(is_api)
+            return None, Unauthenticated(message), _INVALID_TOKEN
+        return principal, None, _NO_TOKEN
+
+    async def _anonymous_refusal(self, is_api: bool) -> Unauthenticated | None:
+        """Why a request without a token is refused; None when anonymous callers are allowed there."""
+        if is_api:
+            return Unauthenticated("the approver API needs a bearer token; " + _token_hint(is_api))
+        if self.tokens_required or await self._tokens_exist():
+            return Unauthenticated("this Bastion requires a bearer token from every caller; " + _token_hint(is_api))
+        return None
+
+    async def _tokens_exist(self) -> bool:
+        """Whether the ledger holds an active token, asked at most once per `recheck_seconds`."""
+        now = self._clock()
+        if self._tokens_seen is not None and now - self._tokens_seen[0] < self.recheck_seconds:
+            return self._tokens_seen[1]
+        exists = await self.ledger.has_tokens()
+        self._tokens_seen = (now, exists)
+        return exists
+
+    async def _principal(self, header: str) -> Principal | None:
+        """The principal of an `Authorization: Bearer <secret>` header; None for any other header."""
+        scheme, _, secret = header.strip().partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            return None
+        return await self.ledger.authenticate(secret.strip())

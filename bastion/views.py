@@ -1,0 +1,93 @@
+"""What approvers see: the JSON shapes of invocations, pending approvals and pins.
+
+The CLI prints these shapes with `--json` and the REST API answers with them, so a remote CLI can print
+an API answer unchanged. Each shape is a pydantic model too, which is where the API's OpenAPI schemas
+come from: the document and the answers cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Final
+
+from pydantic import BaseModel
+
+from bastion.models import Invocation, InvocationEvent, Pin, PinObservation
+from bastion.policies import diff_definitions
+from bastion.seams import Ledger
+
+DEFAULT_LIMIT: Final = 100
+
+
+class PendingInvocation(Invocation):
+    """An invocation waiting for an approver, with the seconds left to decide and whether it drifted."""
+
+    expires_in_seconds: int | None
+    drifted: bool
+
+
+class InvocationDetail(Invocation):
+    """One invocation with its event history, oldest event first."""
+
+    events: list[InvocationEvent]
+
+
+class PinView(BaseModel):
+    """A pin as scripts see it: the stored pin plus its `key`, whether it `drifted`, and the drift `diff`."""
+
+    source_id: str
+    action_id: str
+    pinned: PinObservation
+    pinned_by: str | None = None
+    drift: PinObservation | None = None
+    key: str
+    drifted: bool
+    diff: list[str] | None
+    """The unified diff from the pinned definition to the drifted one; None when not drifted."""
+
+
+def invocation_json(invocation: Invocation) -> dict[str, Any]:
+    """The JSON shape of an invocation for scripts (DESIGN.md §9)."""
+    return invocation.model_dump(mode="json")
+
+
+def expires_in(invocation: Invocation, now: datetime) -> int | None:
+    """Whole seconds until the invocation expires (None when it never does)."""
+    if invocation.expires_at is None:
+        return None
+    return int((invocation.expires_at - now).total_seconds())
+
+
+def pending_json(invocation: Invocation, now: datetime) -> dict[str, Any]:
+    """An invocation as scripts see it, plus `expires_in_seconds` and `drifted`."""
+    view = PendingInvocation(
+        **dict(invocation), expires_in_seconds=expires_in(invocation, now), drifted=invocation.drift is not None
+    )
+    return view.model_dump(mode="json")
+
+
+def invocation_detail_json(invocation: Invocation, events: list[InvocationEvent]) -> dict[str, Any]:
+    """An invocation with its `events`, as `bastion invocations show --json` prints it."""
+    return InvocationDetail(**dict(invocation), events=events).model_dump(mode="json")
+
+
+def drift_diff(pin: Pin) -> list[str] | None:
+    """The unified diff from the pinned definition to the drifted one, or None when not drifted."""
+    if pin.drift is None:
+        return None
+    return diff_definitions(pin.pinned.definition, pin.drift.definition)
+
+
+def pin_json(pin: Pin) -> dict[str, Any]:
+    """A pin as scripts see it: the stored pin plus `key`, `drifted` and the drift `diff`."""
+    view = PinView(**dict(pin), key=pin.key, drifted=pin.drift is not None, diff=drift_diff(pin))
+    return view.model_dump(mode="json")
+
+
+async def pending_invocations(ledger: Ledger, now: datetime, *, limit: int = DEFAULT_LIMIT) -> list[Invocation]:
+    """Pending invocations, newest first, after marking the ones past their expiry as expired (as the
+    gateway's sweeper would), so nobody is shown a call that can no longer be approved."""
+    due = await ledger.next_expiry()
+    if due is not None and due <= now:
+        await ledger.expire_due(now)
+    return await ledger.list(status="pending", limit=limit)

@@ -1,0 +1,211 @@
+"""Per-call latency over stdio: direct, through Bastion, and through FastMCP's proxy (DESIGN.md §11).
+
+The same SDK client code calls `read_note` on the same downstream (the bundled demo notes server,
+one note in its file) three ways: directly; through `bastion serve` (allow path, ledger on); and
+through FastMCP's proxy (bench/fastmcp_proxy.py), when fastmcp is installed. Calls are sequential,
+the paths interleaved in rounds (their order rotating) so machine noise hits all three alike, after
+a warm-up on each. Besides the latency distribution it reports the CPU each process spent per call,
+and that Bastion's ledger holds one completed invocation per call. Run: `python -m bench.latency`.
+Results go to bench/results/latency.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import Client, StdioServerParameters
+from mcp.shared.exceptions import MCPError
+
+from bench import report
+from bench.configs import NOTE, ledger_counts, notes_config, write_notes
+from bench.processes import children, cpu_seconds, descendants
+
+
+@dataclass
+class Route:
+    """One path to the demo server's `read_note` (direct, Bastion, FastMCP), and what was measured on it."""
+
+    name: str
+    label: str
+    tool: str
+    params: StdioServerParameters
+    samples: list[float] = field(default_factory=list)
+    errors: int = 0
+    calls: int = 0
+    cpu: dict[str, float] = field(default_factory=lambda: {"client": 0.0, "front": 0.0, "downstream": 0.0})
+    protocol_version: str = ""
+    pid: int = 0
+
+
+def routes(workdir: Path, notes_file: Path, with_fastmcp: bool) -> list[Route]:
+    env = {"BASTION_NOTES_FILE": str(notes_file), "XDG_STATE_HOME": str(workdir / "state")}
+    python = sys.executable
+    found = [
+        Route("direct", "direct (demo server)", "read_note", StdioServerParameters(
+            command=python, args=["-m", "bastion.demo.notes"], env=env)),
+        Route("bastion", "Bastion (stdio, ledger on)", "notes__read_note", StdioServerParameters(
+            command=python, args=["-m", "bastion", "serve", "--config", str(workdir / "config")], env=env)),
+    ]  # fmt: skip
+    if with_fastmcp:
+        proxy = str(Path(__file__).with_name("fastmcp_proxy.py"))
+        found.append(
+            Route("fastmcp", "FastMCP proxy", "read_note", StdioServerParameters(command=python, args=[proxy], env=env))
+        )
+    return found
+
+
+async def call(client: Client, route: Route) -> float:
+    started = time.perf_counter()
+    try:
+        result = await client.call_tool(route.tool, {"name": NOTE["name"]})
+    except MCPError:
+        route.errors += 1
+    else:
+        if result.is_error:
+            route.errors += 1
+    route.calls += 1
+    return time.perf_counter() - started
+
+
+def process_cpu(route: Route) -> dict[str, float]:
+    """CPU seconds so far of the path's front process (server, gateway or proxy) and of what it started."""
+    return {"front": cpu_seconds([route.pid]), "downstream": cpu_seconds(descendants(route.pid))}
+
+
+async def measure(route: Route, client: Client, calls: int) -> None:
+    before, client_before = process_cpu(route), time.process_time()
+    for _ in range(calls):
+        route.samples.append(await call(client, route))
+    after = process_cpu(route)
+    route.cpu["client"] += time.process_time() - client_before
+    for key in ("front", "downstream"):
+        route.cpu[key] += after[key] - before[key]
+
+
+async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
+    per_round = max(1, calls // rounds)
+    with tempfile.TemporaryDirectory(prefix="bastion-bench-latency-") as tmp:
+        workdir = Path(tmp)
+        notes_file = write_notes(workdir / "notes.json")
+        ledger = notes_config(workdir / "config", notes_file)
+        with_fastmcp = importlib.util.find_spec("fastmcp") is not None
+        measured = routes(workdir, notes_file, with_fastmcp)
+        async with AsyncExitStack() as stack:
+            clients = []
+            for route in measured:
+                before = set(children(os.getpid()))
+                client = await stack.enter_async_context(Client(route.params, cache=None))
+                (route.pid,) = set(children(os.getpid())) - before
+                route.protocol_version = client.protocol_version
+                clients.append(client)
+            for route, client in zip(measured, clients, strict=True):
+                for _ in range(warmup):
+                    await call(client, route)
+            warm_errors = {p.name: p.errors for p in measured}
+            pairs = list(zip(measured, clients, strict=True))
+            for round_ in range(rounds):
+                turn = round_ % len(pairs)
+                for route, client in pairs[turn:] + pairs[:turn]:
+                    await measure(route, client, per_round)
+        # Bastion has stopped: everything it answered is committed.
+        counts = ledger_counts(ledger)
+    bastion = next(p for p in measured if p.name == "bastion")
+    results: dict[str, Any] = {
+        "benchmark": "latency",
+        "machine": report.machine(),
+        "settings": {"timed_calls_per_path": per_round * rounds, "warmup_calls_per_path": warmup, "rounds": rounds},
+        "paths": {
+            p.name: {
+                "label": p.label,
+                "protocol_version": p.protocol_version,
+                **report.distribution(p.samples),
+                "errors": p.errors - warm_errors[p.name],
+                "warmup_errors": warm_errors[p.name],
+                "cpu_ms_per_call": {k: round(v / len(p.samples) * 1000, 3) for k, v in p.cpu.items()},
+            }
+            for p in measured
+        },
+        "ledger": {
+            "calls_made_to_bastion": bastion.calls,
+            "read_note_invocations_by_status": counts,
+            "exactly_one_completed_per_call": counts.get("completed", 0) == bastion.calls
+            and sum(counts.values()) == bastion.calls,
+        },
+        "target": "Bastion/direct <= 1.5x at p50 first, then 1.3x (DESIGN.md §11)",
+    }
+    results["ratios"] = {
+        f"bastion/{other}": {
+            q: report.ratio(results["paths"]["bastion"][f"{q}_ms"], results["paths"][other][f"{q}_ms"])
+            for q in ("p50", "p95", "mean")
+        }
+        for other in ("direct", "fastmcp")
+        if other in results["paths"]
+    }
+    if not with_fastmcp:
+        results["fastmcp_missing"] = "fastmcp is not installed here; run `make bench` (it installs .venv-bench)"
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    settings = results["settings"]
+    rows = [
+        [
+            p["label"],
+            p["protocol_version"],
+            p["p50_ms"],
+            p["p95_ms"],
+            p["mean_ms"],
+            p["errors"],
+            " / ".join(str(p["cpu_ms_per_call"][k]) for k in ("client", "front", "downstream")),
+        ]
+        for p in results["paths"].values()
+    ]
+    paths_table = report.table(
+        ["path", "protocol", "p50 ms", "p95 ms", "mean ms", "errors", "CPU ms/call: client / front / downstream"], rows
+    )
+    ratio_rows = [[name, r["p50"], r["p95"], r["mean"]] for name, r in results["ratios"].items()]
+    ratios_table = report.table(["ratio", "p50", "p95", "mean"], ratio_rows)
+    ledger = results["ledger"]
+    lines = [
+        f"# Per-call latency over stdio ({report.machine_line(results['machine'])})",
+        "",
+        f"`read_note` on the demo notes server, {settings['timed_calls_per_path']} sequential calls per path "
+        f"after {settings['warmup_calls_per_path']} warm-up calls, interleaved in {settings['rounds']} rounds.",
+        "",
+        paths_table,
+        "",
+        ratios_table,
+        "",
+        f"Ledger: {ledger['calls_made_to_bastion']} calls made through Bastion, read_note invocations by status "
+        f"{ledger['read_note_invocations_by_status']}; exactly one completed per call: "
+        f"{ledger['exactly_one_completed_per_call']}.",
+        "",
+        f"Target: {results['target']}.",
+    ]
+    if "fastmcp_missing" in results:
+        lines += ["", results["fastmcp_missing"]]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--calls", type=int, default=1000, help="timed calls per path (default 1000)")
+    parser.add_argument("--warmup", type=int, default=100, help="warm-up calls per path (default 100)")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds the timed calls are split into (default 10)")
+    args = parser.parse_args()
+    results = anyio.run(run, args.calls, args.warmup, args.rounds)
+    report.write("latency", results, markdown(results))
+
+
+if __name__ == "__main__":
+    main()

