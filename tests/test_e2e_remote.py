@@ -78,3 +78,28 @@ async def test_a_remote_approver_releases_an_agents_blocked_call_and_both_princi
     code, output = await approvals(env, "approve", pending.id, "--url", bastion.base_url, "--token", admin)
     assert code == 2  # that Bastion is gone: a usage problem, named
     assert "cannot reach" in output
+
+
+async def test_an_agent_token_with_a_profile_binds_its_sessions_to_that_profile(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.json"
+    notes.write_text(json.dumps({"a": "b"}))
+    policy = '[profiles.nightly.modes]\n"notes:read_note" = "deny"\n'
+    config = write_config(tmp_path / "config", notes_file=notes, time_server=False, policy=policy)
+    env = bastion_env(tmp_path / "home")
+    made = run_cli(
+        "tokens", "create", "night-agent", "--role", "agent", "--profile", "nightly", "--json",
+        "--config", str(config), env=env,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    secret = json.loads(made.stdout)["token"]
+    async with bastion_http(["--config", str(config)], env=env) as bastion, watching(config) as ledger:
+        headers = {"Authorization": f"Bearer {secret}"}
+        async with httpx2.AsyncClient(headers=headers) as http:
+            client = Client(streamable_http_client(bastion.mcp_url, http_client=http), cache=None)
+            async with client:
+                result = await client.call_tool("notes__read_note", {"name": "a"})
+        assert result.is_error
+        assert result.structured_content is not None
+        assert result.structured_content["error"]["class"] == "policy_denied"
+        denied = await one(ledger, "denied")
+        assert (denied.profile, denied.mode_source, denied.principal) == ("nightly", "profile", "night-agent")
