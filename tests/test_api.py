@@ -6,7 +6,6 @@ ledger; the end-to-end test adds a real gateway with an in-process downstream an
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from bastion.models import Invocation, Pin, PinObservation, Role, utcnow
 from bastion.seams import ActionSource
 from bastion.server.api import OPERATIONS
 from bastion.server.auth import BearerAuth, principal_of
-from bastion.server.http import allowed_hosts_for, build_app, serve_http
+from bastion.server.http import allowed_hosts_for, bind_listener, build_app, serve_http
 from bastion.server.mcp import FrontDoor
 from tests.downstream import FixtureServer
 from tests.test_cli import INVOCATION_KEYS
@@ -56,10 +55,7 @@ async def serving(app: ASGIApp) -> AsyncIterator[str]:
     The socket listens before uvicorn starts, so a request made at once waits in the backlog instead of
     failing; leaving the block asks uvicorn to stop and waits for it (uvicorn bounds its graceful shutdown).
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    sock.setblocking(False)
+    sock = bind_listener("127.0.0.1", 0)
     config = uvicorn.Config(
         app, lifespan="on", log_config=None, access_log=False, ws="none", timeout_graceful_shutdown=5
     )

@@ -531,7 +531,7 @@ async def serve_stdio(fixture: ConformanceFixture) -> None:
 async def serve_http(fixture: ConformanceFixture, port: int) -> None:
     """Streamable HTTP on 127.0.0.1 (`/mcp`); the SDK turns DNS-rebinding protection on for loopback."""
     app = fixture.server.streamable_http_app(host="127.0.0.1")
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # so asyncio sets NODELAY
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
     listener.listen(128)  # bound and listening before the line is printed: early connections queue
