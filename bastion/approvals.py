@@ -155,10 +155,6 @@ class ApprovalDesk:
         self._added = anyio.Event()
         self._last_adoption = -math.inf
 
-    @property
-    def held(self) -> int:
-        return len(self._held)
-
     async def hold(
         self,
         invocation: Invocation,

@@ -118,7 +118,6 @@ class Catalog:
         )
         for warning in assignment.warnings:
             logger.warning("tool name collision: %s", warning)
-        self.warnings: list[str] = assignment.warnings
         self.entries: dict[str, CatalogEntry] = {}
         self.by_action: dict[tuple[str, str], CatalogEntry] = {}
         """The same entries by (source_id, action_id)."""
@@ -132,6 +131,3 @@ class Catalog:
 
     def get(self, name: str) -> CatalogEntry | None:
         return self.entries.get(name)
-
-    def __len__(self) -> int:
-        return len(self.entries)

@@ -123,10 +123,6 @@ class Gateway:
 
     # -- catalog ---------------------------------------------------------------------------------
 
-    @property
-    def sources(self) -> Mapping[str, ActionSource]:
-        return self._sources
-
     def statuses(self) -> list[SourceStatus]:
         """Every configured source's status, disabled ones included, sorted by id."""
         found = [s.status for s in self._sources.values()]

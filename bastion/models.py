@@ -26,7 +26,6 @@ EventKind = Literal[
 RISKS: Final[tuple[Risk, ...]] = get_args(Risk)
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
 STATUSES: Final[tuple[Status, ...]] = get_args(Status)
-TERMINAL_STATUSES: Final[frozenset[Status]] = frozenset({"completed", "denied", "failed", "expired", "unknown"})
 
 RISK_ALIASES: Final[dict[str, Risk]] = {"R0": "read", "R1": "read", "R2": "write", "R3": "danger", "R4": "danger"}
 """Seed 000's risk tiers, accepted wherever a risk is configured."""

@@ -45,8 +45,6 @@ AnswerT = TypeVar("AnswerT", types.CreateMessageResult, types.ElicitResult)
 NAME: Final = "bastion-conformance-fixture"
 INPUT_KEY: Final = "conformance"
 """The key of the one input request a 2026-07-28 tool call asks for."""
-STEP_SECONDS: Final = 0.05
-"""The pause between the log messages and progress steps the scenarios ask for (~50 ms)."""
 LOG_LEVELS: Final = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
@@ -326,9 +324,7 @@ class ConformanceFixture:
                     content=[_text("This tool intentionally returns an error for testing")], is_error=True
                 )
             case "test_tool_with_progress":
-                for step, progress in enumerate((0.0, 50.0, 100.0)):
-                    if step:
-                        await anyio.sleep(STEP_SECONDS)
+                for progress in (0.0, 50.0, 100.0):
                     await ctx.session.report_progress(progress, 100.0)
                 return _result(_text("Progress reporting completed"))
             case "test_sampling":
@@ -345,9 +341,7 @@ class ConformanceFixture:
                 raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
 
     async def _log_three_steps(self, ctx: Context) -> types.CallToolResult:
-        for step, message in enumerate(("Tool execution started", "Tool processing data", "Tool execution completed")):
-            if step:
-                await anyio.sleep(STEP_SECONDS)
+        for message in ("Tool execution started", "Tool processing data", "Tool execution completed"):
             await self._log(ctx, "info", message)
         return _result(_text("Tool with logging executed successfully"))
 
