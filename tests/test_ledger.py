@@ -771,3 +771,64 @@ async def test_exactly_one_of_two_claimers_gets_an_approved_invocation(tmp_path:
         assert [event.kind for event in await first.events("inv-0001")] == ["planned", "approved", "executing"]
         assert await first.claim("inv-0002", owner="one") is None
         assert await first.claim("missing", owner="one") is None
+
+
+# -- writes on the event loop ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_write_waits_off_the_loop_while_another_connection_holds_the_lock(ledger: SqliteLedger) -> None:
+    """The writer never waits on the event loop: when another connection holds the write lock, writes queue in
+    a worker thread (the loop keeps serving reads) and commit, in order, once the lock is released."""
+    holder = sqlite3.connect(ledger.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(partial(ledger.record, make_invocation(1), ["planned"]))
+                group.start_soon(partial(ledger.record, make_invocation(2), ["planned", "pending"]))
+                await anyio.wait_all_tasks_blocked()
+                assert await ledger.get("inv-0001") is None
+                assert await ledger.count() == 0
+                holder.execute("COMMIT")
+    finally:
+        holder.close()
+    assert [event.kind for event in await ledger.events("inv-0001")] == ["planned"]
+    assert [event.kind for event in await ledger.events("inv-0002")] == ["planned", "pending"]
+    await ledger.record(make_invocation(3), ["planned"])  # back on the loop, and still without waiting
+    assert await ledger.count() == 3
+
+
+@pytest.mark.anyio
+async def test_a_write_that_fails_inside_its_transaction_rolls_back_and_keeps_the_writer_usable(
+    ledger: SqliteLedger,
+) -> None:
+    await ledger.record(make_invocation(1), ["planned"])
+    with pytest.raises(Conflict):
+        await ledger.record(make_invocation(1), ["planned"])
+    await ledger.record(make_invocation(2), ["planned"])
+    assert await ledger.count() == 2
+    assert len(await ledger.events("inv-0001")) == 1
+
+
+@pytest.mark.anyio
+async def test_writes_leave_checkpoints_to_watch(ledger: SqliteLedger) -> None:
+    """Commits on the loop only append to the WAL; `watch` copies them into the database file (the fsyncs)
+    once enough have piled up, on aiosqlite's thread."""
+    database = ledger.path
+    await ledger.checkpoint()
+    size_before = database.stat().st_size
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as group:
+            await group.start(partial(ledger.watch, interval=3600))
+            for number in range(1, 101):
+                await ledger.record(make_invocation(number, args={"blob": "x" * 2000}), ["planned"])
+            assert database.stat().st_size == size_before  # nothing checkpointed on the loop
+            for number in range(101, 201):
+                await ledger.record(make_invocation(number, args={"blob": "x" * 2000}), ["planned"])
+            # The 200th commit woke `watch`, which queued the checkpoint on aiosqlite's thread; this read
+            # queues behind it.
+            await anyio.wait_all_tasks_blocked()
+            assert await ledger.count() == 200
+            group.cancel_scope.cancel()
+    assert database.stat().st_size > size_before + 200 * 2000
