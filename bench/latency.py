@@ -1,10 +1,11 @@
-"""Per-call latency over stdio: direct, through Bastion, and through FastMCP's proxy (DESIGN.md §11).
+"""Per-call latency over stdio: direct, through Bastion, a naive relay and FastMCP's proxy (DESIGN.md §11).
 
 The same SDK client code calls `read_note` on the same downstream (the bundled demo notes server,
-one note in its file) three ways: directly; through `bastion serve` (allow path, ledger on); and
-through FastMCP's proxy (bench/fastmcp_proxy.py), when fastmcp is installed. Calls are sequential,
-the paths interleaved in rounds (their order rotating) so machine noise hits all three alike, after
-a warm-up on each. Besides the latency distribution it reports the CPU each process spent per call,
+one note in its file) four ways: directly; through `bastion serve` (allow path, ledger on); through
+a naive relay on the mcp SDK's low-level server (bench/naive_relay.py), the floor any SDK-based relay
+pays; and through FastMCP's proxy (bench/fastmcp_proxy.py), when fastmcp is installed. Calls are
+sequential, the paths interleaved in rounds (their order rotating) so machine noise hits all alike,
+after a warm-up on each. Besides the latency distribution it reports the CPU each process spent per call,
 and that Bastion's ledger holds one completed invocation per call. Run: `python -m bench.latency`.
 Results go to bench/results/latency.{json,md}.
 """
@@ -33,7 +34,7 @@ from bench.processes import children, cpu_seconds, descendants
 
 @dataclass
 class Route:
-    """One path to the demo server's `read_note` (direct, Bastion, FastMCP), and what was measured on it."""
+    """One path to the demo server's `read_note` (direct, Bastion, naive relay, FastMCP) and what was measured on it."""
 
     name: str
     label: str
@@ -55,6 +56,8 @@ def routes(workdir: Path, notes_file: Path, with_fastmcp: bool) -> list[Route]:
             command=python, args=["-m", "bastion.demo.notes"], env=env)),
         Route("bastion", "Bastion (stdio, ledger on)", "notes__read_note", StdioServerParameters(
             command=python, args=["-m", "bastion", "serve", "--config", str(workdir / "config")], env=env)),
+        Route("naive", "naive low-level relay (mcp SDK)", "read_note", StdioServerParameters(
+            command=python, args=[str(Path(__file__).with_name("naive_relay.py"))], env=env)),
     ]  # fmt: skip
     if with_fastmcp:
         proxy = str(Path(__file__).with_name("fastmcp_proxy.py"))
@@ -148,7 +151,7 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
             q: report.ratio(results["paths"]["bastion"][f"{q}_ms"], results["paths"][other][f"{q}_ms"])
             for q in ("p50", "p95", "mean")
         }
-        for other in ("direct", "fastmcp")
+        for other in ("direct", "naive", "fastmcp")
         if other in results["paths"]
     }
     if not with_fastmcp:
@@ -185,6 +188,9 @@ def markdown(results: dict[str, Any]) -> str:
         paths_table,
         "",
         ratios_table,
+        "",
+        "The naive relay (bench/naive_relay.py) forwards calls through the mcp SDK's low-level server and client "
+        "with nothing else: the floor any SDK-based relay pays here; bastion/naive is what Bastion adds beyond it.",
         "",
         f"Ledger: {ledger['calls_made_to_bastion']} calls made through Bastion, read_note invocations by status "
         f"{ledger['read_note_invocations_by_status']}; exactly one completed per call: "

@@ -18,7 +18,6 @@ from mcp.server.connection import Connection
 from mcp.server.models import InitializationOptions
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.session import ServerSession
-from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import (
     InMemorySubscriptionBus,
     PromptsListChanged,
@@ -38,6 +37,7 @@ from bastion.server import inline
 from bastion.server.auth import principal_of
 from bastion.server.content import ContentHandlers
 from bastion.server.relay import CallRelays, background
+from bastion.server.stdio import stdio_streams
 
 logger = logging.getLogger(__name__)
 
@@ -262,5 +262,5 @@ def _session_id(ctx: ServerRequestContext[Any], principal: str | None) -> str:
 
 async def serve_stdio(front: FrontDoor) -> None:
     """Serve one host over this process's stdin/stdout until it closes them."""
-    async with stdio_server() as (read_stream, write_stream):
+    async with stdio_streams() as (read_stream, write_stream):
         await front.server.run(read_stream, write_stream, front.server.create_initialization_options())

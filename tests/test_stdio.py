@@ -1,0 +1,127 @@
+"""Bastion's stdio transport: line framing over real pipes, and the claim on fds 0 and 1 in a real process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
+
+from bastion.server.stdio import pipe_streams
+
+
+def request(number: int, **params: object) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": number, "method": "ping", "params": params}).encode()
+
+
+@pytest.fixture
+def pipes() -> Iterator[tuple[int, int, int, int]]:
+    """(host writes, Bastion reads, Bastion writes, host reads), Bastion's ends non-blocking."""
+    bastion_in, host_out = os.pipe()
+    host_in, bastion_out = os.pipe()
+    os.set_blocking(bastion_in, False)
+    os.set_blocking(bastion_out, False)
+    yield host_out, bastion_in, bastion_out, host_in
+    for fd in (bastion_in, host_out, host_in, bastion_out):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+@pytest.mark.anyio
+async def test_lines_split_and_joined_across_reads_arrive_whole_and_in_order(pipes: tuple[int, int, int, int]) -> None:
+    host_out, bastion_in, bastion_out, _ = pipes
+    wire = request(1) + b"\n\n" + request(2, big="x" * 200_000) + b"\nnot json\n" + request(3)  # no final newline
+    received: list[SessionMessage | Exception] = []
+    with anyio.fail_after(10):
+        async with pipe_streams(bastion_in, bastion_out) as (read_stream, _), anyio.create_task_group() as group:
+
+            async def host() -> None:
+                os.set_blocking(host_out, False)
+                for start in range(0, len(wire), 7_000):  # chunks cut lines anywhere
+                    view = memoryview(wire)[start : start + 7_000]
+                    while view:
+                        await anyio.wait_writable(host_out)
+                        with contextlib.suppress(BlockingIOError):
+                            view = view[os.write(host_out, view) :]
+                os.close(host_out)
+
+            group.start_soon(host)
+            async for item in read_stream:
+                received.append(item)
+    assert len(received) == 4
+    first, second, bad, third = received
+    assert isinstance(first, SessionMessage) and isinstance(first.message, types.JSONRPCRequest)
+    assert isinstance(second, SessionMessage) and isinstance(second.message, types.JSONRPCRequest)
+    assert isinstance(third, SessionMessage) and isinstance(third.message, types.JSONRPCRequest)
+    assert [first.message.id, second.message.id, third.message.id] == [1, 2, 3]
+    assert second.message.params == {"big": "x" * 200_000}
+    assert isinstance(bad, ValidationError)
+
+
+@pytest.mark.anyio
+async def test_messages_larger_than_the_pipe_are_written_whole_one_per_line(pipes: tuple[int, int, int, int]) -> None:
+    _, bastion_in, bastion_out, host_in = pipes
+    big = "y" * 1_000_000
+    out = bytearray()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+
+            async def host() -> None:
+                os.set_blocking(host_in, False)
+                while out.count(b"\n") < 2:
+                    await anyio.wait_readable(host_in)
+                    out.extend(os.read(host_in, 1 << 16))
+
+            group.start_soon(host)
+            async with pipe_streams(bastion_in, bastion_out) as (_, write_stream):
+                for text in (big, "small"):
+                    note = types.JSONRPCNotification(
+                        jsonrpc="2.0", method="notifications/message", params={"data": text}
+                    )
+                    await write_stream.send(SessionMessage(note))
+    lines = bytes(out).split(b"\n")
+    assert lines[2:] == [b""]
+    assert [json.loads(line)["params"]["data"] for line in lines[:2]] == [big, "small"]
+
+
+ECHO = """
+import os, sys
+import anyio
+from bastion.server.stdio import stdio_streams
+
+async def main() -> None:
+    async with stdio_streams() as (read_stream, write_stream):
+        print("stray print", flush=True)
+        os.write(1, b"stray write to fd 1\\n")
+        async for item in read_stream:
+            await write_stream.send(item)
+    print("fds restored", flush=True)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.parametrize("stdin_kind", ["pipe", "file"])
+def test_serving_claims_stdout_so_stray_output_goes_to_stderr_and_restores_it(stdin_kind: str, tmp_path: Path) -> None:
+    messages = request(1) + b"\n" + request(2) + b"\n"
+    command = [sys.executable, "-c", ECHO]
+    if stdin_kind == "pipe":
+        done = subprocess.run(command, input=messages, capture_output=True, timeout=60, check=True)
+    else:
+        (tmp_path / "in.jsonl").write_bytes(messages)
+        with (tmp_path / "in.jsonl").open("rb") as stdin:
+            done = subprocess.run(command, stdin=stdin, capture_output=True, timeout=60, check=True)
+    lines = done.stdout.decode().splitlines()
+    assert [json.loads(line)["id"] for line in lines[:2]] == [1, 2]
+    assert lines[2:] == ["fds restored"]
+    assert "stray print" in done.stderr.decode()
+    assert "stray write to fd 1" in done.stderr.decode()
