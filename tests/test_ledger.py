@@ -429,6 +429,53 @@ async def test_a_version_1_file_upgrades_to_version_2_keeping_its_rows(tmp_path:
 
 
 @pytest.mark.anyio
+async def test_a_version_3_file_upgrades_its_events_to_one_b_tree_keeping_them(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    async with await SqliteLedger.open(path, redactor=Redactor()) as ledger:
+        pass  # the current schema; then take the file back to version 3's events table
+    with sqlite3.connect(path, isolation_level=None) as db:
+        db.execute("DROP TABLE events")
+        db.execute("PRAGMA user_version = 3")
+        db.execute(
+            "CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, invocation_id TEXT NOT NULL REFERENCES"
+            " invocations (id), seq INTEGER NOT NULL, kind TEXT NOT NULL, at TEXT NOT NULL,"
+            " detail TEXT NOT NULL DEFAULT '{}')"
+        )
+        db.execute("CREATE UNIQUE INDEX events_invocation_seq ON events (invocation_id, seq)")
+        db.execute(
+            "INSERT INTO invocations (id, status, policy_key, tool, source_id, action_id, risk, mode, mode_source,"
+            " session_id, args_hash, created_at, updated_at) VALUES ('old-1', 'completed', 'fs:read', 'fs__read',"
+            " 'fs', 'read', 'read', 'allow', 'org', 'session-a', '', '2026-11-21T10:00:00.000000+00:00',"
+            " '2026-11-21T10:00:01.000000+00:00')"
+        )
+        db.executemany(
+            "INSERT INTO events (invocation_id, seq, kind, at, detail) VALUES ('old-1', ?, ?, ?, ?)",
+            [
+                (1, "planned", "2026-11-21T10:00:00.000000+00:00", "{}"),
+                (2, "completed", "2026-11-21T10:00:01.000000+00:00", '{"n":1}'),
+            ],
+        )
+    db.close()
+
+    async with await SqliteLedger.open(path, redactor=Redactor()) as ledger:
+        assert [(e.seq, e.kind, e.detail) for e in await ledger.events("old-1")] == [
+            (1, "planned", {}),
+            (2, "completed", {"n": 1}),
+        ]
+        await ledger.record(make_invocation(1), ["planned", "pending"])
+        assert [event.kind for event in await ledger.events("inv-0001")] == ["planned", "pending"]
+    assert read_pragma(path, "user_version") == SCHEMA_VERSION
+    with sqlite3.connect(path) as db:
+        ddl = db.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
+        triggers = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            db.execute("DELETE FROM events WHERE invocation_id = 'old-1'")
+    db.close()
+    assert "WITHOUT ROWID" in ddl
+    assert triggers == {"events_no_update", "events_no_delete"}
+
+
+@pytest.mark.anyio
 async def test_migrating_to_a_version_this_bastion_does_not_know_is_refused(tmp_path: Path) -> None:
     db = await aiosqlite.connect(tmp_path / "ledger.db", isolation_level=None)
     try:

@@ -285,6 +285,13 @@ def test_truncate_always_fits_and_round_trips(value: Any, max_bytes: int) -> Non
 
 
 @settings(deadline=None)
+@given(value=json_values, max_bytes=st.integers(min_value=64, max_value=4096))
+def test_scrub_json_is_the_compact_text_of_scrub(value: Any, max_bytes: int) -> None:
+    scrubbing = Redactor(max_bytes=max_bytes)
+    assert scrubbing.scrub_json(value) == json.dumps(scrubbing.scrub(value), ensure_ascii=False, separators=(",", ":"))
+
+
+@settings(deadline=None)
 @given(value=json_values)
 def test_redaction_is_idempotent(value: Any) -> None:
     once = redactor.redact(value)

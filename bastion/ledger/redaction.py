@@ -80,9 +80,18 @@ def _normalise_key(key: str) -> str:
     return key.lower().replace("-", "_")
 
 
+def _compact(value: Any) -> str:
+    """The compact JSON text of `value`, non-ASCII kept as is: the form the ledger stores."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
 def _size(value: Any) -> int:
     """Bytes of the compact UTF-8 JSON form, the measure `truncate` keeps under its budget."""
-    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+    return _bytes(_compact(value))
+
+
+def _bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 class _Nothing:
@@ -121,6 +130,14 @@ class Redactor:
     def scrub(self, value: Any) -> Any:
         """What the ledger stores: `truncate(redact(value))`."""
         return self.truncate(self.redact(value))
+
+    def scrub_json(self, value: Any) -> str:
+        """`scrub(value)` as compact JSON text; a value that fits is serialised once, not measured first."""
+        redacted = self.redact(value)
+        text = _compact(redacted)
+        if len(text) * 4 <= self.max_bytes or _bytes(text) <= self.max_bytes:  # UTF-8: at most 4 bytes a char
+            return text
+        return _compact(self.truncate(redacted))
 
     # -- redaction ---------------------------------------------------------------------------------------
 
@@ -210,7 +227,7 @@ class Redactor:
         return self._fallback(value, total)
 
     def _fallback(self, value: Any, total: int) -> dict[str, Any]:
-        serialised = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        serialised = _compact(value)
         head: dict[str, Any] = {"_truncated": True, "original_bytes": total}
         preview = _fit_str(serialised, self.max_bytes - _size(head) - len(',"preview":'))
         if isinstance(preview, str):

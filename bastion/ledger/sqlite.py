@@ -572,7 +572,7 @@ class SqliteLedger:
         """JSON text of the scrubbed value; SQL NULL for None."""
         if value is None:
             return None
-        return dumps(self.redactor.scrub(value))
+        return self.redactor.scrub_json(value)
 
     def _text(self, message: str | None) -> str | None:
         if message is None:
@@ -581,7 +581,7 @@ class SqliteLedger:
         return scrubbed if isinstance(scrubbed, str) else dumps(scrubbed)
 
     def _detail(self, detail: Mapping[str, Any] | None) -> str:
-        return dumps(self.redactor.scrub(dict(detail))) if detail else "{}"
+        return self.redactor.scrub_json(dict(detail)) if detail else "{}"
 
 
 async def _enable_wal(db: aiosqlite.Connection, path: Path) -> None:
