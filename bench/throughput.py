@@ -1,14 +1,16 @@
 """Throughput over streamable HTTP: Bastion against the demo server served directly (DESIGN.md §11).
 
-Two servers run side by side: `bastion serve --transport http` in front of the demo notes server
-(a stdio connector, ledger on, rate limit raised out of the way) and the demo notes server itself
-over streamable HTTP. For each concurrency level (1, 8, 32 sessions), each target in turn gets that
+Three servers run side by side: `bastion serve --transport http` in front of the demo notes server
+(a stdio connector, ledger on, rate limit raised out of the way), the demo notes server itself over
+streamable HTTP, and the naive low-level relay (bench/naive_relay.py --transport http) in front of
+the demo server over stdio, the floor any relay on the mcp SDK pays on this machine. For each
+concurrency level (1, 8, 32 sessions), each target in turn (the order rotating per level) gets that
 many SDK client sessions calling `read_note` in a loop for `--seconds`. Reported per level: calls/s,
-the latency distribution, errors, CPU per call of the client and the servers, and the ratio
-Bastion/direct. The client may be spread over `--client-processes` processes; each one's CPU share
-is reported so a saturated client is visible. At the end the ledger must hold exactly one completed
-`read_note` invocation per call Bastion answered. Run: `python -m bench.throughput`.
-Results go to bench/results/throughput.{json,md}.
+the latency distribution, errors, CPU per call of the client and the servers, and the ratios
+Bastion/direct, Bastion/naive and naive/direct. The client may be spread over `--client-processes`
+processes; each one's CPU share is reported so a saturated client is visible. At the end the ledger
+must hold exactly one completed `read_note` invocation per call Bastion answered.
+Run: `python -m bench.throughput`. Results go to bench/results/throughput.{json,md}.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from bench.processes import cpu_seconds, descendants, free_port, serving
 
 LEVELS = (1, 8, 32)
 WARMUP_CALLS_PER_SESSION = 5
+TARGET_ORDER = ("direct", "naive", "bastion")
 
 
 @dataclass
@@ -206,18 +209,27 @@ async def run(seconds: float, levels: list[int], processes: int) -> dict[str, An
         ledger = notes_config(workdir / "config", notes_file)
         env = {k: v for k, v in os.environ.items() if not k.startswith("BASTION_")}
         env |= {"BASTION_NOTES_FILE": str(notes_file), "XDG_STATE_HOME": str(workdir / "state"), "HOME": tmp}
-        port = free_port()
+        port, naive_port = free_port(), free_port()
         direct_argv = [sys.executable, "-m", "bastion.demo.notes", "--transport", "http", "--port", str(port)]
+        naive_argv = [sys.executable, str(Path(__file__).with_name("naive_relay.py"))]
+        naive_argv += ["--transport", "http", "--port", str(naive_port)]
         bastion_argv = [sys.executable, "-m", "bastion", "serve", "--config", str(workdir / "config")]
         bastion_argv += ["--transport", "http", "--port", "0"]
         rows: list[dict[str, Any]] = []
-        async with serving(direct_argv, env=env, port=port) as direct, serving(bastion_argv, env=env) as gateway:
+        async with (
+            serving(direct_argv, env=env, port=port) as direct,
+            serving(naive_argv, env=env, port=naive_port) as naive,
+            serving(bastion_argv, env=env) as gateway,
+        ):
             targets = [
                 Target("direct", "direct (demo server, HTTP)", f"{direct.url}/mcp", "read_note", direct.pid),
                 Target("bastion", "Bastion (HTTP, ledger on)", f"{gateway.url}/mcp", "notes__read_note", gateway.pid),
+                Target("naive", "naive low-level relay (mcp SDK, HTTP)", f"{naive.url}/mcp", "read_note", naive.pid),
             ]
             for i, sessions in enumerate(levels):
-                for target in targets if i % 2 == 0 else targets[::-1]:
+                # Rotate the order per level, so no target always runs first (or last) on a busy machine.
+                shift = i % len(targets)
+                for target in targets[shift:] + targets[:shift]:
                     measured = await drive(target, sessions, seconds, processes)
                     rows.append({"target": target.name, "label": target.label, **measured})
             answered = sum(r["ok_calls"] + r["warmup_calls"] for r in rows if r["target"] == "bastion")
@@ -230,13 +242,9 @@ async def run(seconds: float, levels: list[int], processes: int) -> dict[str, An
         "machine": report.machine(),
         "settings": {"seconds_per_level": seconds, "levels": levels, "client_processes": processes},
         "runs": rows,
-        "ratios": {
-            str(level): report.ratio(
-                next(r["calls_per_s"] for r in rows if r["target"] == "bastion" and r["sessions"] == level),
-                next(r["calls_per_s"] for r in rows if r["target"] == "direct" and r["sessions"] == level),
-            )
-            for level in levels
-        },
+        "ratios": ratios(rows, levels, "bastion", "direct"),
+        "ratios_naive": ratios(rows, levels, "bastion", "naive"),
+        "naive_vs_direct": ratios(rows, levels, "naive", "direct"),
         "ledger": {
             "calls_made_to_bastion": made,
             "calls_bastion_answered_ok": answered,
@@ -247,6 +255,15 @@ async def run(seconds: float, levels: list[int], processes: int) -> dict[str, An
         "bastion_stderr_error_lines": len(bastion_errors),
         "target": "Bastion/direct >= 0.6x at 8 and 32 sessions, nothing lost (DESIGN.md §11)",
     }
+
+
+def ratios(rows: list[dict[str, Any]], levels: list[int], over: str, under: str) -> dict[str, Any]:
+    """calls/s of target `over` divided by that of `under`, per level."""
+
+    def rate(name: str, level: int) -> float:
+        return float(next(r["calls_per_s"] for r in rows if r["target"] == name and r["sessions"] == level))
+
+    return {str(level): report.ratio(rate(over, level), rate(under, level)) for level in levels}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -261,7 +278,7 @@ def markdown(results: dict[str, Any]) -> str:
             " / ".join(str(r["cpu_ms_per_call"][k]) for k in ("client", "server", "downstream")),
             r["client_cpu_share_max"],
         ]
-        for r in sorted(results["runs"], key=lambda r: (r["sessions"], r["target"] != "direct"))
+        for r in sorted(results["runs"], key=lambda r: (r["sessions"], TARGET_ORDER.index(r["target"])))
     ]
     runs = report.table(
         [
@@ -276,7 +293,10 @@ def markdown(results: dict[str, Any]) -> str:
         ],
         rows,
     )
-    ratios = report.table(["sessions", "Bastion/direct calls/s"], [[k, v] for k, v in results["ratios"].items()])
+    ratio_table = report.table(
+        ["sessions", "Bastion/direct calls/s", "Bastion/naive calls/s", "naive/direct calls/s"],
+        [[k, v, results["ratios_naive"][k], results["naive_vs_direct"][k]] for k, v in results["ratios"].items()],
+    )
     ledger = results["ledger"]
     settings = results["settings"]
     return "\n".join(
@@ -289,7 +309,10 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             runs,
             "",
-            ratios,
+            ratio_table,
+            "",
+            "The naive relay (bench/naive_relay.py) forwards calls through the mcp SDK's low-level server and client "
+            "with nothing else: Bastion/naive is what Bastion costs beyond what any relay on this SDK pays here.",
             "",
             f"Ledger: Bastion answered {ledger['calls_bastion_answered_ok']} calls without error "
             f"(of {ledger['calls_made_to_bastion']} made); read_note invocations by status after stop "
