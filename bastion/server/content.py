@@ -26,6 +26,7 @@ from mcp.shared.exceptions import MCPError
 
 from bastion.errors import BastionError, NotFound, UpstreamError
 from bastion.gateway import Gateway
+from bastion.server.pages import Pager, page_cursor
 from bastion.server.relay import set_host_log_level
 
 logger = logging.getLogger(__name__)
@@ -62,17 +63,22 @@ class ContentHandlers:
         self._bus = bus
         self._listen = ListenHandler(bus)
         self._subscribers: dict[int, _Subscriber] = {}
+        self._resource_pages = Pager[types.Resource]("resources")
+        self._template_pages = Pager[types.ResourceTemplate]("resource templates")
+        self._prompt_pages = Pager[types.Prompt]("prompts")
         gateway.on_resource_updated(self.resource_updated)
 
     async def list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        return types.ListResourcesResult(resources=self.gateway.content.resources)
+        resources, next_cursor = self._resource_pages.page(self.gateway.content.resources, page_cursor(params))
+        return types.ListResourcesResult(resources=resources, next_cursor=next_cursor)
 
     async def list_resource_templates(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
-        return types.ListResourceTemplatesResult(resource_templates=self.gateway.content.templates)
+        templates, next_cursor = self._template_pages.page(self.gateway.content.templates, page_cursor(params))
+        return types.ListResourceTemplatesResult(resource_templates=templates, next_cursor=next_cursor)
 
     async def read_resource(
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
@@ -85,7 +91,8 @@ class ContentHandlers:
     async def list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
-        return types.ListPromptsResult(prompts=self.gateway.content.prompts)
+        prompts, next_cursor = self._prompt_pages.page(self.gateway.content.prompts, page_cursor(params))
+        return types.ListPromptsResult(prompts=prompts, next_cursor=next_cursor)
 
     async def get_prompt(
         self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams

@@ -36,6 +36,7 @@ from bastion.seams import ProgressFn, Relay
 from bastion.server import inline
 from bastion.server.auth import principal_of
 from bastion.server.content import ContentHandlers
+from bastion.server.pages import Pager, page_cursor
 from bastion.server.relay import CallRelays, background
 from bastion.server.stdio import stdio_streams
 
@@ -85,6 +86,7 @@ class FrontDoor:
         self._bus = InMemorySubscriptionBus()
         self._handshake_sessions: dict[int, ServerSession] = {}
         self._relays = CallRelays(answer_timeout=gateway.config.settings.limits.call_timeout_seconds)
+        self._tool_pages = Pager[types.Tool]("tools")
         content = ContentHandlers(gateway, self._bus)
         self.server = GatewayServer(
             "bastion",
@@ -124,7 +126,8 @@ class FrontDoor:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=self.gateway.tools)
+        tools, next_cursor = self._tool_pages.page(self.gateway.tools, page_cursor(params))
+        return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
