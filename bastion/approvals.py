@@ -225,12 +225,16 @@ class ApprovalDesk:
         async with anyio.create_task_group() as runs:
             task_status.started()
             while True:
-                await self._tick(runs)
-                await self._wait_for_news()
+                for expired in await self._ledger.expire_due(utcnow()):
+                    logger.info("invocation %s expired without a decision", expired.id)
+                # Taken before reading the held calls' state: a decision committed while they are read
+                # ends the wait below at once instead of at its bound.
+                seen = self._ledger.commits_seen
+                await self._settle(runs)
+                await self._wait_for_news(seen)
 
-    async def _tick(self, runs: TaskGroup) -> None:
-        for expired in await self._ledger.expire_due(utcnow()):
-            logger.info("invocation %s expired without a decision", expired.id)
+    async def _settle(self, runs: TaskGroup) -> None:
+        """Run the held calls that were approved, answer the refused ones, adopt approved orphans."""
         for invocation_id, held in list(self._held.items()):
             if held.running:
                 continue
@@ -249,14 +253,14 @@ class ApprovalDesk:
                 if orphan.id not in self._held and not owner_alive(orphan.owner):
                     runs.start_soon(self._run_orphan, orphan, name=f"orphan:{orphan.id}")
 
-    async def _wait_for_news(self) -> None:
+    async def _wait_for_news(self, seen: int) -> None:
         delay = HELD_POLL_SECONDS if self._held else IDLE_POLL_SECONDS
         next_expiry = await self._ledger.next_expiry()
         if next_expiry is not None:
             delay = min(delay, max(0.0, (next_expiry - utcnow()).total_seconds()) + 0.001)
         with anyio.move_on_after(delay):
             if self._held:
-                await self._ledger.wait_for_change()
+                await self._ledger.wait_for_change(after=seen)
             else:
                 self._added = anyio.Event()
                 await self._added.wait()

@@ -193,8 +193,14 @@ class Ledger(Protocol):
         """The earliest expires_at among pending invocations."""
         ...
 
-    async def wait_for_change(self) -> None:
-        """Return after the next commit to the ledger, by this process or (while `watch` runs) any other."""
+    @property
+    def commits_seen(self) -> int:
+        """How many commits this process has seen (its own, and while `watch` runs, others')."""
+        ...
+
+    async def wait_for_change(self, after: int | None = None) -> None:
+        """Return after the next commit to the ledger, by this process or (while `watch` runs) any other;
+        at once if `after` (a `commits_seen` read earlier) is already behind."""
         ...
 
     async def watch(self, interval: float = 0.05) -> None:

@@ -29,12 +29,14 @@ class Answers:
     def __init__(self, action: str, content: dict[str, Any] | None = None) -> None:
         self.result = types.ElicitResult(action=action, content=content)  # type: ignore[arg-type]
         self.asked: list[str] = []
+        self.answered = anyio.Event()
 
     async def __call__(
         self, context: ClientRequestContext, params: types.ElicitRequestParams
     ) -> types.ElicitResult | types.ErrorData:
         assert isinstance(params, types.ElicitRequestFormParams)
         self.asked.append(params.message)
+        self.answered.set()
         return self.result
 
 
@@ -74,8 +76,7 @@ async def test_a_cancelled_form_falls_back_to_the_approvers(tmp_path: Path, mode
             tg.start_soon(call)
             (pending,) = await wait_pending(h)
             with anyio.fail_after(10):
-                while not answers.asked:
-                    await h.ledger.wait_for_change()
+                await answers.answered.wait()
             await h.ledger.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
         assert not outcome[0].is_error
 

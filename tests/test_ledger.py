@@ -695,6 +695,25 @@ async def test_every_waiter_wakes_when_the_same_ledger_commits(ledger: SqliteLed
 
 
 @pytest.mark.anyio
+async def test_a_commit_between_reading_and_waiting_is_not_missed(ledger: SqliteLedger) -> None:
+    seen = ledger.commits_seen  # taken before reading what we wait on
+    await ledger.record(make_invocation(), ["planned", "pending"])  # lands before we start waiting
+    with anyio.fail_after(10):
+        await ledger.wait_for_change(after=seen)
+    assert ledger.commits_seen == seen + 1
+
+
+@pytest.mark.anyio
+async def test_a_write_that_changes_nothing_is_no_news(ledger: SqliteLedger) -> None:
+    seen = ledger.commits_seen
+    assert await ledger.expire_due(T0) == []
+    assert ledger.commits_seen == seen
+    await ledger.record(make_invocation(expires_at=T0), ["planned", "pending"])
+    assert len(await ledger.expire_due(T0)) == 1
+    assert ledger.commits_seen == seen + 2
+
+
+@pytest.mark.anyio
 async def test_a_waiter_wakes_when_another_connection_commits_while_watch_runs(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     async with (

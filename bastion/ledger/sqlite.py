@@ -120,6 +120,7 @@ class SqliteLedger:
         self.path = path
         self.redactor = redactor
         self._changed = anyio.Event()
+        self._commits_seen = 0
 
     @classmethod
     async def open(cls, path: Path, *, redactor: Redactor) -> SqliteLedger:
@@ -383,10 +384,18 @@ class SqliteLedger:
 
     # -- change notification -----------------------------------------------------------------------------
 
-    async def wait_for_change(self) -> None:
+    @property
+    def commits_seen(self) -> int:
+        """How many commits this object has seen: its own, and (while `watch` runs) other connections'."""
+        return self._commits_seen
+
+    async def wait_for_change(self, after: int | None = None) -> None:
         """Return after the next commit: a write through this object, or (while `watch` runs) another
-        connection's. Callers re-read what they wait on; a change between that read and this call is only
-        noticed at the next one, so wait with a bound (`move_on_after`)."""
+        connection's. With `after` (a `commits_seen` taken before reading what the caller waits on), return
+        at once if a commit came since, so none is missed between that read and this wait."""
+        if after is not None and after != self._commits_seen:
+            await anyio.lowlevel.checkpoint()
+            return
         await self._changed.wait()
 
     async def watch(self, interval: float = 0.05, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -426,10 +435,10 @@ class SqliteLedger:
             return int(self._writer.execute("PRAGMA data_version").fetchone()[0])
 
     def _wake(self) -> None:
-        """Wake every current waiter; later waiters wait for the next change."""
-        if self._changed.statistics().tasks_waiting:
-            changed, self._changed = self._changed, anyio.Event()
-            changed.set()
+        """Count a commit and wake every current waiter; later waiters wait for the next change."""
+        self._commits_seen += 1
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
 
     # -- reads -------------------------------------------------------------------------------------------
 
@@ -513,8 +522,8 @@ class SqliteLedger:
     # -- internals ---------------------------------------------------------------------------------------
 
     async def _write(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run `work` in one `BEGIN IMMEDIATE` transaction on the writer, then wake the waiters of
-        `wait_for_change` (`watch` cannot see this process's own commits).
+        """Run `work` in one `BEGIN IMMEDIATE` transaction on the writer; if it changed anything, wake the
+        waiters of `wait_for_change` (`watch` cannot see this process's own commits).
 
         First on the event loop, where taking the write lock never waits: when no other connection holds
         it, the whole transaction runs here, without a thread hand-off. When the lock is taken (SQLITE_BUSY)
@@ -524,21 +533,25 @@ class SqliteLedger:
         the worker's run is shielded, and the caller is cancelled at its next checkpoint.
         """
         if not self._writer_busy.locked():
+            changes = self._writer.total_changes
             try:
                 result = _in_transaction(self._writer, work)
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
                     raise
             else:
-                self._committed()
+                self._committed(changes)
                 return result
         async with self._writer_busy:
+            changes = self._writer.total_changes
             with anyio.CancelScope(shield=True):
                 result = await anyio.to_thread.run_sync(_wait_and_write, self._writer, work)
-        self._committed()
+        self._committed(changes)
         return result
 
-    def _committed(self) -> None:
+    def _committed(self, changes_before: int) -> None:
+        if self._writer.total_changes == changes_before:
+            return  # nothing written (an expiry sweep that found nothing): no news, no WAL pages
         self._uncheckpointed += 1
         if self._uncheckpointed >= _CHECKPOINT_AFTER:
             self._checkpoint_due.set()
