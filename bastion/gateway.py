@@ -507,11 +507,15 @@ class Gateway:
     async def _finish(
         self, invocation_id: str, status: Status, *, result: Any = None, error: BastionError | None = None
     ) -> None:
-        fields: dict[str, Any] = {"result": result}
-        if error is not None:
-            fields |= {"error_class": error.error_class, "error_message": error.message}
-        executing: tuple[Status, ...] = ("executing",)
-        await self.ledger.transition(invocation_id, from_statuses=executing, to=status, fields=fields)
+        finished = await self.ledger.finish(
+            invocation_id,
+            status,
+            result=result,
+            error_class=error.error_class if error is not None else None,
+            error_message=error.message if error is not None else None,
+        )
+        if not finished:
+            logger.warning("invocation %s was no longer executing when its outcome (%s) came", invocation_id, status)
 
     async def _invocation_status(self, arguments: dict[str, Any], context: CallContext) -> types.CallToolResult:
         """`bastion__invocation`: an invocation's status and redacted result, for the agent that made it."""

@@ -145,6 +145,19 @@ class Ledger(Protocol):
         """Insert a new invocation and its first events in one transaction (durable on return)."""
         ...
 
+    async def finish(
+        self,
+        invocation_id: str,
+        to: Status,
+        *,
+        result: Any = None,
+        error_class: str | None = None,
+        error_message: str | None = None,
+    ) -> bool:
+        """executing -> `to` with the call's result and error, and the event; False when it was no longer
+        executing."""
+        ...
+
     async def transition(
         self,
         invocation_id: str,

@@ -187,6 +187,20 @@ async def test_transition_from_a_wrong_status_returns_none_and_appends_nothing(l
 
 
 @pytest.mark.anyio
+async def test_finish_records_the_outcome_of_an_executing_invocation_once(ledger: SqliteLedger) -> None:
+    await ledger.record(make_invocation(1, status="executing"), ["planned", "approved", "executing"])
+    result = {"content": [{"type": "text", "text": f"token={CANARY}"}]}
+    assert await ledger.finish("inv-0001", "failed", result=result, error_class="upstream_error", error_message="no")
+    stored = await ledger.get("inv-0001")
+    assert stored is not None
+    assert (stored.status, stored.error_class, stored.error_message) == ("failed", "upstream_error", "no")
+    assert CANARY not in json.dumps(stored.result)
+    assert not await ledger.finish("inv-0001", "completed")  # no longer executing: nothing changes
+    kinds = [event.kind for event in await ledger.events("inv-0001")]
+    assert kinds == ["planned", "approved", "executing", "failed"]
+
+
+@pytest.mark.anyio
 async def test_transition_refuses_fields_it_does_not_own(ledger: SqliteLedger) -> None:
     await ledger.record(make_invocation(), ["planned"])
     with pytest.raises(ValueError, match="status"):

@@ -69,6 +69,13 @@ TRANSITION: Final = f"""
     RETURNING {_COLUMN_LIST}
 """
 
+# The outcome of a call that ran: one fixed statement, the hot path's second write.
+FINISH: Final = """
+    UPDATE invocations SET
+        status = :to, updated_at = :now, result = :result, error_class = :error_class, error_message = :error_message
+    WHERE id = :id AND status = 'executing'
+"""
+
 # An approver's decision: only a pending invocation that has not expired (no expires_at never expires).
 DECIDE: Final = f"""
     UPDATE invocations SET

@@ -46,6 +46,7 @@ from bastion.ledger.invocations import (
     DECIDE,
     EXPIRE_DUE,
     EXPIRE_ONE,
+    FINISH,
     INSERT_EVENT,
     INSERT_INVOCATION,
     LIST_FILTERS,
@@ -238,6 +239,36 @@ class SqliteLedger:
 
         updated = await self._write(work)
         return None if updated is None else invocation_from_row(updated)
+
+    async def finish(
+        self,
+        invocation_id: str,
+        to: Status,
+        *,
+        result: Any = None,
+        error_class: str | None = None,
+        error_message: str | None = None,
+    ) -> bool:
+        """Record the outcome of a call that ran: executing -> `to`, with its result and error, and the event,
+        in one transaction. False when it was no longer executing (recovery marked it unknown meanwhile)."""
+        now = timestamp(utcnow())
+        params = {
+            "id": invocation_id,
+            "to": to,
+            "now": now,
+            "result": self._json(result),
+            "error_class": error_class,
+            "error_message": self._text(error_message),
+        }
+        event = event_params(invocation_id, to, now)
+
+        def work(conn: sqlite3.Connection) -> bool:
+            if conn.execute(FINISH, params).rowcount == 0:
+                return False
+            conn.execute(APPEND_EVENT, event)
+            return True
+
+        return await self._write(work)
 
     async def decide(
         self, invocation_id: str, *, approve: bool, principal: str | None, note: str | None, now: datetime
