@@ -28,7 +28,8 @@ from mcp.shared.exceptions import MCPError
 
 from bench import report
 from bench.configs import toml_string
-from bench.processes import cpu_seconds, descendants, memory_kib, serving
+from bench.processes import cpu_seconds, descendants, memory_kib
+from tests.processes import served
 
 TOOLS_PER_CONNECTOR = 50
 
@@ -142,8 +143,8 @@ async def run(connectors: int, lists: int, start_timeout: float) -> dict[str, An
         env = {k: v for k, v in os.environ.items() if not k.startswith("BASTION_")}
         env |= {"HOME": tmp, "XDG_STATE_HOME": str(Path(tmp) / "state")}
         argv = [sys.executable, "-m", "bastion", "serve", "--config", str(config), "--transport", "http", "--port", "0"]
-        async with serving(argv, env=env, timeout=start_timeout) as gateway:
-            url = f"{gateway.url}/mcp"
+        async with served(argv, env=env, timeout=start_timeout) as gateway:
+            url = gateway.mcp_url
             seen = 0
             full_at: float | None = None
             with anyio.move_on_after(max(1.0, start_timeout - (gateway.ready_at - gateway.started_at))):

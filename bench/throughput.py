@@ -35,7 +35,8 @@ from mcp.shared.exceptions import MCPError
 
 from bench import report
 from bench.configs import NOTE, ledger_counts, notes_config, write_notes
-from bench.processes import cpu_seconds, descendants, free_port, serving
+from bench.processes import cpu_seconds, descendants, free_port
+from tests.processes import served
 
 LEVELS = (1, 8, 32)
 WARMUP_CALLS_PER_SESSION = 5
@@ -217,14 +218,14 @@ async def run(seconds: float, levels: list[int], processes: int) -> dict[str, An
         bastion_argv += ["--transport", "http", "--port", "0"]
         rows: list[dict[str, Any]] = []
         async with (
-            serving(direct_argv, env=env, port=port) as direct,
-            serving(naive_argv, env=env, port=naive_port) as naive,
-            serving(bastion_argv, env=env) as gateway,
+            served(direct_argv, env=env, port=port) as direct,
+            served(naive_argv, env=env, port=naive_port) as naive,
+            served(bastion_argv, env=env) as gateway,
         ):
             targets = [
-                Target("direct", "direct (demo server, HTTP)", f"{direct.url}/mcp", "read_note", direct.pid),
-                Target("bastion", "Bastion (HTTP, ledger on)", f"{gateway.url}/mcp", "notes__read_note", gateway.pid),
-                Target("naive", "naive low-level relay (mcp SDK, HTTP)", f"{naive.url}/mcp", "read_note", naive.pid),
+                Target("direct", "direct (demo server, HTTP)", direct.mcp_url, "read_note", direct.pid),
+                Target("bastion", "Bastion (HTTP, ledger on)", gateway.mcp_url, "notes__read_note", gateway.pid),
+                Target("naive", "naive low-level relay (mcp SDK, HTTP)", naive.mcp_url, "read_note", naive.pid),
             ]
             for i, sessions in enumerate(levels):
                 # Rotate the order per level, so no target always runs first (or last) on a busy machine.

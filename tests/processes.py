@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -75,13 +76,22 @@ def run_cli(*args: str, env: Mapping[str, str], timeout: float = 60) -> subproce
 
 @dataclass
 class Running:
+    """A server process started by `served`, with what it printed on stderr so far."""
+
     process: Process
     base_url: str
     stderr: list[str] = field(default_factory=list)
+    started_at: float = 0.0
+    ready_at: float = 0.0
+    """`time.perf_counter()` when it was started, and when it first served."""
 
     @property
     def mcp_url(self) -> str:
         return f"{self.base_url}/mcp"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
 
 @asynccontextmanager
@@ -90,13 +100,28 @@ async def bastion_http(
 ) -> AsyncIterator[Running]:
     """Start `bastion serve --transport http --port 0 ...`, yield once it listens, always stop it."""
     argv = list(command) if command else bastion_command("serve", "--transport", "http", "--port", "0", *args)
-    # A session of its own, so stopping it reaches every process it started (make -> bastion).
+    async with served(argv, env=env) as running:
+        yield running
+
+
+@asynccontextmanager
+async def served(
+    argv: Sequence[str], *, env: Mapping[str, str], port: int | None = None, timeout: float = 60
+) -> AsyncIterator[Running]:
+    """Start an HTTP server, yield once it serves, then stop it and everything it started.
+
+    Serving means its `listening on URL` line on stderr (Bastion), or, given `port`, that the port
+    accepts connections (a server that prints nothing). Waits are bounded by `timeout`.
+    """
+    started_at = time.perf_counter()
+    # A session of its own, so stopping it reaches every process it started (make -> bastion -> connectors).
     process = await anyio.open_process(
-        argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+        list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
     )
     lines: list[str] = []
+    announced: list[str] = []
     ready = anyio.Event()
-    found: list[str] = []
+    url: str | None = None
 
     async def drain() -> None:
         assert process.stderr is not None
@@ -108,26 +133,51 @@ async def bastion_http(
                 lines.append(line)
                 match = READY.search(line)
                 if match and not ready.is_set():
-                    found.append(match.group(1))
+                    announced.append(match.group(1))
                     ready.set()
 
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(drain)
             try:
-                with anyio.fail_after(60):
-                    while not ready.is_set():
-                        if process.returncode is not None:
-                            raise AssertionError("bastion exited before listening:\n" + "\n".join(lines))
-                        with anyio.move_on_after(0.5):
-                            await ready.wait()
-                yield Running(process, found[0], lines)
+                with anyio.move_on_after(timeout):
+                    url = await _serving(process, ready, announced, port, lines)
+                if url is None:
+                    raise AssertionError(f"{list(argv)[:4]} did not serve within {timeout} s:\n" + _tail(lines))
+                yield Running(process, url, lines, started_at, time.perf_counter())
             finally:
                 tg.cancel_scope.cancel()  # stop draining before stop() closes the pipe
                 await stop(process, group=True)
     finally:
         if process.returncode is None:
             process.kill()
+
+
+def _tail(lines: list[str]) -> str:
+    return "\n".join(lines[-20:])
+
+
+async def _serving(
+    process: Process, ready: anyio.Event, announced: list[str], port: int | None, lines: list[str]
+) -> str | None:
+    """The server's base URL once it serves; raises if it exits first."""
+    while True:
+        if process.returncode is not None:
+            raise AssertionError(f"the server exited with status {process.returncode} before serving:\n" + _tail(lines))
+        if port is None:
+            with anyio.move_on_after(0.5):
+                await ready.wait()
+            if announced:
+                return announced[0]
+            continue
+        try:
+            stream = await anyio.connect_tcp("127.0.0.1", port)
+        except OSError:
+            with anyio.move_on_after(0.05):  # not listening yet: look again shortly (or when it exits)
+                await process.wait()
+        else:
+            await stream.aclose()
+            return f"http://127.0.0.1:{port}"
 
 
 async def stop(process: Process, *, group: bool = False) -> None:
