@@ -181,9 +181,10 @@ class Ledger(Protocol):
         status: Status | None = None,
         source_id: str | None = None,
         session_id: str | None = None,
+        principal: str | None = None,
         limit: int = 100,
     ) -> list[Invocation]:
-        """Newest first."""
+        """Newest first; each filter given narrows the list."""
         ...
 
     async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]: ...

@@ -84,10 +84,13 @@ def pin_json(pin: Pin) -> dict[str, Any]:
     return view.model_dump(mode="json")
 
 
-async def pending_invocations(ledger: Ledger, now: datetime, *, limit: int = DEFAULT_LIMIT) -> list[Invocation]:
-    """Pending invocations, newest first, after marking the ones past their expiry as expired (as the
-    gateway's sweeper would), so nobody is shown a call that can no longer be approved."""
+async def pending_invocations(
+    ledger: Ledger, now: datetime, *, limit: int = DEFAULT_LIMIT, principal: str | None = None
+) -> list[Invocation]:
+    """Pending invocations (of `principal` only, when given), newest first, after marking the ones past their
+    expiry as expired (as the gateway's sweeper would), so nobody is shown a call that can no longer be
+    approved."""
     due = await ledger.next_expiry()
     if due is not None and due <= now:
         await ledger.expire_due(now)
-    return await ledger.list(status="pending", limit=limit)
+    return await ledger.list(status="pending", principal=principal, limit=limit)

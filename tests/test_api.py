@@ -323,6 +323,18 @@ async def test_an_agent_token_lists_and_reads_only_its_own_invocations(tmp_path:
         assert [i["id"] for i in filtered.json()["invocations"]] == ["inv-0002"]
 
 
+async def test_an_agents_list_finds_its_calls_behind_any_number_of_newer_ones(tmp_path: Path) -> None:
+    async with live_bastion(tmp_path) as live:
+        agent = await live.token("ci-agent", "agent")
+        others = [invocation(number, principal="busy-agent") for number in range(2, 1103)]
+        await seed(live.ledger, invocation(1), *others)  # its one call is older than 1,100 of another's
+
+        mine = (await live.http.get("/api/invocations", params={"limit": 5}, headers=agent)).json()["invocations"]
+        assert [i["id"] for i in mine] == ["inv-0001"]
+        pending = (await live.http.get("/api/approvals", headers=agent)).json()["approvals"]
+        assert [i["id"] for i in pending] == ["inv-0001"]
+
+
 async def test_an_agent_token_cannot_approve_or_deny_not_even_its_own_call(tmp_path: Path) -> None:
     async with live_bastion(tmp_path) as live:
         agent = await live.token("ci-agent", "agent")

@@ -43,7 +43,7 @@ _COLUMN_LIST: Final = ", ".join(COLUMNS)
 SELECT: Final = f"SELECT {_COLUMN_LIST} FROM invocations"
 SELECT_ONE: Final = f"{SELECT} WHERE id = ?"
 NEWEST_FIRST: Final = " ORDER BY created_at DESC, rowid DESC LIMIT ?"
-LIST_FILTERS: Final = ("status = ?", "source_id = ?", "session_id = ?")
+LIST_FILTERS: Final = ("status = ?", "source_id = ?", "session_id = ?", "principal = ?")
 COUNT: Final = "SELECT COUNT(*) FROM invocations"
 COUNT_FILTERS: Final = ("status = ?", "session_id = ?")
 COUNT_PENDING: Final = f"{COUNT} WHERE status = 'pending'"

@@ -483,12 +483,14 @@ class SqliteLedger:
         status: Status | None = None,
         source_id: str | None = None,
         session_id: str | None = None,
+        principal: str | None = None,
         limit: int = 100,
     ) -> builtins.list[Invocation]:
-        """Newest first (by created_at, then insertion order), at most `limit`."""
+        """Newest first (by created_at, then insertion order), at most `limit`. The principal filter has
+        no index of its own (one more page written by every call): it scans newest first until `limit`."""
         if limit < 0:
             raise ValueError(f"limit must not be negative, got {limit}")
-        filters = zip(LIST_FILTERS, (status, source_id, session_id), strict=True)
+        filters = zip(LIST_FILTERS, (status, source_id, session_id, principal), strict=True)
         used = [(clause, value) for clause, value in filters if value is not None]
         where = " WHERE " + " AND ".join(clause for clause, _ in used) if used else ""
         params = [value for _, value in used] + [limit]

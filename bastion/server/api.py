@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bastion import __version__
-from bastion.authority import accept_pins, decide, may_see, visible_invocation
+from bastion.authority import accept_pins, decide, visible_invocation
 from bastion.errors import BastionError, Conflict, InvalidArguments, NotFound, Unauthenticated
 from bastion.models import STATUSES, Invocation, Principal, utcnow
 from bastion.seams import Ledger
@@ -44,9 +44,6 @@ from bastion.views import (
 logger = logging.getLogger(__name__)
 
 MAX_LIMIT: Final = 1000
-AGENT_WINDOW: Final = MAX_LIMIT
-"""How many of the newest invocations are searched for an agent's own (the ledger filters by status,
-source and session, not by principal)."""
 
 
 # -- request and error bodies -----------------------------------------------------------------------
@@ -202,22 +199,21 @@ SESSION = Query("session", "Only this host session id.", {"type": "string"}, str
 DRIFTED = Query("drifted", "Only drifted pins.", {"type": "boolean", "default": False}, _flag, False)
 
 
-async def _visible(
-    principal: Principal, fetch: Callable[[int], Awaitable[list[Invocation]]], limit: int
-) -> list[Invocation]:
-    """The newest `limit` invocations this principal may see: all for approvers, their own for agents."""
-    if principal.may_decide:
-        return await fetch(limit)
-    return [i for i in await fetch(AGENT_WINDOW) if may_see(principal, i)][:limit]
+def _only_own(principal: Principal) -> str | None:
+    """The principal filter a listing needs: none for approvers (they see all), an agent's own name."""
+    return None if principal.may_decide else principal.name
 
 
 async def list_invocations(call: Call) -> dict[str, Any]:
     q = call.query
-
-    async def fetch(limit: int) -> list[Invocation]:
-        return await call.ledger.list(status=q["status"], source_id=q["source"], session_id=q["session"], limit=limit)
-
-    return {"invocations": [invocation_json(i) for i in await _visible(call.principal, fetch, q["limit"])]}
+    found = await call.ledger.list(
+        status=q["status"],
+        source_id=q["source"],
+        session_id=q["session"],
+        principal=_only_own(call.principal),
+        limit=q["limit"],
+    )
+    return {"invocations": [invocation_json(i) for i in found]}
 
 
 async def get_invocation(call: Call) -> dict[str, Any]:
@@ -228,11 +224,8 @@ async def get_invocation(call: Call) -> dict[str, Any]:
 
 async def list_approvals(call: Call) -> dict[str, Any]:
     now = utcnow()
-
-    async def fetch(limit: int) -> list[Invocation]:
-        return await pending_invocations(call.ledger, now, limit=limit)
-
-    pending = await _visible(call.principal, fetch, call.query["limit"])
+    own = _only_own(call.principal)
+    pending = await pending_invocations(call.ledger, now, limit=call.query["limit"], principal=own)
     return {"approvals": [pending_json(i, now) for i in pending]}
 
 
