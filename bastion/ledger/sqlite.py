@@ -1,4 +1,4 @@
-"""The SQLite ledger: one aiosqlite connection to one file in WAL mode, shared safely between processes.
+"""The SQLite ledger: one file in WAL mode, shared safely between processes.
 
 Open it with `ledger = await SqliteLedger.open(path, redactor=...)` and release it with
 `await ledger.close()`, or let `async with await SqliteLedger.open(...) as ledger:` do the closing.
@@ -14,9 +14,10 @@ connection or process holds it. Nothing on the event loop ever waits for a lock 
 never waits (busy_timeout 0 on the loop), and it leaves checkpoints (the fsyncs) to `watch`.
 
 Change notification: `wait_for_change()` returns after the next commit this object sees. Its own writes
-wake the waiters right after they commit; commits by other connections (the CLI deciding in another
-process) are noticed by `watch()`, which the owner runs in a task group and which polls
-`PRAGMA data_version`.
+wake the waiters right after they commit (when they changed something); commits by other connections
+(the CLI deciding in another process) are noticed by `watch()`, which the owner runs in a task group and
+which polls `PRAGMA data_version`. `commits_seen` counts them, so a waiter that read the state it waits
+on first cannot miss a commit that landed in between (`wait_for_change(after=...)`).
 """
 
 from __future__ import annotations
