@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -15,6 +16,7 @@ from typing import Any
 import aiosqlite
 import anyio
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bastion.errors import ApprovalExpired, ConfigError, Conflict, NotFound
 from bastion.ledger import Redactor, SqliteLedger
@@ -912,3 +914,51 @@ async def test_writes_leave_checkpoints_to_watch(ledger: SqliteLedger) -> None:
             assert await ledger.count() == 200
             group.cancel_scope.cancel()
     assert database.stat().st_size > size_before + 200 * 2000
+
+
+WRITE_IN_ANOTHER_PROCESS = """
+import sys
+from datetime import UTC, datetime
+
+import anyio
+
+from bastion.ledger import Redactor, SqliteLedger
+from bastion.models import Invocation
+
+
+async def main() -> None:
+    now = datetime.now(UTC)
+    async with await SqliteLedger.open(__import__("pathlib").Path(sys.argv[1]), redactor=Redactor()) as ledger:
+        print("ready", flush=True)
+        sys.stdin.readline()  # "go": both processes write from here on
+        for number in range(int(sys.argv[2])):
+            invocation = Invocation(
+                id=f"other-{number:04d}", status="executing", policy_key="fs:read", tool="fs__read",
+                source_id="fs", action_id="read", risk="read", mode="allow", mode_source="inferred",
+                session_id="other", args={}, args_hash="0" * 64, created_at=now, updated_at=now,
+            )
+            await ledger.record(invocation, ["planned", "approved", "executing"])
+            await ledger.finish(invocation.id, "completed", result={"n": number})
+
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.anyio
+async def test_two_processes_writing_at_once_lose_nothing(ledger: SqliteLedger) -> None:
+    """Each process writes on its event loop while the lock is free and waits in a worker thread while
+    the other holds it: every write of both lands, none fails with `database is locked`."""
+    writes = 500
+    command = [sys.executable, "-c", WRITE_IN_ANOTHER_PROCESS, str(ledger.path), str(writes)]
+    with anyio.fail_after(120):
+        async with await anyio.open_process(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as other:
+            assert other.stdin is not None and other.stdout is not None
+            assert (await BufferedByteReceiveStream(other.stdout).receive_until(b"\n", 100)) == b"ready"
+            await other.stdin.send(b"go\n")
+            for number in range(1, writes + 1):
+                await ledger.record(make_invocation(number, status="executing"), ["planned", "approved", "executing"])
+                assert await ledger.finish(f"inv-{number:04d}", "completed", result={"n": number})
+            assert await other.wait() == 0
+    assert await ledger.count("completed") == 2 * writes
+    assert len(await ledger.events("other-0499")) == len(await ledger.events("inv-0500")) == 4
