@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import subprocess
 import sys
+import tty
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -125,3 +127,28 @@ def test_serving_claims_stdout_so_stray_output_goes_to_stderr_and_restores_it(st
     assert lines[2:] == ["fds restored"]
     assert "stray print" in done.stderr.decode()
     assert "stray write to fd 1" in done.stderr.decode()
+
+
+def test_a_terminal_keeps_its_flags_even_when_bastion_is_killed() -> None:
+    """A terminal's file description is the shell's too: serving on it must not make it non-blocking, or a
+    killed Bastion would leave the shell's terminal broken."""
+    master, terminal = os.openpty()
+    tty.setraw(terminal)
+    child = subprocess.Popen([sys.executable, "-c", ECHO], stdin=terminal, stdout=terminal, stderr=subprocess.PIPE)
+    try:
+        os.write(master, request(7) + b"\n")
+        reply = b""
+        while not reply.endswith(b"\n"):
+            readable, _, _ = select.select([master], [], [], 60)
+            assert readable, "no reply within 60 s"
+            reply += os.read(master, 65536)
+        assert json.loads(reply)["id"] == 7
+        assert os.get_blocking(terminal)
+    finally:
+        child.kill()
+        child.wait(timeout=60)
+        assert child.stderr is not None
+        child.stderr.close()
+    assert os.get_blocking(terminal)
+    os.close(master)
+    os.close(terminal)

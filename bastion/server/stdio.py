@@ -2,7 +2,10 @@
 
 The SDK's `stdio_server` reads and writes through `anyio.wrap_file`: a worker-thread hand-off for every
 line read, written and flushed, three per tool call, each a GIL hand-over on the call's critical path.
-Here both pipes are non-blocking and the loop waits for them (`anyio.wait_readable`/`wait_writable`).
+Here the host's pipes are made non-blocking and the loop waits for them (`anyio.wait_readable`/
+`wait_writable`). A terminal keeps its flags (its file description is the shell's too, and a Bastion
+that is killed could not restore them): the loop waits until it is readable, then reads. A regular file
+never blocks.
 Framing and parsing are the SDK's: one JSON-RPC message per line, parsed by `jsonrpc_message_adapter`,
 undecodable bytes replaced, a line that does not parse handed to the server as the exception.
 
@@ -13,9 +16,11 @@ protocol. Both are restored on exit.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
+import stat
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from typing import Final
@@ -46,7 +51,8 @@ async def stdio_streams() -> AsyncIterator[Streams]:
 
 @asynccontextmanager
 async def pipe_streams(read_fd: int, write_fd: int) -> AsyncIterator[Streams]:
-    """Messages read from `read_fd` and written to `write_fd`, both already non-blocking.
+    """Messages read from `read_fd` and written to `write_fd`: pipes and sockets non-blocking, a terminal or
+    a regular file as it is.
 
     Reading ends at end of input (the read stream then ends). On exit reading stops, both streams close,
     and what the server sent is written out.
@@ -64,15 +70,22 @@ async def pipe_streams(read_fd: int, write_fd: int) -> AsyncIterator[Streams]:
 
 
 async def _read_lines(fd: int, incoming: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
+    wait_first = os.get_blocking(fd) and os.isatty(fd)  # a blocking terminal: a read would stall the loop
     async with incoming:
         buffer = bytearray()
         searched = 0  # bytes of `buffer` known to hold no newline: a long line is scanned once, not per chunk
         while True:
+            if wait_first:
+                await anyio.wait_readable(fd)
             try:
                 chunk = os.read(fd, _READ_SIZE)
             except BlockingIOError:
                 await anyio.wait_readable(fd)
                 continue
+            except OSError as exc:
+                if exc.errno != errno.EIO:
+                    raise
+                break  # a terminal that hung up: the end of input
             if not chunk:
                 break
             buffer += chunk
@@ -122,7 +135,8 @@ def _stdout_diversion() -> int:
 
 @contextmanager
 def _claimed(fd: int, open_diversion: Callable[[], int]) -> Iterator[int]:
-    """A private, non-blocking duplicate of `fd` for the wire, with `fd` itself pointed at the diversion."""
+    """A private duplicate of `fd` for the wire (non-blocking if it is a pipe or a socket), with `fd` itself
+    pointed at the diversion."""
     wire = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
     blocking = os.get_blocking(wire)
     try:
@@ -131,7 +145,9 @@ def _claimed(fd: int, open_diversion: Callable[[], int]) -> Iterator[int]:
             os.dup2(diversion, fd)
         finally:
             os.close(diversion)
-        os.set_blocking(wire, False)
+        mode = os.fstat(wire).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            os.set_blocking(wire, False)
     except BaseException:
         os.close(wire)
         raise
