@@ -106,7 +106,12 @@ async def bastion_http(
 
 @asynccontextmanager
 async def served(
-    argv: Sequence[str], *, env: Mapping[str, str], port: int | None = None, timeout: float = 60
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    port: int | None = None,
+    timeout: float = 60,
+    cwd: Path | None = None,
 ) -> AsyncIterator[Running]:
     """Start an HTTP server, yield once it serves, then stop it and everything it started.
 
@@ -116,7 +121,7 @@ async def served(
     started_at = time.perf_counter()
     # A session of its own, so stopping it reaches every process it started (make -> bastion -> connectors).
     process = await anyio.open_process(
-        list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+        list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
     )
     lines: list[str] = []
     announced: list[str] = []

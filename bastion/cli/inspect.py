@@ -27,7 +27,7 @@ from bastion.cli.app import (
 from bastion.config import find_config_dir, init_config_dir, load_config
 from bastion.errors import ConfigError, NotFound
 from bastion.models import STATUSES, CallContext, Invocation, Status
-from bastion.views import invocation_json
+from bastion.views import invocation_detail_json, invocation_json
 
 connectors_app = typer.Typer(help="Downstream MCP servers: status and checks.", no_args_is_help=True)
 invocations_app = typer.Typer(help="The ledger: what was called, by whom, and what came of it.", no_args_is_help=True)
@@ -167,9 +167,7 @@ def invocations_show(
             invocation = await ledger.get(invocation_id)
             if invocation is None:
                 raise NotFound(f"no invocation {invocation_id!r} in {config.ledger_url}")
-            data = invocation_json(invocation)
-            data["events"] = [e.model_dump(mode="json") for e in await ledger.events(invocation_id)]
-            return data
+            return invocation_detail_json(invocation, await ledger.events(invocation_id))
 
     data = run_async(run)
     if as_json:

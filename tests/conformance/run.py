@@ -4,7 +4,7 @@
    `.tools/`, at the versions `tests/tools.py` pins; skipped when they are already there.
 2. Write a temporary configuration with one connector, `conformance`: the fixture server
    (`tests/conformance/server.py`) over stdio, mounted unprefixed, every tool allowed.
-3. Start `bastion serve --transport http --port 0` on it and read the URL it prints.
+3. Start `bastion serve --transport http --port 0` on it and read the URL it prints (`tests.processes.served`).
 4. Run the active suite against `http://localhost:PORT/mcp` (localhost for the DNS-rebinding
    scenario) with `tests/conformance/baseline.yml` as the expected failures, stop Bastion, and exit
    with the suite's status. A failed run lists every failed check with its message.
@@ -19,27 +19,20 @@ import argparse
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+from urllib.parse import urlsplit
 
 import anyio
-from anyio.abc import Process
-from anyio.streams.text import TextReceiveStream
 
+from tests.processes import served
 from tests.tools import ROOT, SUITE_BIN, ToolsError, ensure_tools, node_environment
 
 BASELINE: Final = Path(__file__).resolve().parent / "baseline.yml"
 
-READY: Final = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 READY_SECONDS: Final = 60.0
-STOP_SECONDS: Final = 10.0
 RESULT_DIR: Final = re.compile(r"^server-(?P<scenario>.+)-\d{4}-\d{2}-\d{2}T[\d-]+Z$")
 
 
@@ -77,75 +70,6 @@ def bastion_command(config: Path) -> list[str]:
 
 def fixture_command() -> list[str]:
     return [sys.executable, "-m", "tests.conformance.server", "--transport", "http", "--port", "0"]
-
-
-@dataclass
-class Served:
-    """A running server: its port, and the stderr lines it printed so far."""
-
-    port: int
-    stderr: list[str]
-
-    def tail(self, count: int = 40) -> str:
-        return "\n".join(self.stderr[-count:])
-
-
-@asynccontextmanager
-async def serving(command: Sequence[str], name: str) -> AsyncIterator[Served]:
-    """Start a server that prints `listening on http://127.0.0.1:PORT`, yield it, always stop it.
-
-    It runs in a session of its own, so stopping it reaches every process it started (Bastion's
-    stdio connector).
-    """
-    process = await anyio.open_process(
-        list(command), cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
-    )
-    lines: list[str] = []
-    ports: list[int] = []
-    ready = anyio.Event()
-
-    async def drain() -> None:
-        assert process.stderr is not None
-        pending = ""
-        async for chunk in TextReceiveStream(process.stderr):
-            pending += chunk
-            *complete, pending = pending.split("\n")
-            for line in complete:
-                lines.append(line)
-                if not ports and (match := READY.search(line)):
-                    ports.append(int(match.group(1)))
-                    ready.set()
-        ready.set()  # EOF: the process is exiting, and the waiter finds no port
-
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(drain)
-            with anyio.move_on_after(READY_SECONDS):
-                await ready.wait()
-            try:
-                if ports:
-                    yield Served(ports[0], lines)
-            finally:
-                tg.cancel_scope.cancel()  # stop draining before the process is stopped
-    finally:
-        await stop(process)
-    if not ports:
-        raise RunError(f"{name} did not start listening within {READY_SECONDS:g} s:\n" + "\n".join(lines[-40:]))
-
-
-async def stop(process: Process) -> None:
-    """SIGTERM to the process's group, a bounded wait, then SIGKILL; then close its pipes."""
-    with anyio.CancelScope(shield=True):
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if process.returncode is not None:
-                break
-            try:
-                os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                break
-            with anyio.move_on_after(STOP_SECONDS):
-                await process.wait()
-        await process.aclose()
 
 
 # -- the suite
@@ -190,10 +114,15 @@ async def run(direct: bool, scenario: str | None) -> int:
         else:
             config = write_config(Path(scratch) / "config")
             command, name, baseline = bastion_command(config), "Bastion", BASELINE
-        async with serving(command, name) as served:
-            status = await run_suite(served.port, baseline=baseline, scenario=scenario, output=output)
+        try:
+            async with served(command, env=os.environ, cwd=ROOT, timeout=READY_SECONDS) as server:
+                port = urlsplit(server.base_url).port
+                assert port is not None
+                status = await run_suite(port, baseline=baseline, scenario=scenario, output=output)
+        except AssertionError as exc:  # it never served: `served` says how far it got
+            raise RunError(f"{name} did not start: {exc}") from exc
         if status != 0:
-            print(f"\n=== {name}: stderr (last 40 lines) ===\n{served.tail()}")
+            print(f"\n=== {name}: stderr (last 40 lines) ===\n" + "\n".join(server.stderr[-40:]))
             report_failed_checks(output, baseline)
         return status
 
