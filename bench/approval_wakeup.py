@@ -28,9 +28,9 @@ from mcp import Client
 from bastion.config import Config, ConnectorConfig, LimitSettings, PolicyConfig, Settings
 from bastion.connectors import McpConnector
 from bastion.demo.notes import NoteStore, create_server
-from bastion.gateway import Gateway
 from bastion.ledger import Redactor, SqliteLedger
 from bastion.models import utcnow
+from bastion.pipeline.gateway import Gateway
 from bastion.server.mcp import FrontDoor
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -25,9 +25,9 @@ from bastion.config import (
     ToolOverride,
 )
 from bastion.connectors import McpConnector
-from bastion.gateway import Gateway
 from bastion.ledger import Redactor, SqliteLedger
 from bastion.models import Invocation
+from bastion.pipeline.gateway import Gateway
 from bastion.server.mcp import FrontDoor
 from tests.downstream import FixtureServer, StreamTarget
 

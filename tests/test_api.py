@@ -29,10 +29,10 @@ from starlette.types import ASGIApp
 from bastion.config import Config, ConnectorConfig, PolicyConfig, Settings
 from bastion.connectors import McpConnector
 from bastion.errors import ConfigError
-from bastion.gateway import Gateway
 from bastion.ledger import Redactor, SqliteLedger
 from bastion.models import Invocation, Pin, PinObservation, Role, utcnow
-from bastion.seams import ActionSource
+from bastion.pipeline.gateway import Gateway
+from bastion.pipeline.seams import ActionSource
 from bastion.server.api import OPERATIONS
 from bastion.server.auth import BearerAuth, principal_of
 from bastion.server.http import allowed_hosts_for, bind_listener, build_app, serve_http

@@ -22,8 +22,8 @@ from bastion.config import (
     sqlite_path,
     validate_profile,
 )
+from bastion.config.tomlpos import KeyIndex, KeyPath, describe_syntax_error
 from bastion.errors import ConfigError
-from bastion.tomlpos import KeyIndex, KeyPath, describe_syntax_error
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 

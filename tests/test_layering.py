@@ -19,16 +19,17 @@ LAYERS: dict[str, int] = {
     "bastion.policies": 3,
     "bastion.connectors": 3,
     "bastion.ledger": 3,
-    "bastion.tomlpos": 1,
+    "bastion.config.tomlpos": 1,
     "bastion.starter": 1,
-    "bastion.catalog": 4,  # the pipeline: catalog and seams, then pins and approvals, then the gateway
-    "bastion.seams": 4,
-    "bastion.resources": 4,  # relayed resources, templates and prompts: naming and routing
-    "bastion.pinning": 5,
-    "bastion.approvals": 5,
-    "bastion.authority": 5,
-    "bastion.views": 5,  # the JSON shapes the CLI prints and the API answers
-    "bastion.gateway": 6,
+    "bastion.pipeline": 4,  # the package docstring only
+    "bastion.pipeline.catalog": 4,  # the pipeline: catalog and seams, then pins and approvals, then the gateway
+    "bastion.pipeline.seams": 4,
+    "bastion.pipeline.content": 5,  # relayed resources, templates and prompts: naming, routing, relaying
+    "bastion.pipeline.pinning": 5,
+    "bastion.pipeline.approvals": 5,
+    "bastion.pipeline.authority": 5,
+    "bastion.pipeline.views": 5,  # the JSON shapes the CLI prints and the API answers
+    "bastion.pipeline.gateway": 6,
     "bastion.server": 7,
     "bastion.cli": 8,
     "bastion.__main__": 9,
@@ -43,16 +44,17 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.policies": {"pydantic"},
     "bastion.ledger": {"pydantic", "aiosqlite", "anyio"},
     "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic"},
-    "bastion.tomlpos": set(),
+    "bastion.config.tomlpos": set(),
     "bastion.starter": set(),
-    "bastion.catalog": {"mcp_types", "jsonschema", "pydantic"},
-    "bastion.seams": {"mcp_types"},
-    "bastion.resources": {"mcp_types", "mcp"},  # mcp.shared.uri_template: RFC 6570 matching
-    "bastion.pinning": set(),
-    "bastion.approvals": {"mcp_types", "anyio"},
-    "bastion.authority": set(),
-    "bastion.views": {"pydantic"},
-    "bastion.gateway": {"mcp_types", "anyio", "pydantic"},
+    "bastion.pipeline": set(),
+    "bastion.pipeline.catalog": {"mcp_types", "jsonschema", "pydantic"},
+    "bastion.pipeline.seams": {"mcp_types"},
+    "bastion.pipeline.content": {"mcp_types", "mcp", "anyio"},  # mcp.shared.uri_template: RFC 6570 matching
+    "bastion.pipeline.pinning": set(),
+    "bastion.pipeline.approvals": {"mcp_types", "anyio"},
+    "bastion.pipeline.authority": set(),
+    "bastion.pipeline.views": {"pydantic"},
+    "bastion.pipeline.gateway": {"mcp_types", "anyio", "pydantic"},
     "bastion.server": None,
     "bastion.cli": None,
     "bastion.__main__": None,

@@ -20,9 +20,9 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bastion.errors import ApprovalExpired, ConfigError, Conflict, NotFound
 from bastion.ledger import Redactor, SqliteLedger
-from bastion.ledger.schema import SCHEMA_VERSION, migrate
+from bastion.ledger.sqlite.schema import SCHEMA_VERSION, migrate
 from bastion.models import Invocation, Status
-from bastion.seams import Ledger
+from bastion.pipeline.seams import Ledger
 
 CANARY = "ghp_" + "Zq8" * 12
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)

@@ -12,8 +12,8 @@ import pytest
 
 from bastion.errors import Conflict, NotFound
 from bastion.ledger import Redactor, SqliteLedger
-from bastion.ledger import tokens as token_table
-from bastion.ledger.schema import SCHEMA_VERSION, migrate
+from bastion.ledger.sqlite import tokens as token_table
+from bastion.ledger.sqlite.schema import SCHEMA_VERSION, migrate
 from bastion.models import Principal, TokenInfo
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)

@@ -22,7 +22,7 @@ from mcp.client.subscriptions import PromptsListChanged, ResourcesListChanged, R
 
 from bastion.connectors import McpConnector
 from bastion.connectors.inflight import InFlightCalls
-from bastion.resources import ContentCatalog, SourceContent
+from bastion.pipeline.content import ContentCatalog, SourceContent
 from tests.downstream import ContentFixture, StreamTarget
 from tests.harness import Harness, harness
 from tests.test_connector import Changes, config, down, ready, running

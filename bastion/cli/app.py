@@ -24,8 +24,8 @@ from rich.console import Console
 from bastion.config import Config, find_config_dir, load_config, sqlite_path
 from bastion.connectors import McpConnector
 from bastion.errors import BastionError, ConfigError
-from bastion.gateway import Gateway
 from bastion.ledger import Redactor, SqliteLedger
+from bastion.pipeline.gateway import Gateway
 
 app = typer.Typer(
     help="Bastion: one policy-gated, audited MCP gateway for your agents' side effects.",

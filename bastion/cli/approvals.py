@@ -14,8 +14,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from bastion import authority
-from bastion.authority import local_owner
 from bastion.cli.app import (
     ConfigOption,
     Exit,
@@ -34,8 +32,10 @@ from bastion.cli.remote import RemoteApi, TokenOption, UrlOption, remote_api
 from bastion.config import Config
 from bastion.errors import ConfigError, NotFound
 from bastion.models import Invocation, utcnow
-from bastion.views import DEFAULT_LIMIT, expires_in, invocation_json, pending_json
-from bastion.views import pending_invocations as pending_invocations  # re-exported for `approvals watch`
+from bastion.pipeline import authority
+from bastion.pipeline.authority import local_owner
+from bastion.pipeline.views import DEFAULT_LIMIT, expires_in, invocation_json, pending_json
+from bastion.pipeline.views import pending_invocations as pending_invocations  # re-exported for `approvals watch`
 
 approvals_app = typer.Typer(
     help="Calls waiting for a human: list and inspect them, approve or deny, or watch them live.",

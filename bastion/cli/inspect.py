@@ -27,7 +27,7 @@ from bastion.cli.app import (
 from bastion.config import find_config_dir, init_config_dir, load_config
 from bastion.errors import ConfigError, NotFound
 from bastion.models import STATUSES, CallContext, Invocation, Status
-from bastion.views import invocation_detail_json, invocation_json
+from bastion.pipeline.views import invocation_detail_json, invocation_json
 
 connectors_app = typer.Typer(help="Downstream MCP servers: status and checks.", no_args_is_help=True)
 invocations_app = typer.Typer(help="The ledger: what was called, by whom, and what came of it.", no_args_is_help=True)

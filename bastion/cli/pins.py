@@ -26,7 +26,7 @@ from bastion.cli.app import (
 )
 from bastion.errors import Conflict, NotFound
 from bastion.models import Pin
-from bastion.views import drift_diff, pin_json
+from bastion.pipeline.views import drift_diff, pin_json
 
 pins_app = typer.Typer(
     help="Pinned tool definitions and their drift: list, accept a new definition.", no_args_is_help=True

@@ -15,7 +15,7 @@ from rich.table import Table
 from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, load, open_ledger, out, run_async, timestamp
 from bastion.config import validate_profile
 from bastion.errors import ConfigError
-from bastion.ledger.tokens import validate_token_name
+from bastion.ledger.sqlite.tokens import validate_token_name
 from bastion.models import ROLES, Role, TokenInfo, utcnow
 
 tokens_app = typer.Typer(help="Bearer tokens for the HTTP surface: create, list, revoke.", no_args_is_help=True)

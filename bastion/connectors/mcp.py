@@ -76,7 +76,7 @@ ClientTarget: TypeAlias = Any
 """Whatever `mcp.Client` connects to: a `Transport`, `StdioServerParameters`, a streamable-HTTP URL, or
 (in tests) an in-process `Server`/`MCPServer`. Kept loose: naming the server types would import mcp.server."""
 
-# The same shapes as `bastion.gateway.ChangeFn`/`ProgressFn` (this layer cannot import the pipeline).
+# The same shapes as `bastion.pipeline.gateway.ChangeFn`/`ProgressFn` (this layer cannot import the pipeline).
 ChangeFn = Callable[[str], Awaitable[None]]
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 

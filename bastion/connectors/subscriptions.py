@@ -26,7 +26,7 @@ from bastion.errors import ConnectorUnavailable, UpstreamError
 logger = logging.getLogger(__name__)
 
 UpdatedFn = Callable[[str], Awaitable[None]]
-"""The same shape as `bastion.seams.UpdatedFn` (this layer cannot import the pipeline)."""
+"""The same shape as `bastion.pipeline.seams.UpdatedFn` (this layer cannot import the pipeline)."""
 
 UPDATE_BUFFER: Final = 256
 """Updates waiting to be forwarded; beyond this they are dropped (each is only a hint to re-read)."""

@@ -2,8 +2,8 @@
 
 JSON in and out. Every route is declared once, in `OPERATIONS`; the Starlette routes and the OpenAPI
 document (`GET /api/openapi.json`) are both built from that table, and the response schemas from the
-pydantic models of bastion.views, so the document describes exactly what is served. Who may do what is
-decided by bastion.authority; `BearerAuth` has authenticated the caller before any of this runs.
+pydantic models of bastion.pipeline.views, so the document describes exactly what is served. Who may do what is
+decided by bastion.pipeline.authority; `BearerAuth` has authenticated the caller before any of this runs.
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bastion import __version__
-from bastion.authority import accept_pins, decide, visible_invocation
 from bastion.errors import BastionError, Conflict, InvalidArguments, NotFound, Unauthenticated
 from bastion.models import STATUSES, Invocation, Principal, utcnow
-from bastion.seams import Ledger
-from bastion.server.auth import API_PREFIX, error_body, error_response, principal_of
-from bastion.views import (
+from bastion.pipeline.authority import accept_pins, decide, visible_invocation
+from bastion.pipeline.seams import Ledger
+from bastion.pipeline.views import (
     DEFAULT_LIMIT,
     InvocationDetail,
     PendingInvocation,
@@ -40,6 +39,7 @@ from bastion.views import (
     pending_json,
     pin_json,
 )
+from bastion.server.auth import API_PREFIX, error_body, error_response, principal_of
 
 logger = logging.getLogger(__name__)
 

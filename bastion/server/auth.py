@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bastion.errors import BastionError, Unauthenticated
 from bastion.models import Principal
-from bastion.seams import Ledger
+from bastion.pipeline.seams import Ledger
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Res
 from mcp.shared.exceptions import MCPError
 
 from bastion.errors import BastionError, NotFound, UpstreamError
-from bastion.gateway import Gateway
+from bastion.pipeline.gateway import Gateway
 from bastion.server.pages import Pager, page_cursor
 from bastion.server.relay import set_host_log_level
 
@@ -66,39 +66,39 @@ class ContentHandlers:
         self._resource_pages = Pager[types.Resource]("resources")
         self._template_pages = Pager[types.ResourceTemplate]("resource templates")
         self._prompt_pages = Pager[types.Prompt]("prompts")
-        gateway.on_resource_updated(self.resource_updated)
+        gateway.content.on_resource_updated(self.resource_updated)
 
     async def list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        resources, next_cursor = self._resource_pages.page(self.gateway.content.resources, page_cursor(params))
+        resources, next_cursor = self._resource_pages.page(self.gateway.content.catalog.resources, page_cursor(params))
         return types.ListResourcesResult(resources=resources, next_cursor=next_cursor)
 
     async def list_resource_templates(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
-        templates, next_cursor = self._template_pages.page(self.gateway.content.templates, page_cursor(params))
+        templates, next_cursor = self._template_pages.page(self.gateway.content.catalog.templates, page_cursor(params))
         return types.ListResourceTemplatesResult(resource_templates=templates, next_cursor=next_cursor)
 
     async def read_resource(
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
         try:
-            return await self.gateway.read_resource(params.uri)
+            return await self.gateway.content.read_resource(params.uri)
         except BastionError as exc:
             raise mcp_error(exc) from exc
 
     async def list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
-        prompts, next_cursor = self._prompt_pages.page(self.gateway.content.prompts, page_cursor(params))
+        prompts, next_cursor = self._prompt_pages.page(self.gateway.content.catalog.prompts, page_cursor(params))
         return types.ListPromptsResult(prompts=prompts, next_cursor=next_cursor)
 
     async def get_prompt(
         self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
     ) -> types.GetPromptResult:
         try:
-            return await self.gateway.get_prompt(params.name, params.arguments)
+            return await self.gateway.content.get_prompt(params.name, params.arguments)
         except BastionError as exc:
             raise mcp_error(exc) from exc
 
@@ -106,7 +106,7 @@ class ContentHandlers:
         self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
     ) -> types.CompleteResult:
         try:
-            return await self.gateway.complete(params.ref, params.argument, params.context)
+            return await self.gateway.content.complete(params.ref, params.argument, params.context)
         except BastionError as exc:
             raise mcp_error(exc) from exc
 
@@ -129,7 +129,7 @@ class ContentHandlers:
         if subscriber is not None and params.uri in subscriber.uris:
             return types.EmptyResult()
         try:
-            await self.gateway.subscribe_resource(params.uri)
+            await self.gateway.content.subscribe(params.uri)
         except BastionError as exc:
             raise mcp_error(exc) from exc
         if subscriber is None:
@@ -144,13 +144,13 @@ class ContentHandlers:
         subscriber = self._subscribers.get(id(ctx.session._connection))
         if subscriber is not None and params.uri in subscriber.uris:
             subscriber.uris.discard(params.uri)
-            await self.gateway.unsubscribe_resource(params.uri)
+            await self.gateway.content.unsubscribe(params.uri)
         return types.EmptyResult()
 
     async def _release(self, key: int) -> None:
         subscriber = self._subscribers.pop(key, None)
         for uri in subscriber.uris if subscriber else ():
-            await self.gateway.unsubscribe_resource(uri)
+            await self.gateway.content.unsubscribe(uri)
 
     async def listen(
         self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
@@ -163,7 +163,7 @@ class ContentHandlers:
         try:
             for uri in params.notifications.resource_subscriptions or ():
                 try:
-                    await self.gateway.subscribe_resource(uri)
+                    await self.gateway.content.subscribe(uri)
                 except BastionError as exc:
                     logger.info("listen: not subscribing %s (%s)", uri, exc.message)
                     continue
@@ -172,7 +172,7 @@ class ContentHandlers:
         finally:
             with anyio.CancelScope(shield=True):
                 for uri in held:
-                    await self.gateway.unsubscribe_resource(uri)
+                    await self.gateway.content.unsubscribe(uri)
 
     async def resource_updated(self, uri: str) -> None:
         """A subscribed resource changed: tell the hosts that subscribed to it, in both eras."""

@@ -18,10 +18,10 @@ import mcp_types as types
 from mcp.server import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
-from bastion.authority import decide
 from bastion.errors import ApprovalExpired, Conflict, InvalidArguments, NotFound
-from bastion.gateway import Gateway
 from bastion.models import Invocation, Principal, utcnow
+from bastion.pipeline.authority import decide
+from bastion.pipeline.gateway import Gateway
 from bastion.policies import canonical_json
 
 logger = logging.getLogger(__name__)

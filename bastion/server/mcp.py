@@ -28,11 +28,11 @@ from mcp.server.subscriptions import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from bastion import __version__
-from bastion.approvals import AwaitingInput, args_hash
 from bastion.errors import BastionError
-from bastion.gateway import Gateway, ListingKind
 from bastion.models import CallContext, Invocation
-from bastion.seams import ProgressFn, Relay
+from bastion.pipeline.approvals import AwaitingInput, args_hash
+from bastion.pipeline.gateway import Gateway, ListingKind
+from bastion.pipeline.seams import ProgressFn, Relay
 from bastion.server import inline
 from bastion.server.auth import principal_of
 from bastion.server.content import ContentHandlers

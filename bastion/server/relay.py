@@ -33,9 +33,9 @@ from mcp_types import LOG_LEVEL_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from bastion.approvals import AwaitingInput, args_hash
 from bastion.errors import BastionError, UnknownOutcome
-from bastion.seams import ProgressFn, Relay
+from bastion.pipeline.approvals import AwaitingInput, args_hash
+from bastion.pipeline.seams import ProgressFn, Relay
 
 logger = logging.getLogger(__name__)
 

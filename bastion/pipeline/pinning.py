@@ -13,11 +13,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bastion.catalog import PreparedAction
 from bastion.config import ConnectorConfig, ToolPin
 from bastion.models import Pin, PinObservation
+from bastion.pipeline.catalog import PreparedAction
+from bastion.pipeline.seams import Ledger
 from bastion.policies import Fingerprints, diff_definitions, is_drifted
-from bastion.seams import Ledger
 
 logger = logging.getLogger(__name__)
 

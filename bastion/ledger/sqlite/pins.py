@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from bastion.errors import NotFound
-from bastion.ledger.schema import dumps, timestamp
+from bastion.ledger.sqlite.schema import dumps, timestamp
 from bastion.models import Pin, PinObservation, policy_key
 
 _OBSERVATION_FIELDS: Final = ("fingerprint", "structural", "definition", "seen_at")

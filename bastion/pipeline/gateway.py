@@ -4,9 +4,9 @@ Every call: resolve the tool, validate its arguments, apply the session's rate l
 mode (tightened by drift), record the intent, then run it, hold it for an approver, or refuse it,
 and record the outcome.
 
-Beside tools, the gateway relays its sources' resources, resource templates and prompts (see
-`bastion.resources` for naming and routing). Those are not actions: policy gates tools only, and
-reading a resource, getting a prompt or completing an argument is never recorded in the ledger.
+Beside tools, the gateway relays its sources' resources, resource templates and prompts through
+`content` (a `ContentRelay`, see `bastion.pipeline.content`). Those are not actions: policy gates tools
+only, and reading a resource, getting a prompt or completing an argument is never recorded in the ledger.
 """
 
 from __future__ import annotations
@@ -18,13 +18,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
-from typing import Any, Literal, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn
 
 import anyio
 import mcp_types as types
 
-from bastion.approvals import ApprovalDesk, PendingFn, Progress, args_hash, owner_alive, process_identity
-from bastion.catalog import Catalog, CatalogEntry, PreparedAction, prepare_source, risk_of
 from bastion.config import Config, ConnectorConfig
 from bastion.errors import (
     BastionError,
@@ -40,10 +38,12 @@ from bastion.errors import (
     UpstreamError,
 )
 from bastion.models import CallContext, Invocation, ModeDecision, Risk, SourceStatus, Status, utcnow
-from bastion.pinning import PinBook
+from bastion.pipeline.approvals import ApprovalDesk, PendingFn, Progress, args_hash, owner_alive, process_identity
+from bastion.pipeline.catalog import Catalog, CatalogEntry, PreparedAction, prepare_source, risk_of
+from bastion.pipeline.content import ContentRelay
+from bastion.pipeline.pinning import PinBook
+from bastion.pipeline.seams import ActionSource, ContentSource, Ledger, ProgressFn, Relay
 from bastion.policies import RateLimiter, guard_drift, resolve_mode
-from bastion.resources import ContentCatalog, PromptEntry, SourceContent
-from bastion.seams import ActionSource, ContentSource, Ledger, ProgressFn, Relay, UpdatedFn
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,6 @@ ListingKind = Literal["tools", "resources", "prompts"]
 ListingsFn = Callable[[frozenset[ListingKind]], Awaitable[None]]
 """Called after a rebuild with the kinds of listing that changed."""
 
-_T = TypeVar("_T")
 
 INVOCATION_TOOL = types.Tool(
     name="bastion__invocation",
@@ -106,18 +105,13 @@ class Gateway:
         self._rate = RateLimiter(config.settings.limits.invocations_per_minute)
         self._listeners: list[Callable[[], Awaitable[None]]] = []
         self._changed = anyio.Event()
-        self._content_sources = {
-            s.source_id: s for s in sources if isinstance(s, ContentSource) and s.source_id not in self._disabled
-        }
-        self._content: dict[str, SourceContent] = {}
-        self.content = ContentCatalog()
+        self.content = ContentRelay(
+            {s.source_id: s for s in sources if isinstance(s, ContentSource) and s.source_id not in self._disabled},
+            timeout=config.settings.limits.call_timeout_seconds,
+        )
         """The merged resources, templates and prompts, and the routes back to their sources."""
         self._dirty: set[ListingKind] = set()
         self._listing_listeners: list[ListingsFn] = []
-        self._update_listeners: list[UpdatedFn] = []
-        self._subscriptions: dict[str, tuple[str, int]] = {}
-        """Subscribed URI -> (the source subscribed to, how many host subscriptions share it)."""
-        self._subscribing = anyio.Lock()
         self._relays: dict[str, Relay] = {}
         """Invocation id -> the host request its downstream messages go to, while its call() runs."""
 
@@ -137,10 +131,6 @@ class Gateway:
         """Register a coroutine called after a rebuild that changed what hosts list (the server notifies them)."""
         self._listing_listeners.append(listener)
 
-    def on_resource_updated(self, listener: UpdatedFn) -> None:
-        """Register a coroutine called with the URI of every update of a subscribed resource."""
-        self._update_listeners.append(listener)
-
     def _lookup(self, source_id: str, action_id: str) -> CatalogEntry | None:
         return self.catalog.by_action.get((source_id, action_id))
 
@@ -153,32 +143,16 @@ class Gateway:
         if [a.upstream for a in before] != [a.upstream for a in prepared]:
             self._dirty.add("tools")
         self._prepared[source_id] = prepared
-        content_source = self._content_sources.get(source_id)
-        if content_source is not None:
-            self._observe_content(content_source, config.effective_namespace)
+        if self.content.offers(source_id):
+            self._dirty.update(self.content.observe(source_id, config.effective_namespace))
         await self.pins.observe(source_id, prepared)
         self._changed.set()
-
-    def _observe_content(self, source: ContentSource, namespace: str) -> None:
-        content = SourceContent(
-            source_id=source.source_id,
-            namespace=namespace,
-            resources=tuple(source.resources()),
-            templates=tuple(source.resource_templates()),
-            prompts=tuple(source.prompts()),
-        )
-        before = self._content.get(source.source_id, SourceContent(source.source_id, namespace))
-        if (before.resources, before.templates) != (content.resources, content.templates):
-            self._dirty.add("resources")
-        if before.prompts != content.prompts:
-            self._dirty.add("prompts")
-        self._content[source.source_id] = content
 
     def _rebuild(self) -> frozenset[ListingKind]:
         """Rebuild what hosts list; returns the kinds of listing that changed since the last rebuild."""
         self.catalog = Catalog(action for actions in self._prepared.values() for action in actions)
         self.tools = [*self.catalog.tools, INVOCATION_TOOL]
-        self.content = ContentCatalog(self._content.values())
+        self.content.rebuild()
         changed, self._dirty = frozenset(self._dirty), set()
         return changed
 
@@ -223,91 +197,6 @@ class Gateway:
                 yield self
             finally:
                 tg.cancel_scope.cancel()
-
-    # -- resources, prompts, completion (relayed, never gated or recorded) -------------------------
-
-    async def read_resource(self, uri: str) -> types.ReadResourceResult:
-        """Read a resource from the source that lists it (or whose template matches it)."""
-        source = self._content_source(self.content.route_uri(uri), f"no resource or resource template matches {uri!r}")
-        return await self._bounded(f"resources/read {uri}", lambda: source.read_resource(uri))
-
-    async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult:
-        """Get a prompt by its host name from its source, under the source's own name for it."""
-        entry, source = self._prompt(name)
-        return await self._bounded(f"prompts/get {name}", lambda: source.get_prompt(entry.upstream_name, arguments))
-
-    async def complete(
-        self,
-        ref: types.PromptReference | types.ResourceTemplateReference,
-        argument: types.CompletionArgument,
-        context: types.CompletionContext | None,
-    ) -> types.CompleteResult:
-        """Route a completion by the prompt's host name (sent upstream under its own) or the template's URI."""
-        if isinstance(ref, types.PromptReference):
-            entry, source = self._prompt(ref.name)
-            ref = ref.model_copy(update={"name": entry.upstream_name})
-        else:
-            routed = self.content.route_reference(ref.uri)
-            source = self._content_source(routed, f"no resource or resource template matches {ref.uri!r}")
-        upstream_ref = ref
-        return await self._bounded("completion/complete", lambda: source.complete(upstream_ref, argument, context))
-
-    async def subscribe_resource(self, uri: str) -> None:
-        """One more host subscription to `uri`; the first one subscribes its source."""
-        async with self._subscribing:
-            held = self._subscriptions.get(uri)
-            if held is not None:
-                self._subscriptions[uri] = (held[0], held[1] + 1)
-                return
-            source_id = self.content.route_uri(uri)
-            source = self._content_source(source_id, f"no resource or resource template matches {uri!r}")
-            await self._bounded(f"resources/subscribe {uri}", lambda: source.subscribe(uri, self._resource_updated))
-            self._subscriptions[uri] = (source.source_id, 1)
-
-    async def unsubscribe_resource(self, uri: str) -> None:
-        """One host subscription to `uri` fewer; the last one unsubscribes its source."""
-        async with self._subscribing:
-            held = self._subscriptions.get(uri)
-            if held is None:
-                return
-            source_id, count = held
-            if count > 1:
-                self._subscriptions[uri] = (source_id, count - 1)
-                return
-            del self._subscriptions[uri]
-            source = self._content_sources.get(source_id)
-            if source is None:
-                return
-            try:
-                await self._bounded(f"resources/unsubscribe {uri}", lambda: source.unsubscribe(uri))
-            except BastionError as exc:
-                logger.info("unsubscribing %s from %s failed: %s", source_id, uri, exc.message)
-
-    async def _resource_updated(self, uri: str) -> None:
-        for listener in self._update_listeners:
-            await listener(uri)
-
-    def _prompt(self, name: str) -> tuple[PromptEntry, ContentSource]:
-        entry = self.content.prompt(name)
-        missing = f"no prompt named {name!r}"
-        if entry is None:
-            raise NotFound(f"{missing}; list prompts to see what this gateway offers")
-        return entry, self._content_source(entry.source_id, missing)
-
-    def _content_source(self, source_id: str | None, missing: str) -> ContentSource:
-        source = self._content_sources.get(source_id) if source_id is not None else None
-        if source is None:
-            raise NotFound(f"{missing}; list resources, templates and prompts to see what this gateway offers")
-        return source
-
-    async def _bounded(self, what: str, request: Callable[[], Awaitable[_T]]) -> _T:
-        """A request to a source, bounded by the call timeout."""
-        timeout = self.config.settings.limits.call_timeout_seconds
-        try:
-            with anyio.fail_after(timeout):
-                return await request()
-        except TimeoutError as exc:
-            raise CallTimeout(f"{what} did not answer within {timeout:g}s") from exc
 
     # -- policy ----------------------------------------------------------------------------------
 

@@ -23,7 +23,6 @@ import anyio
 import mcp_types as types
 from anyio.abc import TaskGroup, TaskStatus
 
-from bastion.catalog import CatalogEntry
 from bastion.errors import (
     ApprovalDenied,
     ApprovalExpired,
@@ -33,8 +32,9 @@ from bastion.errors import (
     UnknownOutcome,
 )
 from bastion.models import Invocation, Status, utcnow
+from bastion.pipeline.catalog import CatalogEntry
+from bastion.pipeline.seams import Ledger, ProgressFn
 from bastion.policies import canonical_json
-from bastion.seams import Ledger, ProgressFn
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from bastion.errors import Forbidden, NotFound
 from bastion.models import Invocation, Pin, Principal
-from bastion.seams import Ledger
+from bastion.pipeline.seams import Ledger
 
 
 def local_owner(name: str) -> Principal:

@@ -36,9 +36,10 @@ import anyio
 from anyio.abc import TaskStatus
 
 from bastion.errors import ApprovalExpired, ConfigError, Conflict, NotFound
-from bastion.ledger import pins as pin_table
-from bastion.ledger import tokens as token_table
-from bastion.ledger.invocations import (
+from bastion.ledger.redaction import Redactor
+from bastion.ledger.sqlite import pins as pin_table
+from bastion.ledger.sqlite import tokens as token_table
+from bastion.ledger.sqlite.invocations import (
     APPEND_EVENT,
     COLUMNS,
     COUNT,
@@ -66,8 +67,7 @@ from bastion.ledger.invocations import (
     event_params,
     invocation_from_row,
 )
-from bastion.ledger.redaction import Redactor
-from bastion.ledger.schema import dumps, migrate, optional_timestamp, timestamp
+from bastion.ledger.sqlite.schema import dumps, migrate, optional_timestamp, timestamp
 from bastion.models import (
     EventKind,
     Invocation,
@@ -104,11 +104,11 @@ _PRAGMAS: Final = (
 
 
 class SqliteLedger:
-    """The invocation store on a local SQLite file; satisfies `bastion.seams.Ledger` structurally.
+    """The invocation store on a local SQLite file; satisfies `bastion.pipeline.seams.Ledger` structurally.
 
     Args, results, error messages and event details pass through `redactor.scrub` before they are stored.
-    Pins and the drift diffs of invocations are stored verbatim (see `bastion.ledger.pins`).
-    Tokens are stored as the SHA-256 of their secret only (see `bastion.ledger.tokens`).
+    Pins and the drift diffs of invocations are stored verbatim (see `bastion.ledger.sqlite.pins`).
+    Tokens are stored as the SHA-256 of their secret only (see `bastion.ledger.sqlite.tokens`).
     """
 
     def __init__(self, db: aiosqlite.Connection, writer: sqlite3.Connection, path: Path, redactor: Redactor) -> None:
@@ -597,7 +597,7 @@ class SqliteLedger:
         values["result"] = self._json(invocation.result)
         values["error_message"] = self._text(invocation.error_message)
         # The drift diff is stored verbatim: it comes from the pinned and current tool definitions, which
-        # the pins table already holds verbatim (see bastion.ledger.pins).
+        # the pins table already holds verbatim (see bastion.ledger.sqlite.pins).
         values["drift"] = None if invocation.drift is None else dumps(invocation.drift)
         values["created_at"] = timestamp(invocation.created_at)
         values["updated_at"] = timestamp(invocation.updated_at)

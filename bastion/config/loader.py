@@ -1,4 +1,4 @@
-"""Configuration: the pydantic models of DESIGN.md §8 and the loading of a configuration directory.
+"""Loading a configuration directory (DESIGN.md §8): discovery, parsing, validation, policy merging, `init`.
 
 Loading never raises for what a file says: every problem becomes a `ConfigIssue` with its file, line and
 fix, every file is checked in the same pass, and a broken file never stops the others (DESIGN.md §7).
@@ -16,13 +16,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Final, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
-from bastion.errors import ConfigError
-from bastion.models import MODES, RISK_ALIASES, Risk
-from bastion.tomlpos import (
+from bastion.config.models import (
+    Config,
+    ConfigIssue,
+    ConnectorConfig,
+    PolicyConfig,
+    Profile,
+    ServerSettings,
+    Settings,
+    SourcesPolicy,
+)
+from bastion.config.tomlpos import (
     KeyIndex,
     KeyPath,
     describe_error,
@@ -31,143 +39,8 @@ from bastion.tomlpos import (
     drop_invalid,
     line_containing,
 )
-
-
-def _risk_alias(value: Any) -> Any:
-    if isinstance(value, str) and value.upper() in RISK_ALIASES:
-        return RISK_ALIASES[value.upper()]
-    return value
-
-
-RiskSetting = Annotated[Risk, BeforeValidator(_risk_alias)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ServerSettings(_Strict):
-    ledger: str = "sqlite:///state/ledger.db"
-    """`sqlite:///path` (relative to the config directory) or `postgresql://...`."""
-
-
-class ApprovalSettings(_Strict):
-    expiry_seconds: float = Field(default=300, gt=0)
-    heartbeat_seconds: float = Field(default=5, gt=0)
-    max_pending_per_session: int = Field(default=10, ge=1)
-
-
-class LimitSettings(_Strict):
-    invocations_per_minute: int = Field(default=60, ge=1)
-    list_timeout_seconds: float = Field(default=15, gt=0)
-    call_timeout_seconds: float = Field(default=30, gt=0)
-
-
-class LedgerSettings(_Strict):
-    max_result_bytes: int = Field(default=16384, ge=256)
-    extra_secret_keys: list[str] = Field(default_factory=list)
-
-
-class Settings(_Strict):
-    """`bastion.toml`."""
-
-    server: ServerSettings = Field(default_factory=ServerSettings)
-    approvals: ApprovalSettings = Field(default_factory=ApprovalSettings)
-    limits: LimitSettings = Field(default_factory=LimitSettings)
-    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
-
-
-class ToolPin(_Strict):
-    """An explicit pin of a tool's definition (DESIGN.md §5)."""
-
-    fingerprint: str
-    structural: str | None = None
-
-
-class ToolOverride(_Strict):
-    """`[tools.<upstream name>]` in a connector file."""
-
-    risk: RiskSetting | None = None
-    hidden: bool = False
-    pin: ToolPin | None = None
-
-
-class ConnectorConfig(_Strict):
-    """`connectors/<id>.toml`: one downstream MCP server."""
-
-    id: str = Field(pattern=r"^[a-z0-9_-]+$")
-    transport: Literal["stdio", "http", "sse"] = "stdio"
-    command: str | None = None
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None
-    url: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
-    namespace: str | None = None
-    """Prefix of the tool names the host sees; None means the id, "" mounts tools unprefixed."""
-    default_risk: RiskSetting | None = None
-    pin_new_tools: Literal["trust", "approve"] = "trust"
-    tools: dict[str, ToolOverride] = Field(default_factory=dict)
-
-    @property
-    def effective_namespace(self) -> str:
-        return self.id if self.namespace is None else self.namespace
-
-
-class Profile(_Strict):
-    modes: dict[str, str] = Field(default_factory=dict)
-    """Mode values stay strings: an unknown value must fail safe to `deny` at resolution (§4)."""
-    inline_approval: bool = False
-
-
-class SourcesPolicy(_Strict):
-    disabled: list[str] = Field(default_factory=list)
-
-
-class PolicyConfig(_Strict):
-    """`policies/*.toml`, all files merged into one."""
-
-    modes: dict[str, str] = Field(default_factory=dict)
-    profiles: dict[str, Profile] = Field(default_factory=dict)
-    sources: SourcesPolicy = Field(default_factory=SourcesPolicy)
-
-
-class ConfigIssue(BaseModel):
-    """One problem found in a configuration file, with where it is and how to fix it."""
-
-    model_config = ConfigDict(frozen=True)
-
-    file: Path
-    line: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.message}"
-
-
-class Config(BaseModel):
-    """A loaded configuration directory (or the embedded default when `directory` is None)."""
-
-    directory: Path | None
-    settings: Settings
-    connectors: list[ConnectorConfig]
-    policy: PolicyConfig
-    issues: list[ConfigIssue] = Field(default_factory=list)
-    ledger_url: str
-    """The ledger URL with relative SQLite paths resolved against the config directory."""
-
-    @property
-    def has_errors(self) -> bool:
-        """Whether any file had a problem (`doctor` lists them; what was broken is skipped or defaulted)."""
-        return bool(self.issues)
-
-    def issues_by_file(self) -> dict[Path, list[ConfigIssue]]:
-        """The issues grouped per file, in loading order (for `doctor`)."""
-        grouped: dict[Path, list[ConfigIssue]] = {}
-        for issue in self.issues:
-            grouped.setdefault(issue.file, []).append(issue)
-        return grouped
-
+from bastion.errors import ConfigError
+from bastion.models import MODES
 
 # -- discovery
 

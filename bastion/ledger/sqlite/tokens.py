@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from bastion.errors import Conflict, NotFound
-from bastion.ledger.schema import timestamp
+from bastion.ledger.sqlite.schema import timestamp
 from bastion.models import ROLES, Principal, Role, TokenInfo
 
 SECRET_PREFIX: Final = "bst_"

@@ -13,8 +13,8 @@ from typing import Any, Final
 from pydantic import BaseModel
 
 from bastion.models import Invocation, InvocationEvent, Pin, PinObservation
+from bastion.pipeline.seams import Ledger
 from bastion.policies import diff_definitions
-from bastion.seams import Ledger
 
 DEFAULT_LIMIT: Final = 100
 
