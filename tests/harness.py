@@ -105,7 +105,10 @@ async def harness(
         if downstream == "direct"
         else StreamTarget(served.server, legacy_only=downstream == "legacy-streams")
     )
+    # "off" is configured but never reachable: a source only for tests that disable it.
     sources = [McpConnector(connectors[0], target=target)]
+    if "off" in (disabled or []):
+        sources.append(McpConnector(connectors[1]))
     async with await SqliteLedger.open(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, sources)
         async with gateway.running():

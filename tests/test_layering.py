@@ -10,35 +10,37 @@ PACKAGE = Path(__file__).resolve().parent.parent / "bastion"
 
 # Lower number = lower layer. A module may import only modules of a strictly lower layer, or of its
 # own group (a package importing its own submodules). Sibling groups at the same layer never import
-# each other: connectors, policies and ledger are independent.
+# each other: connectors and ledger are independent; policies are pure functions below both.
 LAYERS: dict[str, int] = {
     "bastion": 0,  # the package root (__init__: version only)
     "bastion.models": 1,
     "bastion.errors": 1,
-    "bastion.config": 2,
-    "bastion.policies": 3,
-    "bastion.connectors": 3,
-    "bastion.ledger": 3,
     "bastion.config.tomlpos": 1,
     "bastion.starter": 1,
-    "bastion.pipeline": 4,  # the package docstring only
-    "bastion.pipeline.catalog": 4,  # the pipeline: catalog and seams, then pins and approvals, then the gateway
-    "bastion.pipeline.seams": 4,
-    "bastion.pipeline.content": 5,  # relayed resources, templates and prompts: naming, routing, relaying
-    "bastion.pipeline.pinning": 5,
-    "bastion.pipeline.approvals": 5,
-    "bastion.pipeline.authority": 5,
-    "bastion.pipeline.views": 5,  # the JSON shapes the CLI prints and the API answers
-    "bastion.pipeline.gateway": 6,
-    "bastion.server": 7,
-    "bastion.cli": 8,
-    "bastion.__main__": 9,
-    "bastion.demo": 9,  # a standalone demo server program: nothing in bastion imports it
+    "bastion.actions": 2,  # what a source declares about its actions (ActionSpec)
+    "bastion.policies": 2,  # pure functions over the vocabulary: anyone above may call them
+    "bastion.config": 3,
+    "bastion.connectors": 4,  # sources, beside the ledger: they never import each other
+    "bastion.ledger": 4,
+    "bastion.pipeline": 5,  # the package docstring only
+    "bastion.pipeline.seams": 5,  # the pipeline: seams and catalog, then pins, approvals and content, then the gateway
+    "bastion.pipeline.catalog": 5,
+    "bastion.pipeline.content": 6,  # relayed resources, templates and prompts: naming, routing, relaying
+    "bastion.pipeline.pinning": 6,
+    "bastion.pipeline.approvals": 6,
+    "bastion.pipeline.authority": 6,
+    "bastion.pipeline.views": 6,  # the JSON shapes the CLI prints and the API answers
+    "bastion.pipeline.gateway": 7,
+    "bastion.server": 8,
+    "bastion.cli": 9,
+    "bastion.__main__": 10,
+    "bastion.demo": 10,  # a standalone demo server program: nothing in bastion imports it
 }
 
 # Third-party imports allowed per group, beyond the standard library (None = anything).
 THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.models": {"pydantic"},
+    "bastion.actions": {"mcp_types"},
     "bastion.errors": set(),
     "bastion.config": {"pydantic"},
     "bastion.policies": {"pydantic"},

@@ -120,10 +120,9 @@ async def open_ledger(config: Config) -> AsyncIterator[SqliteLedger]:
 
 @asynccontextmanager
 async def open_gateway(config: Config) -> AsyncIterator[Gateway]:
-    """A running gateway over every enabled connector and the configured ledger."""
-    disabled = set(config.policy.sources.disabled)
+    """A running gateway over every configured connector (the disabled ones are not started) and the ledger."""
     list_timeout = config.settings.limits.list_timeout_seconds
-    sources = [McpConnector(c, list_timeout=list_timeout) for c in config.connectors if c.id not in disabled]
+    sources = [McpConnector(c, list_timeout=list_timeout) for c in config.connectors]
     async with open_ledger(config) as ledger:
         gateway = Gateway(config, ledger, sources)
         async with gateway.running():

@@ -27,7 +27,7 @@ attempts keep failing; a connection that became ready resets the delay.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, Final, TypeAlias, TypeVar, cast
@@ -48,12 +48,14 @@ from mcp_types import CONNECTION_CLOSED, LOG_LEVEL_META_KEY, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from bastion.actions import ActionSpec
 from bastion.config import ConnectorConfig
 from bastion.connectors.inflight import CallRelay, InFlightCalls
 from bastion.connectors.listing import Kind, Listing, list_prompts, list_resources, list_tools
+from bastion.connectors.specs import action_specs, risk_of
 from bastion.connectors.subscriptions import ResourceWatch, UpdatedFn
 from bastion.errors import BastionError, CallTimeout, ConnectorUnavailable, UnknownOutcome, UpstreamError
-from bastion.models import SourceStatus, utcnow
+from bastion.models import Risk, SourceStatus, utcnow
 
 __all__ = ["CORRELATION_META_KEY", "ClientTarget", "McpConnector", "strip_protocol_meta"]
 
@@ -161,9 +163,21 @@ class McpConnector:
     def status(self) -> SourceStatus:
         return self._status
 
+    @property
+    def namespace(self) -> str:
+        return self._config.effective_namespace
+
     def tools(self) -> list[types.Tool]:
         """The current listing exactly as the downstream sent it (all pages); empty while down."""
         return list(self._listing.tools)
+
+    def actions(self) -> list[ActionSpec]:
+        """The listed tools as action specs, with the connector file's overrides applied (DESIGN.md §4, §5)."""
+        return action_specs(self._config, self._listing.tools)
+
+    def risk_of(self, action_id: str, definition: Mapping[str, Any]) -> Risk:
+        """The risk this connector gives `action_id` with this wire-form definition (e.g. a pinned one)."""
+        return risk_of(self._config, action_id, definition)
 
     def resources(self) -> list[types.Resource]:
         return list(self._listing.resources)

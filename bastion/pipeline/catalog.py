@@ -1,7 +1,7 @@
 """The merged catalog: every source's actions under host-safe names (DESIGN.md §3).
 
-A source's listing is prepared once when it changes (risk, fingerprints); naming runs over all
-sources together because collisions are resolved across them.
+A source's action specs are prepared once when its listing changes (definition, fingerprints); naming
+runs over all sources together because collisions are resolved across them.
 """
 
 from __future__ import annotations
@@ -16,27 +16,44 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import best_match
 from jsonschema.protocols import Validator
 
-from bastion.config import ConnectorConfig
+from bastion.actions import ActionSpec
 from bastion.errors import InvalidArguments
 from bastion.models import Risk, policy_key
-from bastion.policies import Fingerprints, NameRequest, assign_tool_names, derive_risk, fingerprints
+from bastion.policies import Fingerprints, NameRequest, assign_tool_names, fingerprints
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedAction:
-    """One upstream action with everything that does not depend on the other sources."""
+    """One action's spec with what the pipeline derives from it once per listing: its wire-form
+    definition and fingerprints."""
 
     source_id: str
-    namespace: str
-    action_id: str
-    upstream: types.Tool
+    spec: ActionSpec
     definition: dict[str, Any]
     """The upstream definition in wire form (camelCase), as fingerprinted."""
-    risk: Risk
-    hidden: bool
     fingerprints: Fingerprints
+
+    @property
+    def action_id(self) -> str:
+        return self.spec.action_id
+
+    @property
+    def upstream(self) -> types.Tool:
+        return self.spec.tool
+
+    @property
+    def namespace(self) -> str:
+        return self.spec.namespace
+
+    @property
+    def risk(self) -> Risk:
+        return self.spec.risk
+
+    @property
+    def hidden(self) -> bool:
+        return self.spec.hidden
 
 
 @dataclass(slots=True)
@@ -75,36 +92,12 @@ class CatalogEntry:
             )
 
 
-def risk_of(config: ConnectorConfig, action_id: str, definition: Mapping[str, Any]) -> Risk:
-    """An action's risk from its connector's override, its wire-form annotations, or the defaults (§4)."""
-    override = config.tools.get(action_id)
-    annotations = definition.get("annotations") or {}
-    return derive_risk(
-        override=override.risk if override else None,
-        read_only_hint=annotations.get("readOnlyHint"),
-        destructive_hint=annotations.get("destructiveHint"),
-        default_risk=config.default_risk,
-    )
-
-
-def prepare_source(config: ConnectorConfig, tools: Sequence[types.Tool]) -> list[PreparedAction]:
-    """Derive risk and fingerprints for one source's listing (DESIGN.md §4, §5)."""
+def prepare_actions(source_id: str, specs: Sequence[ActionSpec]) -> list[PreparedAction]:
+    """Wire-form definitions and fingerprints of one source's actions (DESIGN.md §5)."""
     prepared = []
-    for tool in tools:
-        override = config.tools.get(tool.name)
-        definition = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
-        prepared.append(
-            PreparedAction(
-                source_id=config.id,
-                namespace=config.effective_namespace,
-                action_id=tool.name,
-                upstream=tool,
-                definition=definition,
-                risk=risk_of(config, tool.name, definition),
-                hidden=bool(override and override.hidden),
-                fingerprints=fingerprints(definition),
-            )
-        )
+    for spec in specs:
+        definition = spec.tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+        prepared.append(PreparedAction(source_id, spec, definition, fingerprints(definition)))
     return prepared
 
 

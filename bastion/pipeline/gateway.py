@@ -15,7 +15,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from typing import Any, Literal, NoReturn
@@ -23,7 +23,7 @@ from typing import Any, Literal, NoReturn
 import anyio
 import mcp_types as types
 
-from bastion.config import Config, ConnectorConfig
+from bastion.config import Config
 from bastion.errors import (
     BastionError,
     CallTimeout,
@@ -39,7 +39,7 @@ from bastion.errors import (
 )
 from bastion.models import CallContext, Invocation, ModeDecision, Risk, SourceStatus, Status, utcnow
 from bastion.pipeline.approvals import ApprovalDesk, PendingFn, Progress, args_hash, owner_alive, process_identity
-from bastion.pipeline.catalog import Catalog, CatalogEntry, PreparedAction, prepare_source, risk_of
+from bastion.pipeline.catalog import Catalog, CatalogEntry, PreparedAction, prepare_actions
 from bastion.pipeline.content import ContentRelay
 from bastion.pipeline.pinning import PinBook
 from bastion.pipeline.seams import ActionSource, ContentSource, Ledger, ProgressFn, Relay
@@ -81,20 +81,20 @@ class Gateway:
         ledger: Ledger,
         sources: Sequence[ActionSource],
         *,
-        connectors: Mapping[str, ConnectorConfig] | None = None,
         instance_id: str | None = None,
     ) -> None:
+        """`sources` are every configured source; those disabled by policy are neither run nor listed."""
         self.config = config
         self.ledger = ledger
         self.instance_id = instance_id or process_identity()
-        self._sources = {s.source_id: s for s in sources}
-        self._connectors = dict(connectors) if connectors is not None else {c.id: c for c in config.connectors}
-        self._disabled = frozenset(config.policy.sources.disabled)
+        disabled = frozenset(config.policy.sources.disabled)
+        self._sources = {s.source_id: s for s in sources if s.source_id not in disabled}
+        self._disabled = {s.source_id: s for s in sources if s.source_id in disabled}
         self._prepared: dict[str, list[PreparedAction]] = {}
         self.catalog = Catalog()
         self.tools: list[types.Tool] = [INVOCATION_TOOL]
         """What `tools/list` answers: the visible catalog plus the gateway's own tool."""
-        self.pins = PinBook(ledger, self._connectors)
+        self.pins = PinBook(ledger)
         self.desk = ApprovalDesk(
             ledger,
             runner=self._run,
@@ -106,7 +106,7 @@ class Gateway:
         self._listeners: list[Callable[[], Awaitable[None]]] = []
         self._changed = anyio.Event()
         self.content = ContentRelay(
-            {s.source_id: s for s in sources if isinstance(s, ContentSource) and s.source_id not in self._disabled},
+            {s.source_id: s for s in self._sources.values() if isinstance(s, ContentSource)},
             timeout=config.settings.limits.call_timeout_seconds,
         )
         """The merged resources, templates and prompts, and the routes back to their sources."""
@@ -120,7 +120,7 @@ class Gateway:
     def statuses(self) -> list[SourceStatus]:
         """Every configured source's status, disabled ones included, sorted by id."""
         found = [s.status for s in self._sources.values()]
-        found += [SourceStatus(source_id=sid, state="disabled") for sid in self._disabled if sid in self._connectors]
+        found += [SourceStatus(source_id=sid, state="disabled") for sid in self._disabled]
         return sorted(found, key=lambda s: s.source_id)
 
     def on_catalog_changed(self, listener: Callable[[], Awaitable[None]]) -> None:
@@ -137,14 +137,13 @@ class Gateway:
     async def _source_changed(self, source_id: str) -> None:
         """A source (re)listed or went away: prepare its actions and check them against their pins."""
         source = self._sources[source_id]
-        config = self._connectors[source_id]
-        prepared = prepare_source(config, source.tools())
+        prepared = prepare_actions(source_id, source.actions())
         before = self._prepared.get(source_id, [])
         if [a.upstream for a in before] != [a.upstream for a in prepared]:
             self._dirty.add("tools")
         self._prepared[source_id] = prepared
         if self.content.offers(source_id):
-            self._dirty.update(self.content.observe(source_id, config.effective_namespace))
+            self._dirty.update(self.content.observe(source_id, source.namespace))
         await self.pins.observe(source_id, prepared)
         self._changed.set()
 
@@ -210,7 +209,7 @@ class Gateway:
         trusted = self.pins.pinned_definition(entry.source_id, entry.action_id)
         if trusted is None:
             return guard_drift(current, None)
-        pinned_risk = risk_of(self._connectors[entry.source_id], entry.action_id, trusted)
+        pinned_risk = self._sources[entry.source_id].risk_of(entry.action_id, trusted)
         return guard_drift(current, self._resolve(entry, pinned_risk, context))
 
     def _resolve(self, entry: CatalogEntry, risk: Risk, context: CallContext) -> ModeDecision:
@@ -284,9 +283,8 @@ class Gateway:
             self._relays.pop(invocation_id, None)
 
     def _refuse_unknown(self, name: str) -> NoReturn:
-        for source_id in self._disabled:
-            namespace = self._connectors[source_id].effective_namespace if source_id in self._connectors else source_id
-            if namespace and name.startswith(f"{namespace}__"):
+        for source_id, source in self._disabled.items():
+            if source.namespace and name.startswith(f"{source.namespace}__"):
                 raise SourceDisabled(f"source {source_id!r} is disabled by policy; remove it from [sources] disabled")
         raise NotFound(f"no tool named {name!r}; list the tools to see what this gateway offers")
 

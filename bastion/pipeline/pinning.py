@@ -1,8 +1,9 @@
 """Pins and drift (DESIGN.md §5): which actions' definitions changed behind our back.
 
 Pins live in the ledger, keyed by source and upstream tool name. Every listing of a source is
-compared with them: a first sighting is pinned (trust on first use) unless the connector asks new
-tools to be approved; a changed definition is recorded as drift, with the diff an approver sees.
+compared with them: a first sighting is pinned (trust on first use) unless the action's pin policy asks
+new actions of a known source to be approved, or pins it explicitly; a changed definition is recorded
+as drift, with the diff an approver sees.
 Only an approver clears drift (`bastion pins accept`); it is re-checked at call time, so an
 acceptance made by another process counts at once.
 """
@@ -10,10 +11,10 @@ acceptance made by another process counts at once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from bastion.config import ConnectorConfig, ToolPin
+from bastion.actions import ExplicitPin
 from bastion.models import Pin, PinObservation
 from bastion.pipeline.catalog import PreparedAction
 from bastion.pipeline.seams import Ledger
@@ -29,9 +30,8 @@ UNPINNED = PinObservation(fingerprint="", structural="", definition={})
 class PinBook:
     """The pins of every source, and the diff of each action that currently differs from its pin."""
 
-    def __init__(self, ledger: Ledger, connectors: Mapping[str, ConnectorConfig]) -> None:
+    def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
-        self._connectors = connectors
         self._pins: dict[tuple[str, str], Pin] = {}
         self._drift: dict[tuple[str, str], list[str]] = {}
 
@@ -63,15 +63,14 @@ class PinBook:
 
     async def observe(self, source_id: str, actions: Sequence[PreparedAction]) -> None:
         """Compare a fresh listing of one source with its pins; pin, record drift, or clear it."""
-        config = self._connectors[source_id]
         known_source = any(key[0] == source_id for key in self._pins)
         for action in actions:
             key = (source_id, action.action_id)
             self._drift.pop(key, None)
-            override = config.tools.get(action.action_id)
-            if override is not None and override.pin is not None:
-                if _differs_from(override.pin, action.fingerprints):
-                    self._drift[key] = _explicit_pin_diff(config.id, override.pin, action.fingerprints)
+            policy = action.spec.pin
+            if policy.explicit is not None:
+                if _differs_from(policy.explicit, action.fingerprints):
+                    self._drift[key] = _explicit_pin_diff(policy.explicit, action.fingerprints)
                 continue
             current = PinObservation(
                 fingerprint=action.fingerprints.full,
@@ -80,7 +79,7 @@ class PinBook:
             )
             pin = self._pins.get(key)
             if pin is None:
-                if config.pin_new_tools == "approve" and known_source:
+                if policy.new_actions == "approve" and known_source:
                     pin = Pin(source_id=source_id, action_id=action.action_id, pinned=UNPINNED, drift=current)
                     logger.warning("new tool %s:%s is held for approval until pinned", source_id, action.action_id)
                 else:
@@ -106,15 +105,15 @@ def _fingerprints(observation: PinObservation) -> Fingerprints:
     return Fingerprints(full=observation.fingerprint, structural=observation.structural)
 
 
-def _differs_from(pin: ToolPin, current: Fingerprints) -> bool:
+def _differs_from(pin: ExplicitPin, current: Fingerprints) -> bool:
     return pin.fingerprint != current.full or (pin.structural is not None and pin.structural != current.structural)
 
 
-def _explicit_pin_diff(source_id: str, pin: ToolPin, current: Fingerprints) -> list[str]:
+def _explicit_pin_diff(pin: ExplicitPin, current: Fingerprints) -> list[str]:
     return [
-        f"the definition no longer matches the pin in connectors/{source_id}.toml",
+        f"the definition no longer matches the pin in {pin.origin}",
         f"- fingerprint {pin.fingerprint}",
         f"+ fingerprint {current.full}",
         f"+ structural  {current.structural}",
-        "update the pin in the connector file once the new definition is trusted",
+        f"update the pin in {pin.origin} once the new definition is trusted",
     ]

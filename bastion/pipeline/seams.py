@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import mcp_types as types
 
+from bastion.actions import ActionSpec
 from bastion.models import (
     EventKind,
     Invocation,
@@ -20,6 +21,7 @@ from bastion.models import (
     Pin,
     Principal,
     RecoveryReport,
+    Risk,
     Role,
     SourceStatus,
     Status,
@@ -66,7 +68,11 @@ class Relay(Protocol):
 
 
 class ActionSource(Protocol):
-    """A place actions come from: a downstream MCP connector, a provider, a manifest set."""
+    """A place actions come from: a downstream MCP connector, a provider, a manifest set.
+
+    The source declares its actions (`actions()`), computed from its own configuration; the pipeline
+    names, pins and gates them from those specs alone.
+    """
 
     @property
     def source_id(self) -> str: ...
@@ -74,8 +80,18 @@ class ActionSource(Protocol):
     @property
     def status(self) -> SourceStatus: ...
 
-    def tools(self) -> Sequence[types.Tool]:
-        """The current listing exactly as the upstream sent it; empty while the source is down."""
+    @property
+    def namespace(self) -> str:
+        """The prefix of its tools' host names, also while it is down or disabled ("" = unprefixed)."""
+        ...
+
+    def actions(self) -> Sequence[ActionSpec]:
+        """The current actions; empty while the source is down."""
+        ...
+
+    def risk_of(self, action_id: str, definition: Mapping[str, Any]) -> Risk:
+        """The risk the source would give `action_id` had it this wire-form definition (drift is judged by the
+        stricter of the pinned and the current definition)."""
         ...
 
     async def run(self, on_change: ChangeFn) -> None:

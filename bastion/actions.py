@@ -1,0 +1,62 @@
+"""What a source declares about each of its actions (DESIGN.md §3-§5): the `ActionSpec`.
+
+Every source (a downstream MCP connector, a provider, a manifest set) computes its specs from its own
+configuration; the pipeline names, prices (risk), pins and gates actions from the specs alone, so a new
+kind of source plugs in without touching the pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import mcp_types as types
+
+from bastion.models import Risk
+
+NewActionPolicy = Literal["trust", "approve"]
+"""What a source's action seen for the first time gets: pinned on first use, or held as drifted until accepted."""
+
+Reconciliation = Literal["manual", "lookup"]
+"""How an `unknown` outcome can be settled: only by a person who checks (`manual`), or by asking the source
+(`lookup`: it can find the call by its idempotency key or correlation marker)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExplicitPin:
+    """A definition pinned in configuration rather than on first use: drift is any difference from it."""
+
+    fingerprint: str
+    structural: str | None = None
+    origin: str = "the configuration"
+    """Where the pin is written, named in the drift diff so an approver knows what to update."""
+
+
+@dataclass(frozen=True, slots=True)
+class PinPolicy:
+    """How the pipeline pins an action's definition (DESIGN.md §5)."""
+
+    new_actions: NewActionPolicy = "trust"
+    explicit: ExplicitPin | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ActionSpec:
+    """One action of a source, as the source declares it to the pipeline."""
+
+    tool: types.Tool
+    """The tool as hosts see it, under the action's own name (the catalog gives it its host name)."""
+    risk: Risk
+    """Declared by the source (providers, manifests) or derived from the tool's annotations and overrides."""
+    namespace: str
+    """The prefix of its host name (`<namespace>__<action>`); "" mounts it unprefixed."""
+    hidden: bool = False
+    """Not listed and not callable by hosts (still pinned)."""
+    pin: PinPolicy = PinPolicy()
+    idempotency_key: bool = False
+    """Whether the action takes the invocation's correlation id as an idempotency key (a retry is then safe)."""
+    reconcile: Reconciliation = "manual"
+
+    @property
+    def action_id(self) -> str:
+        return self.tool.name
