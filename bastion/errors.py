@@ -1,7 +1,9 @@
-"""The error tree. Each class carries the stable `class` string of DESIGN.md §7.
+"""The error tree and its registry. Each class carries the stable `class` string of DESIGN.md §7, whether a
+retry may succeed, and its HTTP status.
 
 Foreign errors (MCPError, httpx2 errors, sqlite3 errors) are translated into these at the edge
-with `raise ... from exc`; the MCP and HTTP boundaries each have one translator back out.
+with `raise ... from exc`; the translators back out (to an MCP tool result, an HTTP answer, and from an
+HTTP answer for the remote CLI) live beside each other in `bastion.server.errors`.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from typing import ClassVar
 
 
 class BastionError(Exception):
-    """Root of every error Bastion raises on purpose."""
+    """Root of every error Bastion raises on purpose; as a class of its own, a bug of ours (`internal`)."""
 
     error_class: ClassVar[str] = "internal"
     retriable: ClassVar[bool] = False
+    http_status: ClassVar[int] = 500
 
     def __init__(self, message: str, *, invocation_id: str | None = None) -> None:
         super().__init__(message)
@@ -23,72 +26,115 @@ class BastionError(Exception):
 
 class NotFound(BastionError):
     error_class = "not_found"
+    http_status = 404
 
 
 class InvalidArguments(BastionError):
     error_class = "invalid_arguments"
+    http_status = 422
 
 
 class PolicyDenied(BastionError):
     error_class = "policy_denied"
+    http_status = 403
 
 
 class SourceDisabled(BastionError):
     error_class = "source_disabled"
+    http_status = 403
 
 
 class ApprovalDenied(BastionError):
     error_class = "approval_denied"
+    http_status = 403
 
 
 class ApprovalExpired(BastionError):
     error_class = "approval_expired"
+    http_status = 410
 
 
 class PendingLimit(BastionError):
     error_class = "pending_limit"
+    http_status = 429
     retriable = True
 
 
 class RateLimited(BastionError):
     error_class = "rate_limited"
+    http_status = 429
     retriable = True
 
 
 class ConnectorUnavailable(BastionError):
     error_class = "connector_unavailable"
+    http_status = 502
     retriable = True
 
 
 class CallTimeout(BastionError):
     error_class = "timeout"
+    http_status = 502
 
 
 class UpstreamError(BastionError):
     error_class = "upstream_error"
+    http_status = 502
 
 
 class UnknownOutcome(BastionError):
     error_class = "unknown_outcome"
+    http_status = 502
 
 
 class Conflict(BastionError):
     error_class = "conflict"
+    http_status = 409
 
 
 class ConfigError(BastionError):
     """The configuration cannot be used; the message names the file, line and fix."""
 
     error_class = "config_error"
+    http_status = 422
 
 
 class Unauthenticated(BastionError):
     """No valid token: the message never says whether the thing asked for exists."""
 
     error_class = "unauthenticated"
+    http_status = 401
 
 
 class Forbidden(BastionError):
     """A valid token whose role (or relation to the invocation) does not allow the operation."""
 
     error_class = "forbidden"
+    http_status = 403
+
+
+class LedgerUnavailable(BastionError):
+    """The ledger cannot be read or written right now (a full disk, an I/O error, a lock held too long)."""
+
+    error_class = "ledger_unavailable"
+    retriable = True
+    http_status = 503
+
+
+class ChangesLost(BastionError):
+    """A waiter of the change feed fell further behind than the feed keeps: it must re-read what it watches."""
+
+    error_class = "changes_lost"
+    retriable = True
+    http_status = 410
+
+
+def _every_class(root: type[BastionError]) -> list[type[BastionError]]:
+    found = [root]
+    for sub in root.__subclasses__():
+        found.extend(_every_class(sub))
+    return found
+
+
+ERROR_CLASSES: dict[str, type[BastionError]] = {cls.error_class: cls for cls in _every_class(BastionError)}
+"""Every error class string to its exception type: the one registry the translators read."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, get_args
 
@@ -76,7 +77,8 @@ class Invocation(BaseModel):
     profile: str | None = None
     principal: str | None = None
     args: Any = None
-    args_hash: str
+    args_hash: str = Field(default="", exclude=True)
+    """A keyed hash of the raw arguments (is what runs what was approved?); never shown, never serialised."""
     result: Any = None
     error_class: str | None = None
     error_message: str | None = None
@@ -92,11 +94,29 @@ class Invocation(BaseModel):
 class InvocationEvent(BaseModel):
     """One entry of the append-only event history of an invocation."""
 
+    id: int = 0
+    """The event's place in the whole ledger's history: increasing, the cursor a stream of events resumes from."""
     invocation_id: str
     seq: int
+    """1..n within its invocation."""
     kind: EventKind
     at: datetime
     detail: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One event of the ledger as the change feed announces it: which invocation changed, and how."""
+
+    id: int
+    """The event's id (see `InvocationEvent.id`): changes come in increasing id order."""
+    invocation_id: str
+    kind: EventKind
+
+    @property
+    def status(self) -> Status | None:
+        """The status the invocation moved to; None for an event that is not a status (`planned`, `reconciled`)."""
+        return self.kind if self.kind in STATUSES else None
 
 
 SourceState = Literal["starting", "ready", "down", "disabled"]

@@ -28,7 +28,7 @@ from mcp import Client
 from bastion.config import Config, ConnectorConfig, LimitSettings, PolicyConfig, Settings
 from bastion.connectors import McpConnector
 from bastion.demo.notes import NoteStore, create_server
-from bastion.ledger import Redactor, SqliteLedger
+from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.server.mcp import FrontDoor
@@ -37,7 +37,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @asynccontextmanager
-async def bastion(workdir: Path) -> AsyncIterator[tuple[Client, SqliteLedger]]:
+async def bastion(workdir: Path) -> AsyncIterator[tuple[Client, OpenLedger]]:
     notes = create_server(NoteStore(workdir / "notes.json"))
     connector = ConnectorConfig(id="notes", command="unused")
     config = Config(
@@ -47,14 +47,14 @@ async def bastion(workdir: Path) -> AsyncIterator[tuple[Client, SqliteLedger]]:
         policy=PolicyConfig(),
         ledger_url=f"sqlite:///{workdir}/ledger.db",
     )
-    async with await SqliteLedger.open(workdir / "ledger.db", redactor=Redactor()) as ledger:
+    async with await open_ledger(workdir / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, [McpConnector(connector, target=lambda: notes)])
         async with gateway.running(), Client(FrontDoor(gateway).server, cache=None) as client:
             yield client, ledger
 
 
 async def measure(
-    client: Client, ledger: SqliteLedger, decisions: int, decide: Callable[[str], Awaitable[float]]
+    client: Client, ledger: OpenLedger, decisions: int, decide: Callable[[str], Awaitable[float]]
 ) -> list[float]:
     """Milliseconds from `decide` (which returns the decision's commit time) to the call's return."""
     latencies: list[float] = []
@@ -69,9 +69,9 @@ async def measure(
 
             tg.start_soon(call)
             with anyio.fail_after(10):
-                while not (pending := await ledger.list(status="pending")):
+                while not (pending := await ledger.invocations.list(status="pending")):
                     with anyio.move_on_after(0.1):
-                        await ledger.wait_for_change()
+                        await ledger.changes.next(ledger.changes.cursor)
             decided_at = await decide(pending[0].id)
         latencies.append((returned[0] - decided_at) * 1000)
     return latencies
@@ -93,7 +93,7 @@ async def run(decisions: int) -> dict[str, Any]:
         async with bastion(workdir) as (client, ledger):
 
             async def same_process(invocation_id: str) -> float:
-                await ledger.decide(invocation_id, approve=True, principal="bench", note=None, now=utcnow())
+                await ledger.invocations.decide(invocation_id, approve=True, principal="bench", note=None, now=utcnow())
                 return time.time()
 
             local = await measure(client, ledger, decisions, same_process)

@@ -12,18 +12,18 @@ from pathlib import Path
 
 import anyio
 
-from bastion.ledger import Redactor, SqliteLedger
+from bastion.ledger import Redactor, open_ledger
 from bastion.models import utcnow
 
 
 async def main(path: Path) -> None:
-    async with await SqliteLedger.open(path, redactor=Redactor()) as ledger:
+    async with await open_ledger(path, redactor=Redactor()) as ledger:
         stdin = anyio.wrap_file(sys.stdin)
         async for line in stdin:
             invocation_id = line.strip()
             if not invocation_id:
                 continue
-            await ledger.decide(invocation_id, approve=True, principal="bench", note=None, now=utcnow())
+            await ledger.invocations.decide(invocation_id, approve=True, principal="bench", note=None, now=utcnow())
             print(f"{time.time():.6f}", flush=True)
 
 

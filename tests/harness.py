@@ -25,7 +25,7 @@ from bastion.config import (
     ToolOverride,
 )
 from bastion.connectors import McpConnector
-from bastion.ledger import Redactor, SqliteLedger
+from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import Invocation
 from bastion.pipeline.gateway import Gateway
 from bastion.server.mcp import FrontDoor
@@ -36,7 +36,7 @@ from tests.downstream import FixtureServer, StreamTarget
 class Harness:
     client: Client
     fixture: FixtureServer
-    ledger: SqliteLedger
+    ledger: OpenLedger
     gateway: Gateway
 
     async def call(
@@ -45,7 +45,7 @@ class Harness:
         return await self.client.call_tool(name, arguments or {}, progress_callback=progress)
 
     async def only_invocation(self) -> Invocation:
-        (invocation,) = await self.ledger.list()
+        (invocation,) = await self.ledger.invocations.list()
         return invocation
 
 
@@ -109,7 +109,7 @@ async def harness(
     sources = [McpConnector(connectors[0], target=target)]
     if "off" in (disabled or []):
         sources.append(McpConnector(connectors[1]))
-    async with await SqliteLedger.open(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
+    async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, sources)
         async with gateway.running():
             front = FrontDoor(gateway, profile=profile, principal=principal)

@@ -29,7 +29,7 @@ from starlette.types import ASGIApp
 from bastion.config import Config, ConnectorConfig, PolicyConfig, Settings
 from bastion.connectors import McpConnector
 from bastion.errors import ConfigError
-from bastion.ledger import Redactor, SqliteLedger
+from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import Invocation, Pin, PinObservation, Role, utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.seams import ActionSource
@@ -76,14 +76,14 @@ class Live:
     """A running Bastion HTTP app and what a test needs to drive it."""
 
     url: str
-    ledger: SqliteLedger
+    ledger: OpenLedger
     gateway: Gateway
     http: httpx2.AsyncClient
     fixture: FixtureServer
 
     async def token(self, name: str, role: Role) -> dict[str, str]:
         """Create a token and return the headers that present it."""
-        secret = await self.ledger.create_token(name, role=role, profile=None, now=utcnow())
+        secret = await self.ledger.tokens.create_token(name, role=role, profile=None, now=utcnow())
         return {"Authorization": f"Bearer {secret}"}
 
 
@@ -109,7 +109,7 @@ async def live_bastion(
     sources: list[ActionSource] = (
         [McpConnector(config.connectors[0], target=lambda: fixture.server)] if gateway_running else []
     )
-    async with await SqliteLedger.open(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
+    async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, sources)
         app = build_app(FrontDoor(gateway), allowed_hosts=allowed_hosts_for("127.0.0.1"), non_loopback=non_loopback)
         async with _maybe_running(gateway, gateway_running), serving(app) as url:
@@ -151,13 +151,13 @@ def invocation(number: int, *, principal: str | None = "ci-agent", **overrides: 
     return Invocation(**(fields | overrides))
 
 
-async def seed(ledger: SqliteLedger, *invocations: Invocation) -> None:
+async def seed(ledger: OpenLedger, *invocations: Invocation) -> None:
     for item in invocations:
-        await ledger.record(item, ("planned", "pending"))
+        await ledger.invocations.record(item, ("planned", "pending"))
 
 
-async def status_of(ledger: SqliteLedger, invocation_id: str) -> str:
-    found = await ledger.get(invocation_id)
+async def status_of(ledger: OpenLedger, invocation_id: str) -> str:
+    found = await ledger.invocations.get(invocation_id)
     assert found is not None
     return found.status
 
@@ -216,7 +216,7 @@ async def test_a_revoked_token_gets_401(tmp_path: Path) -> None:
     async with live_bastion(tmp_path) as live:
         headers = await live.token("alice", "admin")
         assert (await live.http.get("/api/invocations", headers=headers)).status_code == 200
-        await live.ledger.revoke_token("alice", now=utcnow())
+        await live.ledger.tokens.revoke_token("alice", now=utcnow())
         response = await live.http.get("/api/invocations", headers=headers)
         assert response.status_code == 401
         assert error_class(response) == "unauthenticated"
@@ -256,7 +256,7 @@ async def test_a_non_loopback_server_needs_a_token_on_mcp_even_before_any_exists
 
 
 async def test_serving_beyond_loopback_without_any_token_is_refused_at_start(tmp_path: Path) -> None:
-    async with await SqliteLedger.open(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
+    async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
         front = FrontDoor(Gateway(_config(tmp_path, {}), ledger, []))
         with pytest.raises(ConfigError, match="bastion tokens create"):
             await serve_http(front, host="0.0.0.0", port=0)
@@ -269,11 +269,13 @@ async def test_the_answer_to_whether_tokens_exist_is_reused_only_within_the_rech
         principal = principal_of(request.scope)
         return PlainTextResponse(principal.name if principal else "anonymous")
 
-    async with await SqliteLedger.open(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
-        app = BearerAuth(Starlette(routes=[Route("/mcp", whoami)]), ledger, recheck_seconds=1.0, clock=lambda: now[0])
+    async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
+        app = BearerAuth(
+            Starlette(routes=[Route("/mcp", whoami)]), ledger.tokens, recheck_seconds=1.0, clock=lambda: now[0]
+        )
         async with serving(app) as url, httpx2.AsyncClient(base_url=url, timeout=WAIT) as http:
             assert (await http.get("/mcp")).text == "anonymous"
-            secret = await ledger.create_token("ci-agent", role="agent", profile=None, now=utcnow())
+            secret = await ledger.tokens.create_token("ci-agent", role="agent", profile=None, now=utcnow())
             assert (await http.get("/mcp")).text == "anonymous"  # the answer of time 0 still stands
             assert (await http.get("/mcp", headers={"Authorization": f"Bearer {secret}"})).text == "ci-agent"
             now[0] = 1.0
@@ -348,7 +350,7 @@ async def test_an_agent_token_cannot_approve_or_deny_not_even_its_own_call(tmp_p
             response = await live.http.post(path, headers=agent)
             assert response.status_code == 403, path
             assert error_class(response) == "forbidden"
-        assert {i.status for i in await live.ledger.list()} == {"pending"}
+        assert {i.status for i in await live.ledger.invocations.list()} == {"pending"}
 
 
 async def test_an_admin_approves_and_denies_and_gets_the_updated_invocation(tmp_path: Path) -> None:
@@ -450,7 +452,7 @@ async def test_accepting_pins_needs_an_approver(tmp_path: Path) -> None:
             pinned_by="first-use",
             drift=observation("Exfiltrate."),
         )
-        await live.ledger.save_pin(drifted)
+        await live.ledger.pins.save_pin(drifted)
 
         listed = (await live.http.get("/api/pins", params={"drifted": "true"}, headers=agent)).json()["pins"]
         assert [(p["key"], p["drifted"]) for p in listed] == [("fx:echo", True)]
@@ -459,7 +461,7 @@ async def test_accepting_pins_needs_an_approver(tmp_path: Path) -> None:
         refused = await live.http.post("/api/pins/accept", json={"key": "fx:echo"}, headers=agent)
         assert refused.status_code == 403
         assert error_class(refused) == "forbidden"
-        assert (await live.ledger.pins("fx"))[0].drift is not None
+        assert (await live.ledger.pins.pins("fx"))[0].drift is not None
 
         accepted = await live.http.post("/api/pins/accept", json={"key": "fx:echo"}, headers=admin)
         assert accepted.status_code == 200
@@ -512,7 +514,7 @@ async def test_an_agent_call_waits_until_an_admin_approves_it_through_the_api(tm
                 pending: list[dict[str, Any]] = []
                 while not pending:
                     with anyio.move_on_after(1):
-                        await live.ledger.wait_for_change()
+                        await live.ledger.changes.next(live.ledger.changes.cursor)
                     pending = (await live.http.get("/api/approvals", headers=admin)).json()["approvals"]
                 (waiting,) = pending
                 assert waiting["principal"] == "ci-agent"

@@ -44,7 +44,7 @@ async def _populate(live: Live) -> None:
         invocation(901, principal="alice"),
     )
     pin = Pin(source_id="fx", action_id="echo", pinned=observation("Echo."), drift=observation("Exfiltrate."))
-    await live.ledger.save_pin(pin)
+    await live.ledger.pins.save_pin(pin)
 
 
 Operation = APIOperation[Any, Any, Any, Any]
@@ -95,5 +95,5 @@ def test_every_answer_of_the_api_conforms_to_its_openapi_document(tmp_path: Path
         documented = {f"{m.upper()} {path}" for path, item in schema.raw_schema["paths"].items() for m in item}
         assert set(sent) == documented - {"GET /api/openapi.json"}
         assert {200, 401, 404, 409, 422} <= set(answered)
-        decided = portal.call(live.ledger.list)
+        decided = portal.call(live.ledger.invocations.list)
         assert any(i.status in ("approved", "denied") for i in decided)

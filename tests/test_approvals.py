@@ -24,15 +24,15 @@ async def wait_pending(h: Harness, count: int = 1) -> list[Invocation]:
     """Wait (bounded) until `count` invocations are pending."""
     with anyio.fail_after(10):
         while True:
-            found = await h.ledger.list(status="pending")
+            found = await h.ledger.invocations.list(status="pending")
             if len(found) >= count:
                 return found
             with anyio.move_on_after(0.1):
-                await h.ledger.wait_for_change()
+                await h.ledger.changes.next(h.ledger.changes.cursor)
 
 
 async def kinds(h: Harness, invocation_id: str) -> list[str]:
-    return [e.kind for e in await h.ledger.events(invocation_id)]
+    return [e.kind for e in await h.ledger.invocations.events(invocation_id)]
 
 
 async def test_a_write_call_blocks_with_heartbeats_until_approved_and_returns_the_real_result(
@@ -60,7 +60,7 @@ async def test_a_write_call_blocks_with_heartbeats_until_approved_and_returns_th
             with anyio.fail_after(10):
                 await heard.wait()
             assert h.fixture.calls == []
-            await h.ledger.decide(pending.id, approve=True, principal="alice", note="fine", now=utcnow())
+            await h.ledger.invocations.decide(pending.id, approve=True, principal="alice", note="fine", now=utcnow())
         (result,) = outcome
         assert not result.is_error
         assert isinstance(result.content[0], types.TextContent)
@@ -69,7 +69,7 @@ async def test_a_write_call_blocks_with_heartbeats_until_approved_and_returns_th
         values = [v for v, _ in heartbeats]
         assert values == sorted(values)
         assert len(values) >= 5  # heartbeats, then the downstream's own three steps
-        done = await h.ledger.get(pending.id)
+        done = await h.ledger.invocations.get(pending.id)
         assert done is not None
         assert done.status == "completed"
         assert await kinds(h, pending.id) == ["planned", "pending", "approved", "executing", "completed"]
@@ -85,7 +85,9 @@ async def test_a_denied_call_returns_approval_denied_with_the_reason(tmp_path: P
 
             tg.start_soon(call)
             (pending,) = await wait_pending(h)
-            await h.ledger.decide(pending.id, approve=False, principal="bob", note="not today", now=utcnow())
+            await h.ledger.invocations.decide(
+                pending.id, approve=False, principal="bob", note="not today", now=utcnow()
+            )
         error = error_of(outcome[0])
         assert error["class"] == "approval_denied"
         assert "not today" in error["message"]
@@ -107,12 +109,12 @@ async def test_an_approval_after_the_host_gave_up_still_runs_and_keeps_the_resul
     async with harness(tmp_path, approvals=FAST) as h:
         with anyio.move_on_after(0.5):
             await h.call("fx__progress")
-        (pending,) = await h.ledger.list(status="pending")
-        await h.ledger.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
+        (pending,) = await h.ledger.invocations.list(status="pending")
+        await h.ledger.invocations.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
         with anyio.fail_after(10):
-            while (current := await h.ledger.get(pending.id)) is None or current.status != "completed":
+            while (current := await h.ledger.invocations.get(pending.id)) is None or current.status != "completed":
                 with anyio.move_on_after(0.1):
-                    await h.ledger.wait_for_change()
+                    await h.ledger.changes.next(h.ledger.changes.cursor)
         lookup = await h.call("bastion__invocation", {"invocation_id": pending.id})
         assert not lookup.is_error
         assert lookup.structured_content is not None
@@ -126,7 +128,7 @@ async def test_the_invocation_tool_is_listed_never_gated_and_refuses_unknown_ids
         tools = {t.name: t for t in (await h.client.list_tools()).tools}
         assert "bastion__invocation" in tools
         assert error_of(await h.call("bastion__invocation", {"invocation_id": "nope"}))["class"] == "not_found"
-        assert await h.ledger.list() == []
+        assert await h.ledger.invocations.list() == []
 
 
 async def test_the_pending_limit_refuses_and_records_why(tmp_path: Path) -> None:
@@ -136,10 +138,10 @@ async def test_the_pending_limit_refuses_and_records_why(tmp_path: Path) -> None
         (first,) = await wait_pending(h)
         error = error_of(await h.call("fx__progress"))
         assert error["class"] == "pending_limit"
-        refused = await h.ledger.get(error["invocation_id"])
+        refused = await h.ledger.invocations.get(error["invocation_id"])
         assert refused is not None
         assert (refused.status, refused.error_class) == ("denied", "pending_limit")
-        await h.ledger.decide(first.id, approve=False, principal="alice", note=None, now=utcnow())
+        await h.ledger.invocations.decide(first.id, approve=False, principal="alice", note=None, now=utcnow())
 
 
 async def test_the_rate_limit_refuses_and_records_why(tmp_path: Path) -> None:
@@ -149,7 +151,7 @@ async def test_the_rate_limit_refuses_and_records_why(tmp_path: Path) -> None:
         error = error_of(await h.call("fx__echo", {"text": "x"}))
         assert error["class"] == "rate_limited"
         assert error["retriable"] is True
-        refused = await h.ledger.get(error["invocation_id"])
+        refused = await h.ledger.invocations.get(error["invocation_id"])
         assert refused is not None
         assert (refused.status, refused.error_class) == ("denied", "rate_limited")
 
@@ -179,7 +181,7 @@ async def blocked_mode(h: Harness, tool: str, arguments: dict[str, Any]) -> Invo
     async with anyio.create_task_group() as tg:
         tg.start_soon(h.call, tool, arguments)
         (pending,) = await wait_pending(h)
-        await h.ledger.decide(pending.id, approve=False, principal="t", note=None, now=utcnow())
+        await h.ledger.invocations.decide(pending.id, approve=False, principal="t", note=None, now=utcnow())
     return pending
 
 
@@ -191,11 +193,11 @@ async def test_a_changed_description_turns_allow_into_require_approval_until_acc
         assert (pending.mode, pending.mode_source) == ("require_approval", "drift")
         assert pending.drift is not None
         assert any("emails your files" in line for line in pending.drift)
-        (pin,) = [p for p in await h.ledger.pins("fx") if p.action_id == "echo"]
+        (pin,) = [p for p in await h.ledger.pins.pins("fx") if p.action_id == "echo"]
         assert pin.drift is not None
-        await h.ledger.accept_drift(source_id="fx", action_id="echo", principal="alice")
+        await h.ledger.pins.accept_drift(source_id="fx", action_id="echo", principal="alice")
         assert not (await h.call("fx__echo", {"text": "c"})).is_error
-        assert (await h.ledger.list())[0].mode_source == "inferred"
+        assert (await h.ledger.invocations.list())[0].mode_source == "inferred"
 
 
 async def test_flipping_read_only_to_false_under_the_same_name_reads_as_drift(tmp_path: Path) -> None:
@@ -234,7 +236,7 @@ async def test_a_new_tool_on_a_known_connector_waits_for_a_pin_when_asked(tmp_pa
         await relist(h, [*h.fixture.tools, fresh])
         pending = await blocked_mode(h, "fx__peek", {})
         assert (pending.mode, pending.mode_source) == ("require_approval", "drift")
-        await h.ledger.accept_drift(source_id="fx", action_id=None, principal="alice")
+        await h.ledger.pins.accept_drift(source_id="fx", action_id=None, principal="alice")
         fixture_calls = len(h.fixture.calls)
         await h.call("fx__peek", {})
         assert len(h.fixture.calls) == fixture_calls + 1
@@ -243,6 +245,6 @@ async def test_a_new_tool_on_a_known_connector_waits_for_a_pin_when_asked(tmp_pa
 async def test_first_use_pins_every_tool(tmp_path: Path) -> None:
     fixture = FixtureServer()
     async with harness(tmp_path, fixture=fixture) as h:
-        pins = await h.ledger.pins("fx")
+        pins = await h.ledger.pins.pins("fx")
         assert {p.action_id for p in pins} == {t.name for t in fixture.tools}
         assert all(p.pinned_by == "first-use" and p.drift is None for p in pins)

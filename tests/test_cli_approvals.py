@@ -15,7 +15,8 @@ import anyio
 import pytest
 from anyio.abc import Process
 
-from bastion.ledger import Redactor, SqliteLedger
+from bastion.ledger import OpenLedger, Redactor
+from bastion.ledger import open_ledger as ledger_at
 from bastion.models import EventKind, Invocation, InvocationEvent, utcnow
 from tests.processes import bastion_command, bastion_env, run_cli, write_config
 from tests.test_cli import INVOCATION_KEYS
@@ -42,9 +43,9 @@ def ledger_path(config: Path) -> Path:
 
 
 @asynccontextmanager
-async def open_ledger(config: Path) -> AsyncIterator[SqliteLedger]:
+async def open_ledger(config: Path) -> AsyncIterator[OpenLedger]:
     """The configuration's ledger, through the test's own connection."""
-    async with await SqliteLedger.open(ledger_path(config), redactor=Redactor()) as ledger:
+    async with await ledger_at(ledger_path(config), redactor=Redactor()) as ledger:
         yield ledger
 
 
@@ -75,14 +76,14 @@ def make_invocation(number: int, *, status: str = "pending", **overrides: Any) -
 async def record(config: Path, *invocations: Invocation) -> None:
     async with open_ledger(config) as ledger:
         for invocation in invocations:
-            await ledger.record(invocation, HISTORY[invocation.status])
+            await ledger.invocations.record(invocation, HISTORY[invocation.status])
 
 
 async def read_back(config: Path, invocation_id: str) -> tuple[Invocation, list[InvocationEvent]]:
     async with open_ledger(config) as ledger:
-        invocation = await ledger.get(invocation_id)
+        invocation = await ledger.invocations.get(invocation_id)
         assert invocation is not None
-        return invocation, await ledger.events(invocation_id)
+        return invocation, await ledger.invocations.events(invocation_id)
 
 
 def seed(config: Path, *invocations: Invocation) -> None:

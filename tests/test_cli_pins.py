@@ -38,12 +38,12 @@ def make_pin(source_id: str, action_id: str, *, drifted_to: str | None = None) -
 async def save(config: Path, *pins: Pin) -> None:
     async with open_ledger(config) as ledger:
         for pin in pins:
-            await ledger.save_pin(pin)
+            await ledger.pins.save_pin(pin)
 
 
 async def load(config: Path) -> dict[str, Pin]:
     async with open_ledger(config) as ledger:
-        return {pin.key: pin for pin in await ledger.pins()}
+        return {pin.key: pin for pin in await ledger.pins.pins()}
 
 
 def seeded(tmp_path: Path) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import anyio
 
-from bastion.ledger import Redactor, SqliteLedger
+from bastion.ledger import Redactor, open_ledger
 from bastion.models import Principal
 from tests.processes import bastion_env, run_cli, write_config
 
@@ -26,8 +26,8 @@ def cli(config: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess
 
 
 async def authenticate(config: Path, secret: str) -> Principal | None:
-    async with await SqliteLedger.open(config / "state" / "ledger.db", redactor=Redactor()) as ledger:
-        return await ledger.authenticate(secret)
+    async with await open_ledger(config / "state" / "ledger.db", redactor=Redactor()) as ledger:
+        return await ledger.tokens.authenticate(secret)
 
 
 def test_create_prints_the_secret_once_and_list_never_shows_it(tmp_path: Path) -> None:

@@ -52,12 +52,12 @@ class Terminal:
 async def wait_for_status(config: Path, invocation_id: str, status: Status) -> list[InvocationEvent]:
     """Wait (unbounded: the caller bounds it) until the ledger shows the invocation in `status`."""
     async with open_ledger(config) as ledger, anyio.create_task_group() as tg:
-        await tg.start(ledger.watch)
-        while (invocation := await ledger.get(invocation_id)) is None or invocation.status != status:
+        await tg.start(ledger.changes.run)
+        while (invocation := await ledger.invocations.get(invocation_id)) is None or invocation.status != status:
             # A commit between the read and this wait is only noticed at the next one: re-read each second.
             with anyio.move_on_after(1):
-                await ledger.wait_for_change()
-        events = await ledger.events(invocation_id)
+                await ledger.changes.next(ledger.changes.cursor)
+        events = await ledger.invocations.events(invocation_id)
         tg.cancel_scope.cancel()
     return events
 

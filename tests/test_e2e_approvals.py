@@ -16,7 +16,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 
-from bastion.ledger import Redactor, SqliteLedger
+from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import Invocation, Status
 from tests.processes import bastion_command, bastion_env, bastion_http, write_config
 
@@ -27,42 +27,42 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @asynccontextmanager
-async def watching(config: Path) -> AsyncIterator[SqliteLedger]:
+async def watching(config: Path) -> AsyncIterator[OpenLedger]:
     """The ledger Bastion writes, opened here too, woken by the other processes' commits."""
-    ledger = await SqliteLedger.open(config / "state" / "ledger.db", redactor=Redactor())
+    ledger = await open_ledger(config / "state" / "ledger.db", redactor=Redactor())
     async with ledger, anyio.create_task_group() as tg:
-        tg.start_soon(ledger.watch)
+        tg.start_soon(ledger.changes.run)
         yield ledger
         tg.cancel_scope.cancel()
 
 
-async def until(ledger: SqliteLedger, probe: Callable[[], Awaitable[T | None]], timeout: float = 30) -> T:
+async def until(ledger: OpenLedger, probe: Callable[[], Awaitable[T | None]], timeout: float = 30) -> T:
     """Wait (bounded) until `probe` finds something another process wrote."""
     with anyio.fail_after(timeout):
         while (found := await probe()) is None:
             with anyio.move_on_after(0.5):  # a change between probe and wait is caught on the next round
-                await ledger.wait_for_change()
+                await ledger.changes.next(ledger.changes.cursor)
     return found
 
 
-async def one(ledger: SqliteLedger, status: Status) -> Invocation:
+async def one(ledger: OpenLedger, status: Status) -> Invocation:
     async def probe() -> Invocation | None:
-        found = await ledger.list(status=status)
+        found = await ledger.invocations.list(status=status)
         return found[0] if found else None
 
     return await until(ledger, probe)
 
 
-async def reaches(ledger: SqliteLedger, invocation_id: str, status: Status) -> Invocation:
+async def reaches(ledger: OpenLedger, invocation_id: str, status: Status) -> Invocation:
     async def probe() -> Invocation | None:
-        found = await ledger.get(invocation_id)
+        found = await ledger.invocations.get(invocation_id)
         return found if found is not None and found.status == status else None
 
     return await until(ledger, probe)
 
 
-async def kinds(ledger: SqliteLedger, invocation_id: str) -> list[str]:
-    return [e.kind for e in await ledger.events(invocation_id)]
+async def kinds(ledger: OpenLedger, invocation_id: str) -> list[str]:
+    return [e.kind for e in await ledger.invocations.events(invocation_id)]
 
 
 async def decide_from_another_process(config: Path, env: dict[str, str], *args: str) -> tuple[int, str]:
@@ -122,7 +122,7 @@ async def test_a_blocked_call_is_released_by_an_approval_from_another_process(
     assert json.loads(notes.read_text())["todo"] == "call mum"
     async with watching(config) as ledger:
         assert (await reaches(ledger, pending, "completed")).mode == "require_approval"
-        events = await ledger.events(pending)
+        events = await ledger.invocations.events(pending)
     assert [e.kind for e in events] == ["planned", "pending", "approved", "executing", "completed"]
     assert events[2].detail["by"] == "carol"
 

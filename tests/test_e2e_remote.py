@@ -71,7 +71,7 @@ async def test_a_remote_approver_releases_an_agents_blocked_call_and_both_princi
         assert not result.is_error
         done = await reaches(ledger, pending.id, "completed")
         assert done.principal == "agent-1"
-        approved = [e for e in await ledger.events(pending.id) if e.kind == "approved"]
+        approved = [e for e in await ledger.invocations.events(pending.id) if e.kind == "approved"]
         assert approved[0].detail["by"] == "alice"
     assert json.loads(notes.read_text())["plan"] == "ship it"
 

@@ -35,7 +35,7 @@ async def test_allowed_call_runs_and_is_recorded_completed_with_its_correlation_
         assert (invocation.status, invocation.mode, invocation.mode_source) == ("completed", "allow", "inferred")
         assert invocation.policy_key == "fx:echo"
         assert h.fixture.calls[0].meta[CORRELATION_META_KEY] == invocation.id
-        kinds = [e.kind for e in await h.ledger.events(invocation.id)]
+        kinds = [e.kind for e in await h.ledger.invocations.events(invocation.id)]
         assert kinds == ["planned", "approved", "executing", "completed"]
 
 
@@ -46,7 +46,11 @@ async def test_the_invocation_is_durable_before_the_call_reaches_the_downstream(
             await h.fixture.sleep_started.wait()
         invocation = await h.only_invocation()
         assert invocation.status == "executing"
-        assert [e.kind for e in await h.ledger.events(invocation.id)] == ["planned", "approved", "executing"]
+        assert [e.kind for e in await h.ledger.invocations.events(invocation.id)] == [
+            "planned",
+            "approved",
+            "executing",
+        ]
         h.fixture.release.set()
 
 
@@ -58,14 +62,14 @@ async def test_denied_call_is_recorded_and_never_reaches_the_downstream(tmp_path
         invocation = await h.only_invocation()
         assert error["invocation_id"] == invocation.id
         assert (invocation.status, invocation.mode, invocation.risk) == ("denied", "deny", "danger")
-        assert [e.kind for e in await h.ledger.events(invocation.id)] == ["planned", "denied"]
+        assert [e.kind for e in await h.ledger.invocations.events(invocation.id)] == ["planned", "denied"]
 
 
 async def test_invalid_arguments_are_refused_before_anything_is_recorded(tmp_path: Path) -> None:
     async with harness(tmp_path) as h:
         assert error_of(await h.call("fx__echo", {"text": 3}))["class"] == "invalid_arguments"
         assert error_of(await h.call("fx__shapes", {"at": [1, 2], "extra": 1}))["class"] == "invalid_arguments"
-        assert await h.ledger.list() == []
+        assert await h.ledger.invocations.list() == []
         assert h.fixture.calls == []
 
 
@@ -74,7 +78,7 @@ async def test_org_wildcard_and_session_profile_decide_the_mode(tmp_path: Path) 
     async with harness(tmp_path, modes={"fx:*": "allow"}, profiles=profiles, profile="nightly") as h:
         assert error_of(await h.call("fx__echo", {"text": "x"}))["class"] == "policy_denied"
         assert not (await h.call("fx__progress")).is_error
-        by_tool = {i.tool: i for i in await h.ledger.list()}
+        by_tool = {i.tool: i for i in await h.ledger.invocations.list()}
         assert (by_tool["fx__echo"].mode_source, by_tool["fx__echo"].profile) == ("profile", "nightly")
         assert (by_tool["fx__progress"].mode, by_tool["fx__progress"].mode_source) == ("allow", "org")
 

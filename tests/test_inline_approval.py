@@ -49,7 +49,7 @@ async def test_the_hosts_user_approves_inline_and_the_call_returns_its_result(tm
         assert "fx__progress" in answers.asked[0]
         invocation = await h.only_invocation()
         assert invocation.status == "completed"
-        approved = [e for e in await h.ledger.events(invocation.id) if e.kind == "approved"]
+        approved = [e for e in await h.ledger.invocations.events(invocation.id) if e.kind == "approved"]
         assert approved[0].detail["by"].startswith("inline:")
         assert approved[0].detail["note"] == "looks right"
 
@@ -77,7 +77,7 @@ async def test_a_cancelled_form_falls_back_to_the_approvers(tmp_path: Path, mode
             (pending,) = await wait_pending(h)
             with anyio.fail_after(10):
                 await answers.answered.wait()
-            await h.ledger.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
+            await h.ledger.invocations.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
         assert not outcome[0].is_error
 
 
@@ -86,8 +86,8 @@ async def test_a_host_without_elicitation_waits_for_the_approvers(tmp_path: Path
         async with anyio.create_task_group() as tg:
             tg.start_soon(h.call, "fx__progress")
             (pending,) = await wait_pending(h)
-            await h.ledger.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
-        assert (await h.ledger.get(pending.id)) is not None
+            await h.ledger.invocations.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
+        assert (await h.ledger.invocations.get(pending.id)) is not None
 
 
 async def test_an_authenticated_agent_is_never_offered_inline_approval(tmp_path: Path) -> None:
@@ -98,5 +98,5 @@ async def test_an_authenticated_agent_is_never_offered_inline_approval(tmp_path:
         async with anyio.create_task_group() as tg:
             tg.start_soon(h.call, "fx__progress")
             (pending,) = await wait_pending(h)
-            await h.ledger.decide(pending.id, approve=False, principal="alice", note=None, now=utcnow())
+            await h.ledger.invocations.decide(pending.id, approve=False, principal="alice", note=None, now=utcnow())
         assert answers.asked == []

@@ -98,10 +98,10 @@ async def the_one_completed_call(config: Path) -> Invocation:
     async with watching(config) as ledger:
 
         async def probe() -> list[Invocation] | None:
-            return await ledger.list(status="completed") or None
+            return await ledger.invocations.list(status="completed") or None
 
         await until(ledger, probe)
-        (invocation,) = await ledger.list()
+        (invocation,) = await ledger.invocations.list()
         return invocation
 
 

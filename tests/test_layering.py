@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.catalog": 5,
     "bastion.pipeline.content": 6,  # relayed resources, templates and prompts: naming, routing, relaying
     "bastion.pipeline.pinning": 6,
+    "bastion.pipeline.instances": 6,  # this instance's lease, and who else is alive
     "bastion.pipeline.approvals": 6,
     "bastion.pipeline.authority": 6,
     "bastion.pipeline.views": 6,  # the JSON shapes the CLI prints and the API answers
@@ -50,9 +51,10 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.starter": set(),
     "bastion.pipeline": set(),
     "bastion.pipeline.catalog": {"mcp_types", "jsonschema", "pydantic"},
-    "bastion.pipeline.seams": {"mcp_types"},
+    "bastion.pipeline.seams": {"mcp_types", "anyio"},
     "bastion.pipeline.content": {"mcp_types", "mcp", "anyio"},  # mcp.shared.uri_template: RFC 6570 matching
     "bastion.pipeline.pinning": set(),
+    "bastion.pipeline.instances": {"anyio"},
     "bastion.pipeline.approvals": {"mcp_types", "anyio"},
     "bastion.pipeline.authority": set(),
     "bastion.pipeline.views": {"pydantic"},

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from bastion.errors import NotFound
-from bastion.ledger import Redactor, SqliteLedger
+from bastion.ledger import OpenLedger, Redactor, open_ledger, sqlite_path
 from bastion.models import Pin, PinObservation
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
@@ -40,13 +38,13 @@ def make_pin(source_id: str, action_id: str, *, drifted: bool = False, pinned_by
 
 
 @pytest.fixture
-async def ledger(tmp_path: Path) -> AsyncIterator[SqliteLedger]:
-    async with await SqliteLedger.open(tmp_path / "ledger.db", redactor=Redactor()) as opened:
+async def ledger(tmp_path: Path) -> AsyncIterator[OpenLedger]:
+    async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as opened:
         yield opened
 
 
 @pytest.mark.anyio
-async def test_a_saved_pin_round_trips_with_its_definitions_verbatim(ledger: SqliteLedger) -> None:
+async def test_a_saved_pin_round_trips_with_its_definitions_verbatim(ledger: OpenLedger) -> None:
     definition = {
         "inputSchema": {"type": "object", "properties": {"token": {"type": "string", "default": TOKEN_LIKE}}},
         "annotations": {"password": "is a field name here", "ü": ["ß", 1, None]},
@@ -58,79 +56,67 @@ async def test_a_saved_pin_round_trips_with_its_definitions_verbatim(ledger: Sql
         pinned_by="config",
         drift=observation(2, **definition),
     )
-    await ledger.save_pin(pin)
-    assert await ledger.pins() == [pin]
-    files = [file for file in ledger.path.parent.iterdir() if file.name.startswith("ledger.db")]
+    await ledger.pins.save_pin(pin)
+    assert await ledger.pins.pins() == [pin]
+    files = [file for file in sqlite_path(ledger.url).parent.iterdir() if file.name.startswith("ledger.db")]
     assert TOKEN_LIKE.encode() in b"".join(file.read_bytes() for file in files)
 
 
 @pytest.mark.anyio
-async def test_saving_a_pin_again_replaces_the_whole_row(ledger: SqliteLedger) -> None:
-    await ledger.save_pin(make_pin("fs", "write_file", drifted=True))
+async def test_saving_a_pin_again_replaces_the_whole_row(ledger: OpenLedger) -> None:
+    await ledger.pins.save_pin(make_pin("fs", "write_file", drifted=True))
     replacement = Pin(source_id="fs", action_id="write_file", pinned=observation(7), pinned_by=None)
-    await ledger.save_pin(replacement)
-    assert await ledger.pins() == [replacement]
+    await ledger.pins.save_pin(replacement)
+    assert await ledger.pins.pins() == [replacement]
 
 
 @pytest.mark.anyio
-async def test_pins_are_sorted_by_source_and_action_and_filtered_by_source(ledger: SqliteLedger) -> None:
+async def test_pins_are_sorted_by_source_and_action_and_filtered_by_source(ledger: OpenLedger) -> None:
     for source_id, action_id in [("notes", "b"), ("fs", "write"), ("notes", "a"), ("fs", "read")]:
-        await ledger.save_pin(make_pin(source_id, action_id))
-    assert [pin.key for pin in await ledger.pins()] == ["fs:read", "fs:write", "notes:a", "notes:b"]
-    assert [pin.key for pin in await ledger.pins("notes")] == ["notes:a", "notes:b"]
-    assert await ledger.pins("nowhere") == []
+        await ledger.pins.save_pin(make_pin(source_id, action_id))
+    assert [pin.key for pin in await ledger.pins.pins()] == ["fs:read", "fs:write", "notes:a", "notes:b"]
+    assert [pin.key for pin in await ledger.pins.pins("notes")] == ["notes:a", "notes:b"]
+    assert await ledger.pins.pins("nowhere") == []
 
 
 @pytest.mark.anyio
-async def test_accepting_the_drift_of_one_action_repins_only_it(ledger: SqliteLedger) -> None:
-    await ledger.save_pin(make_pin("fs", "read", drifted=True))
-    await ledger.save_pin(make_pin("fs", "write", drifted=True))
+async def test_accepting_the_drift_of_one_action_repins_only_it(ledger: OpenLedger) -> None:
+    await ledger.pins.save_pin(make_pin("fs", "read", drifted=True))
+    await ledger.pins.save_pin(make_pin("fs", "write", drifted=True))
 
-    accepted = await ledger.accept_drift(source_id="fs", action_id="write", principal="alice")
+    accepted = await ledger.pins.accept_drift(source_id="fs", action_id="write", principal="alice")
 
     expected = Pin(source_id="fs", action_id="write", pinned=observation(2), pinned_by="alice", drift=None)
     assert accepted == [expected]
-    assert await ledger.pins("fs") == [make_pin("fs", "read", drifted=True), expected]
+    assert await ledger.pins.pins("fs") == [make_pin("fs", "read", drifted=True), expected]
 
 
 @pytest.mark.anyio
-async def test_accepting_the_drift_of_a_source_repins_every_drifted_action_of_it(ledger: SqliteLedger) -> None:
-    await ledger.save_pin(make_pin("fs", "write", drifted=True))
-    await ledger.save_pin(make_pin("fs", "read"))
-    await ledger.save_pin(make_pin("fs", "delete", drifted=True))
-    await ledger.save_pin(make_pin("notes", "add", drifted=True))
+async def test_accepting_the_drift_of_a_source_repins_every_drifted_action_of_it(ledger: OpenLedger) -> None:
+    await ledger.pins.save_pin(make_pin("fs", "write", drifted=True))
+    await ledger.pins.save_pin(make_pin("fs", "read"))
+    await ledger.pins.save_pin(make_pin("fs", "delete", drifted=True))
+    await ledger.pins.save_pin(make_pin("notes", "add", drifted=True))
 
-    accepted = await ledger.accept_drift(source_id="fs", action_id=None, principal="alice")
+    accepted = await ledger.pins.accept_drift(source_id="fs", action_id=None, principal="alice")
 
     assert [(pin.action_id, pin.pinned, pin.pinned_by, pin.drift) for pin in accepted] == [
         ("delete", observation(2), "alice", None),
         ("write", observation(2), "alice", None),
     ]
-    stored = {pin.key: pin for pin in await ledger.pins()}
+    stored = {pin.key: pin for pin in await ledger.pins.pins()}
     assert stored["fs:read"] == make_pin("fs", "read")
     assert stored["notes:add"] == make_pin("notes", "add", drifted=True)
-    assert await ledger.accept_drift(source_id="fs", action_id=None, principal="alice") == []
+    assert await ledger.pins.accept_drift(source_id="fs", action_id=None, principal="alice") == []
 
 
 @pytest.mark.anyio
 async def test_accepting_without_drift_returns_nothing_and_an_unknown_action_is_not_found(
-    ledger: SqliteLedger,
+    ledger: OpenLedger,
 ) -> None:
-    await ledger.save_pin(make_pin("fs", "read"))
-    assert await ledger.accept_drift(source_id="fs", action_id="read", principal="alice") == []
-    assert await ledger.pins() == [make_pin("fs", "read")]
-    assert await ledger.accept_drift(source_id="nowhere", action_id=None, principal="alice") == []
+    await ledger.pins.save_pin(make_pin("fs", "read"))
+    assert await ledger.pins.accept_drift(source_id="fs", action_id="read", principal="alice") == []
+    assert await ledger.pins.pins() == [make_pin("fs", "read")]
+    assert await ledger.pins.accept_drift(source_id="nowhere", action_id=None, principal="alice") == []
     with pytest.raises(NotFound, match="fs:missing"):
-        await ledger.accept_drift(source_id="fs", action_id="missing", principal="alice")
-
-
-@pytest.mark.anyio
-async def test_pin_writes_wake_waiters(ledger: SqliteLedger) -> None:
-    with anyio.fail_after(10):
-        async with anyio.create_task_group() as group:
-            group.start_soon(ledger.save_pin, make_pin("fs", "read", drifted=True))
-            await ledger.wait_for_change()
-        async with anyio.create_task_group() as group:
-            group.start_soon(partial(ledger.accept_drift, source_id="fs", action_id="read", principal="alice"))
-            await ledger.wait_for_change()
-    assert [pin.pinned_by for pin in await ledger.pins()] == ["alice"]
+        await ledger.pins.accept_drift(source_id="fs", action_id="missing", principal="alice")

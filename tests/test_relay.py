@@ -190,7 +190,7 @@ async def test_reading_a_resource_returns_the_downstream_contents_without_its_pr
         assert isinstance(blob, types.BlobResourceContents) and blob.blob == "AAEC"
         (item,) = (await h.client.read_resource("fixture://items/42")).contents
         assert isinstance(item, types.TextResourceContents) and item.text == "item 42"
-        assert await h.ledger.list() == []  # not an action: nothing gated, nothing recorded
+        assert await h.ledger.invocations.list() == []  # not an action: nothing gated, nothing recorded
 
 
 @pytest.mark.parametrize("mode", HOSTS)
@@ -271,7 +271,7 @@ async def test_getting_a_prompt_routes_to_its_upstream_name(tmp_path: Path, mode
         with pytest.raises(MCPError) as unknown:
             await h.client.get_prompt("fx__nope")
         assert unknown.value.code == types.INVALID_PARAMS
-        assert await h.ledger.list() == []
+        assert await h.ledger.invocations.list() == []
 
 
 @pytest.mark.parametrize("mode", HOSTS)

@@ -16,7 +16,7 @@ from mcp import Client
 from bastion.actions import ActionSpec, ExplicitPin, PinPolicy
 from bastion.config import Config, PolicyConfig, Settings
 from bastion.errors import ConnectorUnavailable
-from bastion.ledger import Redactor, SqliteLedger
+from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import Invocation, Risk, SourceStatus, utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.seams import ChangeFn, ProgressFn, Relay
@@ -107,7 +107,7 @@ class Counter:
 
 
 @asynccontextmanager
-async def counter_bastion(tmp_path: Path, counter: Counter) -> AsyncIterator[tuple[Client, Gateway, SqliteLedger]]:
+async def counter_bastion(tmp_path: Path, counter: Counter) -> AsyncIterator[tuple[Client, Gateway, OpenLedger]]:
     config = Config(
         directory=None,
         settings=Settings(),
@@ -115,23 +115,23 @@ async def counter_bastion(tmp_path: Path, counter: Counter) -> AsyncIterator[tup
         policy=PolicyConfig(),
         ledger_url=f"sqlite:///{tmp_path}/l.db",
     )
-    async with await SqliteLedger.open(tmp_path / "l.db", redactor=Redactor()) as ledger:
+    async with await open_ledger(tmp_path / "l.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, [counter])
         async with gateway.running(), Client(FrontDoor(gateway).server, cache=None) as client:
             yield client, gateway, ledger
 
 
-async def _pending(ledger: SqliteLedger) -> Invocation:
+async def _pending(ledger: OpenLedger) -> Invocation:
     with anyio.fail_after(WAIT):
-        while not (found := await ledger.list(status="pending")):
+        while not (found := await ledger.invocations.list(status="pending")):
             with anyio.move_on_after(0.1):
-                await ledger.wait_for_change()
+                await ledger.changes.next(ledger.changes.cursor)
     return found[0]
 
 
-async def _approve_next(ledger: SqliteLedger) -> Invocation:
+async def _approve_next(ledger: OpenLedger) -> Invocation:
     pending = await _pending(ledger)
-    return await ledger.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
+    return await ledger.invocations.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
 
 
 async def test_a_source_that_is_not_an_mcp_connector_is_listed_by_its_specs(tmp_path: Path) -> None:
@@ -170,7 +170,7 @@ async def test_its_actions_are_allowed_held_for_approval_and_denied_by_their_dec
         denied = await client.call_tool("counter__reset", {})
         assert error_of(denied)["class"] == "policy_denied"
         assert counter.value == 5
-        statuses = {i.action_id: i.status for i in await ledger.list()}
+        statuses = {i.action_id: i.status for i in await ledger.invocations.list()}
         assert statuses == {"read": "completed", "add": "completed", "reset": "denied"}
         assert [call[0] for call in counter.calls] == ["read", "add"]
         assert all(call[2] for call in counter.calls), "every call carries its invocation id as correlation id"
@@ -195,9 +195,9 @@ async def test_its_drifted_action_waits_for_approval_until_the_drift_is_accepted
             pending = await _pending(ledger)
             assert (pending.mode, pending.mode_source) == ("require_approval", "drift")
             assert pending.drift is not None and any("pastebin" in line for line in pending.drift)
-            await ledger.decide(pending.id, approve=False, principal="alice", note="no", now=utcnow())
+            await ledger.invocations.decide(pending.id, approve=False, principal="alice", note="no", now=utcnow())
 
-        await ledger.accept_drift(source_id="counter", action_id="read", principal="alice")
+        await ledger.pins.accept_drift(source_id="counter", action_id="read", principal="alice")
         assert not (await client.call_tool("counter__read", {})).is_error
 
 
@@ -210,7 +210,7 @@ async def test_an_explicit_pin_in_its_spec_is_checked(tmp_path: Path) -> None:
             pending = await _pending(ledger)
             assert pending.mode_source == "drift"
             assert pending.drift is not None and any("counter's code" in line for line in pending.drift)
-            await ledger.decide(pending.id, approve=False, principal="alice", note=None, now=utcnow())
+            await ledger.invocations.decide(pending.id, approve=False, principal="alice", note=None, now=utcnow())
 
         (read,) = [a for a in counter.actions() if a.action_id == "read"]
         right = fingerprints(read.tool.model_dump(by_alias=True, mode="json", exclude_none=True))

@@ -21,10 +21,11 @@ import anyio
 import typer
 from rich.console import Console
 
-from bastion.config import Config, find_config_dir, load_config, sqlite_path
+from bastion.config import Config, find_config_dir, load_config
 from bastion.connectors import McpConnector
 from bastion.errors import BastionError, ConfigError
-from bastion.ledger import Redactor, SqliteLedger
+from bastion.ledger import OpenLedger, Redactor
+from bastion.ledger import open_ledger as ledger_at
 from bastion.pipeline.gateway import Gateway
 
 app = typer.Typer(
@@ -107,15 +108,12 @@ def load(config_dir: Path | None, *, report: bool = True) -> Config:
 
 
 @asynccontextmanager
-async def open_ledger(config: Config) -> AsyncIterator[SqliteLedger]:
+async def open_ledger(config: Config) -> AsyncIterator[OpenLedger]:
     """The configured ledger, closed on exit."""
     settings = config.settings.ledger
     redactor = Redactor(extra_secret_keys=settings.extra_secret_keys, max_bytes=settings.max_result_bytes)
-    ledger = await SqliteLedger.open(sqlite_path(config.ledger_url), redactor=redactor)
-    try:
+    async with await ledger_at(config.ledger_url, redactor=redactor) as ledger:
         yield ledger
-    finally:
-        await ledger.close()
 
 
 @asynccontextmanager

@@ -123,7 +123,7 @@ def approvals_list(
 
         async def run() -> list[Invocation]:
             async with open_ledger(config) as ledger:
-                return await pending_invocations(ledger, utcnow(), limit=limit)
+                return await pending_invocations(ledger.invocations, utcnow(), limit=limit)
 
         pending = run_async(run)
     now = utcnow()
@@ -172,11 +172,11 @@ def approvals_show(
 
     async def run() -> dict[str, Any]:
         async with open_ledger(config) as ledger:
-            invocation = await ledger.get(invocation_id)
+            invocation = await ledger.invocations.get(invocation_id)
             if invocation is None:
                 raise NotFound(f"no invocation {invocation_id!r} in {config.ledger_url}")
             data = pending_json(invocation, utcnow())
-            data["events"] = [e.model_dump(mode="json") for e in await ledger.events(invocation_id)]
+            data["events"] = [e.model_dump(mode="json") for e in await ledger.invocations.events(invocation_id)]
             data["commands"] = decide_commands(config, invocation_id) if invocation.status == "pending" else None
             return data
 

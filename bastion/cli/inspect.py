@@ -134,7 +134,7 @@ def invocations_list(
 
     async def run() -> list[Invocation]:
         async with open_ledger(config) as ledger:
-            return await ledger.list(status=_status(status), source_id=source, limit=limit)
+            return await ledger.invocations.list(status=_status(status), source_id=source, limit=limit)
 
     found = run_async(run)
     if as_json:
@@ -164,10 +164,10 @@ def invocations_show(
 
     async def run() -> dict[str, Any]:
         async with open_ledger(config) as ledger:
-            invocation = await ledger.get(invocation_id)
+            invocation = await ledger.invocations.get(invocation_id)
             if invocation is None:
                 raise NotFound(f"no invocation {invocation_id!r} in {config.ledger_url}")
-            return invocation_detail_json(invocation, await ledger.events(invocation_id))
+            return invocation_detail_json(invocation, await ledger.invocations.events(invocation_id))
 
     data = run_async(run)
     if as_json:

@@ -26,6 +26,7 @@ from bastion.cli.app import (
 )
 from bastion.errors import Conflict, NotFound
 from bastion.models import Pin
+from bastion.pipeline.authority import accept_pins, local_owner
 from bastion.pipeline.views import drift_diff, pin_json
 
 pins_app = typer.Typer(
@@ -58,7 +59,7 @@ def pins_list(
 
     async def run() -> list[Pin]:
         async with open_ledger(config) as ledger:
-            return await ledger.pins(source)
+            return await ledger.pins.pins(source)
 
     pins = [pin for pin in run_async(run) if pin.drift is not None or not drifted]
     if as_json:
@@ -104,9 +105,11 @@ def pins_accept(
 
     async def run() -> list[Pin]:
         async with open_ledger(config) as ledger:
-            if action_id is None and not await ledger.pins(source_id):
+            if action_id is None and not await ledger.pins.pins(source_id):
                 raise NotFound(f"no pins of source {source_id!r} in {config.ledger_url}; see `bastion pins list`")
-            accepted = await ledger.accept_drift(source_id=source_id, action_id=action_id, principal=principal)
+            accepted = await accept_pins(
+                ledger, principal=local_owner(principal), source_id=source_id, action_id=action_id
+            )
             if key is not None and not accepted:
                 raise Conflict(f"pin {key} is not drifted; there is nothing to accept")
             return accepted

@@ -35,7 +35,7 @@ def serve(
     async def run() -> None:
         if transport == "http" and not is_loopback(host):
             async with open_ledger(config) as ledger:
-                if not await ledger.has_tokens():  # refuse before starting any connector
+                if not await ledger.tokens.has_tokens():  # refuse before starting any connector
                     raise ConfigError(
                         f"refusing to serve on {host} without tokens: anyone who can reach it could call tools. "
                         "Create one first with `bastion tokens create NAME --role admin` (and agent tokens for "
@@ -45,7 +45,7 @@ def serve(
             if transport == "stdio":
                 await serve_stdio(FrontDoor(gateway, profile=profile, session_id="stdio"))
             else:
-                tokens = await gateway.ledger.has_tokens()
+                tokens = await gateway.ledger.tokens.has_tokens()
 
                 def ready(base_url: str) -> None:
                     _print_connect_help(config, base_url, len(gateway.catalog.tools), tokens=tokens)

@@ -15,7 +15,7 @@ from rich.table import Table
 from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, load, open_ledger, out, run_async, timestamp
 from bastion.config import validate_profile
 from bastion.errors import ConfigError
-from bastion.ledger.sqlite.tokens import validate_token_name
+from bastion.ledger.tokens import validate_token_name
 from bastion.models import ROLES, Role, TokenInfo, utcnow
 
 tokens_app = typer.Typer(help="Bearer tokens for the HTTP surface: create, list, revoke.", no_args_is_help=True)
@@ -58,7 +58,7 @@ def tokens_create(
 
     async def run() -> str:
         async with open_ledger(config) as ledger:
-            return await ledger.create_token(name, role=role, profile=profile, now=now)
+            return await ledger.tokens.create_token(name, role=role, profile=profile, now=now)
 
     secret = run_async(run)
     token = TokenInfo(name=name, role=role, profile=profile, created_at=now)
@@ -83,7 +83,7 @@ def tokens_list(config_dir: ConfigOption = None, as_json: JsonOption = False) ->
 
     async def run() -> list[TokenInfo]:
         async with open_ledger(config) as ledger:
-            return await ledger.tokens()
+            return await ledger.tokens.tokens()
 
     tokens = run_async(run)
     if as_json:
@@ -110,7 +110,7 @@ def tokens_revoke(name: NameArgument, config_dir: ConfigOption = None, as_json: 
 
     async def run() -> TokenInfo:
         async with open_ledger(config) as ledger:
-            return await ledger.revoke_token(name, now=now)
+            return await ledger.tokens.revoke_token(name, now=now)
 
     token = run_async(run)
     if as_json:

@@ -21,9 +21,11 @@ from rich.text import Text
 from bastion.cli.app import ConfigOption, Exit, approver_principal, load, open_ledger, run_async
 from bastion.cli.approvals import approvals_app, pending_invocations, pending_table
 from bastion.config import Config
-from bastion.errors import BastionError
-from bastion.ledger import SqliteLedger
+from bastion.errors import BastionError, ChangesLost
+from bastion.ledger import OpenLedger
 from bastion.models import Invocation, utcnow
+from bastion.pipeline import authority
+from bastion.pipeline.authority import local_owner
 
 if sys.platform != "win32":
     import termios
@@ -138,8 +140,12 @@ async def watch_approvals(config: Config, principal: str, fd: int, console: Cons
     async with open_ledger(config) as ledger, anyio.create_task_group() as tg:
 
         async def follow_ledger() -> None:
+            cursor = ledger.changes.cursor
             while True:
-                await ledger.wait_for_change()
+                try:
+                    cursor = (await ledger.changes.next(cursor))[-1].id
+                except ChangesLost:
+                    cursor = ledger.changes.cursor
                 wake.set()
 
         async def on_key(key: str) -> None:
@@ -153,12 +159,12 @@ async def watch_approvals(config: Config, principal: str, fd: int, console: Cons
             await read_keys(fd, on_key)
             tg.cancel_scope.cancel()
 
-        await tg.start(ledger.watch)
+        await tg.start(ledger.changes.run)
         tg.start_soon(follow_ledger)
         with Live(console=console, auto_refresh=False, transient=False) as live:
             tg.start_soon(keys_then_quit)
             while True:
-                view.update(await pending_invocations(ledger, utcnow()))
+                view.update(await pending_invocations(ledger.invocations, utcnow()))
                 live.update(view.render(), refresh=True)
                 # Redraw on the next change, or at the next whole second for the countdown.
                 with anyio.move_on_after(1 - utcnow().microsecond / 1_000_000):
@@ -178,13 +184,15 @@ async def read_keys(fd: int, on_key: Callable[[str], Awaitable[None]]) -> None:
             await on_key(key)
 
 
-async def _decide(ledger: SqliteLedger, invocation_id: str | None, *, approve: bool, principal: str) -> str:
+async def _decide(ledger: OpenLedger, invocation_id: str | None, *, approve: bool, principal: str) -> str:
     """Decide the selected invocation; the status line it leaves (the error class when refused)."""
     if invocation_id is None:
         return "nothing to decide: no pending invocation is selected"
     note = None if approve else DENY_REASON
     try:
-        decided = await ledger.decide(invocation_id, approve=approve, principal=principal, note=note, now=utcnow())
+        decided = await authority.decide(
+            ledger, invocation_id, approve=approve, principal=local_owner(principal), note=note, now=utcnow()
+        )
     except BastionError as exc:
         return f"{exc.error_class}: {exc.message}"
     return f"{decided.status} {decided.id} ({decided.tool}) as {principal}"

@@ -1,19 +1,16 @@
 """Calls that wait for a human (DESIGN.md §6): pending invocations, heartbeats, decisions, expiry.
 
 A held call keeps its raw arguments in memory (the ledger only has them redacted). Decisions come
-from anywhere that writes the ledger — this process, the CLI, another Bastion — and the desk's loop
-notices them: at once for writes of this process, within the ledger's watch interval for others.
+from anywhere that writes the ledger — this process, the CLI, another Bastion — and the ledger's change
+feed announces them: the desk wakes on the changes of the calls it holds, not on every commit.
 An approved invocation runs in the desk's own task group, so a host that cancels or disconnects
 does not stop it; the result is kept in the ledger and handed to the host if it is still waiting.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
-import os
-import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -27,14 +24,15 @@ from bastion.errors import (
     ApprovalDenied,
     ApprovalExpired,
     BastionError,
+    ChangesLost,
     InvalidArguments,
     NotFound,
+    PendingLimit,
     UnknownOutcome,
 )
 from bastion.models import Invocation, Status, utcnow
 from bastion.pipeline.catalog import CatalogEntry
-from bastion.pipeline.seams import Ledger, ProgressFn
-from bastion.policies import canonical_json
+from bastion.pipeline.seams import ChangeFeed, InvocationStore, ProgressFn
 
 logger = logging.getLogger(__name__)
 
@@ -45,48 +43,13 @@ Lookup = Callable[[str, str], CatalogEntry | None]
 """Finds the catalog entry of (source_id, action_id)."""
 
 EXECUTING: tuple[Status, ...] = ("executing",)
-HELD_POLL_SECONDS = 0.2
-"""While calls are held, the longest the desk goes without looking at them (a safety net under wake-ups)."""
+HELD_POLL_SECONDS = 1.0
+"""While calls are held, the longest the desk goes without looking at them all (a safety net under the feed)."""
 IDLE_POLL_SECONDS = 5.0
-"""With nothing held here, how often to sweep expiries and adopt approved orphans of dead processes."""
+"""How often to sweep expiries and recover the work of instances that stopped (adopting what they left approved)."""
 
-
-def args_hash(arguments: Any) -> str:
-    """SHA-256 of the canonical JSON of the raw arguments (DESIGN.md §6)."""
-    return hashlib.sha256(canonical_json(arguments)).hexdigest()
-
-
-def process_identity() -> str:
-    """`host:pid:start` — who owns an invocation, precise enough to tell later whether it is still alive."""
-    return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
-
-
-def owner_alive(owner: str | None) -> bool:
-    """Whether the Bastion process named by `owner` still runs. Another host's cannot be checked: assume yes."""
-    if not owner:
-        return False
-    host, _, rest = owner.partition(":")
-    pid, _, started = rest.partition(":")
-    if host != socket.gethostname():
-        return True
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return _start_time(int(pid)) == started
-
-
-def _start_time(pid: int) -> str:
-    """The process start time in clock ticks since boot (guards against a reused pid); '' where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+Liveness = Callable[[], Awaitable[Callable[[str], bool]]]
+"""Gives a predicate telling whether an instance (an invocation's owner) is alive, read fresh each time."""
 
 
 PendingFn = Callable[[Invocation], Coroutine[Any, Any, None]]
@@ -139,21 +102,25 @@ class ApprovalDesk:
 
     def __init__(
         self,
-        ledger: Ledger,
+        store: InvocationStore,
+        feed: ChangeFeed,
         *,
         runner: Runner,
         lookup: Lookup,
         owner: str,
+        liveness: Liveness,
         heartbeat_seconds: float,
     ) -> None:
-        self._ledger = ledger
+        self._store = store
+        self._feed = feed
+        self._liveness = liveness
         self._runner = runner
         self._lookup = lookup
         self.owner = owner
         self.heartbeat_seconds = heartbeat_seconds
         self._held: dict[str, Held] = {}
         self._added = anyio.Event()
-        self._last_adoption = -math.inf
+        self._last_recovery = -math.inf
 
     async def hold(
         self,
@@ -162,21 +129,32 @@ class ApprovalDesk:
         arguments: dict[str, Any],
         on_progress: ProgressFn | None,
         *,
+        limit: int,
         on_pending: PendingFn | None = None,
         defer: bool = False,
     ) -> types.CallToolResult:
         """Record the invocation as pending and block until it is decided, run, expired or refused.
 
+        Raises PendingLimit (nothing recorded) when its session already has `limit` pending invocations.
         `on_pending` runs beside the wait (and is cancelled when it ends); `defer` returns at once by
         raising AwaitingInput, and a later `resume` waits instead.
         """
         held = Held(invocation, entry, arguments, Progress(on_progress) if on_progress else None)
         self._held[invocation.id] = held
         try:
-            await self._ledger.record(invocation, ("planned", "pending"), {"expires_at": str(invocation.expires_at)})
+            pending = await self._store.record_pending(
+                invocation, ("planned", "pending"), {"expires_at": str(invocation.expires_at)}, limit=limit
+            )
         except BaseException:
             self._held.pop(invocation.id, None)
             raise
+        if pending is not None:
+            self._held.pop(invocation.id, None)
+            raise PendingLimit(
+                f"session already has {pending} invocations waiting for approval (limit {limit}); "
+                "wait for decisions before asking for more",
+                invocation_id=invocation.id,
+            )
         self._added.set()
         if defer:
             raise AwaitingInput(invocation)
@@ -221,24 +199,27 @@ class ApprovalDesk:
                 await held.progress.beat(message)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """The desk's loop: until cancelled, settle held calls, sweep expiries, adopt orphans."""
+        """The desk's loop: until cancelled, settle held calls as their changes arrive, sweep expiries, and
+        recover the work of stopped instances."""
         async with anyio.create_task_group() as runs:
             task_status.started()
+            due: set[str] | None = None
             while True:
-                for expired in await self._ledger.expire_due(utcnow()):
+                for expired in await self._store.expire_due(utcnow()):
                     logger.info("invocation %s expired without a decision", expired.id)
-                # Taken before reading the held calls' state: a decision committed while they are read
-                # ends the wait below at once instead of at its bound.
-                seen = self._ledger.commits_seen
-                await self._settle(runs)
-                await self._wait_for_news(seen)
+                # Taken before reading the held calls' state: a decision committed while they are read is
+                # announced after it, and ends the wait below at once.
+                cursor = self._feed.cursor
+                await self._settle(runs, due)
+                await self._recover(runs)
+                due = await self._wait_for_news(cursor)
 
-    async def _settle(self, runs: TaskGroup) -> None:
-        """Run the held calls that were approved, answer the refused ones, adopt approved orphans."""
+    async def _settle(self, runs: TaskGroup, due: set[str] | None) -> None:
+        """Run the held calls (of `due`, or all) that were approved, and answer the refused ones."""
         for invocation_id, held in list(self._held.items()):
-            if held.running:
+            if held.running or (due is not None and invocation_id not in due):
                 continue
-            current = await self._ledger.get(invocation_id)
+            current = await self._store.get(invocation_id)
             if current is None or current.status == "pending":
                 continue
             if current.status == "approved":
@@ -247,23 +228,38 @@ class ApprovalDesk:
                 continue
             self._held.pop(invocation_id, None)
             held.finish(error=_refusal(current))
-        if anyio.current_time() - self._last_adoption >= IDLE_POLL_SECONDS:
-            self._last_adoption = anyio.current_time()
-            for orphan in await self._ledger.list(status="approved", limit=1000):
-                if orphan.id not in self._held and not owner_alive(orphan.owner):
-                    runs.start_soon(self._run_orphan, orphan, name=f"orphan:{orphan.id}")
 
-    async def _wait_for_news(self, seen: int) -> None:
+    async def _recover(self, runs: TaskGroup) -> None:
+        """Now and then: mark the calls of stopped instances unknown, and run what they left approved."""
+        if anyio.current_time() - self._last_recovery < IDLE_POLL_SECONDS:
+            return
+        self._last_recovery = anyio.current_time()
+        report = await self._store.recover(await self._liveness())
+        if report.unknown:
+            logger.warning("%d invocation(s) of a stopped instance marked unknown", len(report.unknown))
+        for orphan_id in report.approved:
+            orphan = await self._store.get(orphan_id)
+            if orphan is not None and orphan_id not in self._held:
+                runs.start_soon(self._run_orphan, orphan, name=f"orphan:{orphan_id}")
+
+    async def _wait_for_news(self, cursor: int) -> set[str] | None:
+        """Wait for changes of held calls (their ids), a new held call, an expiry or the safety-net bound;
+        None means: look at every held call."""
         delay = HELD_POLL_SECONDS if self._held else IDLE_POLL_SECONDS
-        next_expiry = await self._ledger.next_expiry()
+        next_expiry = await self._store.next_expiry()
         if next_expiry is not None:
             delay = min(delay, max(0.0, (next_expiry - utcnow()).total_seconds()) + 0.001)
         with anyio.move_on_after(delay):
-            if self._held:
-                await self._ledger.wait_for_change(after=seen)
-            else:
+            if not self._held:
                 self._added = anyio.Event()
                 await self._added.wait()
+                return None
+            try:
+                changes = await self._feed.next(cursor)
+            except ChangesLost:
+                return None
+            return {change.invocation_id for change in changes}
+        return None
 
     async def _run_held(self, held: Held) -> None:
         invocation_id = held.invocation.id
@@ -289,15 +285,15 @@ class ApprovalDesk:
     async def _claim_and_run(
         self, invocation: Invocation, entry: CatalogEntry | None, arguments: Any, progress: Progress | None
     ) -> types.CallToolResult:
-        claimed = await self._ledger.claim(invocation.id, owner=self.owner)
+        claimed = await self._store.claim(invocation.id, owner=self.owner)
         if claimed is None:
             raise UnknownOutcome(
                 "another Bastion process took this approved invocation; ask bastion__invocation for its outcome",
                 invocation_id=invocation.id,
             )
-        problem = _cannot_run(claimed, entry, arguments)
+        problem = self._cannot_run(claimed, entry, arguments)
         if problem is not None:
-            await self._ledger.transition(
+            await self._store.transition(
                 claimed.id,
                 from_statuses=EXECUTING,
                 to="failed",
@@ -307,20 +303,19 @@ class ApprovalDesk:
         assert entry is not None
         return await self._runner(entry, claimed, arguments, progress)
 
-
-def _cannot_run(invocation: Invocation, entry: CatalogEntry | None, arguments: Any) -> BastionError | None:
-    """The checks before an approved call runs: it still exists, its args are the approved ones, not expired."""
-    if entry is None:
-        return NotFound(f"{invocation.policy_key} is no longer in the catalog", invocation_id=invocation.id)
-    if not isinstance(arguments, dict) or args_hash(arguments) != invocation.args_hash:
-        return InvalidArguments(
-            "the approved arguments are not available unredacted (they held secrets the ledger does not keep, "
-            "and the Bastion process that had them stopped); ask the agent to make the call again",
-            invocation_id=invocation.id,
-        )
-    if invocation.expires_at is not None and utcnow() > invocation.expires_at + timedelta(seconds=1):
-        return ApprovalExpired(f"the approval came after {invocation.expires_at}", invocation_id=invocation.id)
-    return None
+    def _cannot_run(self, invocation: Invocation, entry: CatalogEntry | None, arguments: Any) -> BastionError | None:
+        """The checks before an approved call runs: it still exists, its args are the approved ones, not expired."""
+        if entry is None:
+            return NotFound(f"{invocation.policy_key} is no longer in the catalog", invocation_id=invocation.id)
+        if not isinstance(arguments, dict) or not self._store.args_match(arguments, invocation.args_hash):
+            return InvalidArguments(
+                "the approved arguments are not available unredacted (they held secrets the ledger does not keep, "
+                "and the Bastion process that had them stopped); ask the agent to make the call again",
+                invocation_id=invocation.id,
+            )
+        if invocation.expires_at is not None and utcnow() > invocation.expires_at + timedelta(seconds=1):
+            return ApprovalExpired(f"the approval came after {invocation.expires_at}", invocation_id=invocation.id)
+        return None
 
 
 def _refusal(invocation: Invocation) -> BastionError:

@@ -24,7 +24,7 @@ def may_see(principal: Principal, invocation: Invocation) -> bool:
 
 async def visible_invocation(ledger: Ledger, principal: Principal, invocation_id: str) -> Invocation:
     """The invocation if this principal may see it; NotFound otherwise (never revealing which)."""
-    invocation = await ledger.get(invocation_id)
+    invocation = await ledger.invocations.get(invocation_id)
     if invocation is None or not may_see(principal, invocation):
         raise NotFound(f"no invocation {invocation_id!r}", invocation_id=invocation_id)
     return invocation
@@ -39,7 +39,7 @@ async def decide(
             f"{principal.name} has the {principal.role} role; only owner and admin tokens may decide",
             invocation_id=invocation_id,
         )
-    invocation = await ledger.get(invocation_id)
+    invocation = await ledger.invocations.get(invocation_id)
     if invocation is None:
         raise NotFound(f"no invocation {invocation_id!r}", invocation_id=invocation_id)
     if invocation.principal is not None and invocation.principal == principal.name:
@@ -47,11 +47,11 @@ async def decide(
             f"{principal.name} made this call and may not decide it; ask another approver",
             invocation_id=invocation_id,
         )
-    return await ledger.decide(invocation_id, approve=approve, principal=principal.name, note=note, now=now)
+    return await ledger.invocations.decide(invocation_id, approve=approve, principal=principal.name, note=note, now=now)
 
 
 async def accept_pins(ledger: Ledger, *, principal: Principal, source_id: str, action_id: str | None) -> list[Pin]:
     """Re-pin drifted definitions: approvers only."""
     if not principal.may_decide:
         raise Forbidden(f"{principal.name} has the {principal.role} role; only owner and admin tokens may re-pin")
-    return await ledger.accept_drift(source_id=source_id, action_id=action_id, principal=principal.name)
+    return await ledger.pins.accept_drift(source_id=source_id, action_id=action_id, principal=principal.name)

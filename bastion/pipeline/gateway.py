@@ -38,9 +38,10 @@ from bastion.errors import (
     UpstreamError,
 )
 from bastion.models import CallContext, Invocation, ModeDecision, Risk, SourceStatus, Status, utcnow
-from bastion.pipeline.approvals import ApprovalDesk, PendingFn, Progress, args_hash, owner_alive, process_identity
+from bastion.pipeline.approvals import ApprovalDesk, PendingFn, Progress
 from bastion.pipeline.catalog import Catalog, CatalogEntry, PreparedAction, prepare_actions
 from bastion.pipeline.content import ContentRelay
+from bastion.pipeline.instances import Instance
 from bastion.pipeline.pinning import PinBook
 from bastion.pipeline.seams import ActionSource, ContentSource, Ledger, ProgressFn, Relay
 from bastion.policies import RateLimiter, guard_drift, resolve_mode
@@ -86,7 +87,9 @@ class Gateway:
         """`sources` are every configured source; those disabled by policy are neither run nor listed."""
         self.config = config
         self.ledger = ledger
-        self.instance_id = instance_id or process_identity()
+        self.invocations = ledger.invocations
+        self.instance = Instance(ledger.instances, instance_id)
+        self.instance_id = self.instance.id
         disabled = frozenset(config.policy.sources.disabled)
         self._sources = {s.source_id: s for s in sources if s.source_id not in disabled}
         self._disabled = {s.source_id: s for s in sources if s.source_id in disabled}
@@ -94,12 +97,14 @@ class Gateway:
         self.catalog = Catalog()
         self.tools: list[types.Tool] = [INVOCATION_TOOL]
         """What `tools/list` answers: the visible catalog plus the gateway's own tool."""
-        self.pins = PinBook(ledger)
+        self.pins = PinBook(ledger.pins)
         self.desk = ApprovalDesk(
-            ledger,
+            ledger.invocations,
+            ledger.changes,
             runner=self._run,
             lookup=self._lookup,
             owner=self.instance_id,
+            liveness=self.instance.liveness,
             heartbeat_seconds=config.settings.approvals.heartbeat_seconds,
         )
         self._rate = RateLimiter(config.settings.limits.invocations_per_minute)
@@ -130,6 +135,10 @@ class Gateway:
     def on_listings_changed(self, listener: ListingsFn) -> None:
         """Register a coroutine called after a rebuild that changed what hosts list (the server notifies them)."""
         self._listing_listeners.append(listener)
+
+    def hash_args(self, arguments: Any) -> str:
+        """The keyed hash of raw arguments the ledger records (binds an answer to the call it answers)."""
+        return self.invocations.hash_args(arguments)
 
     def _lookup(self, source_id: str, action_id: str) -> CatalogEntry | None:
         return self.catalog.by_action.get((source_id, action_id))
@@ -169,8 +178,10 @@ class Gateway:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Gateway]:
-        """Recover the ledger, start every source, wait (bounded) for their first listing, serve, stop."""
-        report = await self.ledger.recover(owner_alive)
+        """Take this instance's lease, recover the ledger, start every source, wait (bounded) for their first
+        listing, serve, stop."""
+        await self.instance.register()
+        report = await self.invocations.recover(await self.instance.liveness())
         if report.unknown or report.approved:
             logger.warning(
                 "recovered the ledger: %d interrupted invocation(s) marked unknown, %d approved one(s) to run",
@@ -190,7 +201,8 @@ class Gateway:
                 logger.warning("sources still listing after the timeout, omitted for now: %s", ", ".join(slow))
             self._rebuild()
             tg.start_soon(self._rebuild_loop, name="catalog")
-            tg.start_soon(self.ledger.watch, name="ledger-watch")
+            await tg.start(self.ledger.changes.run, name="ledger-changes")
+            await tg.start(self.instance.run, name="instance-lease")
             await tg.start(self.desk.run, name="approvals")
             try:
                 yield self
@@ -267,7 +279,7 @@ class Gateway:
                 await self._refuse(invocation, PolicyDenied, f"policy ({decision.source}) denies {entry.key}")
             if decision.mode == "require_approval":
                 return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
-            await self.ledger.record(invocation, ("planned", "approved", "executing"))
+            await self.invocations.record(invocation, ("planned", "approved", "executing"))
             return await self._run(entry, invocation, arguments, Progress(on_progress) if on_progress else None)
 
     @contextmanager
@@ -312,7 +324,7 @@ class Gateway:
             profile=context.profile,
             principal=context.principal,
             args=arguments,
-            args_hash=args_hash(arguments),
+            args_hash=self.invocations.hash_args(arguments),
             owner=self.instance_id,
             drift=drift,
             created_at=now,
@@ -323,7 +335,7 @@ class Gateway:
         refused = invocation.model_copy(
             update={"status": "denied", "error_class": error.error_class, "error_message": reason, "owner": None}
         )
-        await self.ledger.record(refused, ("planned", "denied"), {"reason": reason})
+        await self.invocations.record(refused, ("planned", "denied"), {"reason": reason})
         raise error(reason, invocation_id=invocation.id)
 
     async def _hold(
@@ -337,20 +349,23 @@ class Gateway:
     ) -> types.CallToolResult:
         """require_approval: pending in the ledger, and the host's call blocks until it is decided."""
         approvals = self.config.settings.approvals
-        pending = await self.ledger.count("pending", session_id=invocation.session_id)
-        if pending >= approvals.max_pending_per_session:
-            await self._refuse(
-                invocation,
-                PendingLimit,
-                f"session already has {pending} invocations waiting for approval (limit "
-                f"{approvals.max_pending_per_session}); wait for decisions before asking for more",
-            )
         now = utcnow()
         held = invocation.model_copy(
             update={"status": "pending", "expires_at": now + timedelta(seconds=approvals.expiry_seconds)}
         )
         logger.info("invocation %s (%s) waits for approval", held.id, entry.key)
-        return await self.desk.hold(held, entry, arguments, on_progress, on_pending=on_pending, defer=defer)
+        try:
+            return await self.desk.hold(
+                held,
+                entry,
+                arguments,
+                on_progress,
+                limit=approvals.max_pending_per_session,
+                on_pending=on_pending,
+                defer=defer,
+            )
+        except PendingLimit as refused:
+            await self._refuse(invocation, PendingLimit, refused.message)
 
     async def resume(self, invocation_id: str, *, on_progress: ProgressFn | None = None) -> types.CallToolResult:
         """Wait for a held call again (the host answered an inline approval in a new request)."""
@@ -394,7 +409,7 @@ class Gateway:
     async def _finish(
         self, invocation_id: str, status: Status, *, result: Any = None, error: BastionError | None = None
     ) -> None:
-        finished = await self.ledger.finish(
+        finished = await self.invocations.finish(
             invocation_id,
             status,
             result=result,
@@ -409,7 +424,7 @@ class Gateway:
         invocation_id = arguments.get("invocation_id")
         if not isinstance(invocation_id, str) or set(arguments) != {"invocation_id"}:
             raise InvalidArguments("bastion__invocation takes exactly one argument: invocation_id (a string)")
-        invocation = await self.ledger.get(invocation_id)
+        invocation = await self.invocations.get(invocation_id)
         if invocation is None or (context.principal is not None and invocation.principal != context.principal):
             raise NotFound(f"no invocation {invocation_id!r} visible to this session")
         view = invocation.model_dump(

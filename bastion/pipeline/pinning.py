@@ -17,7 +17,7 @@ from typing import Any
 from bastion.actions import ExplicitPin
 from bastion.models import Pin, PinObservation
 from bastion.pipeline.catalog import PreparedAction
-from bastion.pipeline.seams import Ledger
+from bastion.pipeline.seams import PinStore
 from bastion.policies import Fingerprints, diff_definitions, is_drifted
 
 logger = logging.getLogger(__name__)
@@ -30,13 +30,13 @@ UNPINNED = PinObservation(fingerprint="", structural="", definition={})
 class PinBook:
     """The pins of every source, and the diff of each action that currently differs from its pin."""
 
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
+    def __init__(self, store: PinStore) -> None:
+        self._store = store
         self._pins: dict[tuple[str, str], Pin] = {}
         self._drift: dict[tuple[str, str], list[str]] = {}
 
     async def load(self) -> None:
-        self._pins = {(p.source_id, p.action_id): p for p in await self._ledger.pins()}
+        self._pins = {(p.source_id, p.action_id): p for p in await self._store.pins()}
 
     def pinned_definition(self, source_id: str, action_id: str) -> dict[str, Any] | None:
         """The trusted definition of a drifted action, or None when there is none to go by."""
@@ -54,7 +54,7 @@ class PinBook:
         key = (source_id, action_id)
         if key not in self._drift:
             return None
-        stored = next((p for p in await self._ledger.pins(source_id) if p.action_id == action_id), None)
+        stored = next((p for p in await self._store.pins(source_id) if p.action_id == action_id), None)
         if stored is not None and stored.drift is None:
             self._pins[key] = stored
             self._drift.pop(key, None)
@@ -97,7 +97,7 @@ class PinBook:
                 self._drift[key] = diff_definitions(pin.pinned.definition, pin.drift.definition)
 
     async def _save(self, pin: Pin) -> None:
-        await self._ledger.save_pin(pin)
+        await self._store.save_pin(pin)
         self._pins[(pin.source_id, pin.action_id)] = pin
 
 

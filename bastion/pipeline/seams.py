@@ -1,7 +1,9 @@
 """The seams of the pipeline (DESIGN.md §2): what a source and a ledger must offer the gateway.
 
 They are `typing.Protocol`s owned by the pipeline; connectors/ and ledger/ satisfy them structurally
-without importing this module.
+without importing this module. The ledger is split by what each consumer needs: invocations (the call
+pipeline and the approval desk), pins (the pin book), tokens (authentication), the change feed (whoever
+waits for a decision) and instance leases (recovery).
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+import anyio
 import mcp_types as types
+from anyio.abc import TaskStatus
 
 from bastion.actions import ActionSpec
 from bastion.models import (
+    Change,
     EventKind,
     Invocation,
     InvocationEvent,
@@ -152,13 +157,28 @@ class ContentSource(Protocol):
         ...
 
 
-class Ledger(Protocol):
-    """The durable invocation store. Implementations redact and truncate args and results themselves."""
+class InvocationStore(Protocol):
+    """Invocations and their events (DESIGN.md §6). Whatever it is given is stored redacted and truncated."""
+
+    def hash_args(self, arguments: Any) -> str:
+        """The keyed hash of raw arguments an invocation is recorded with (never shown to anyone)."""
+        ...
+
+    def args_match(self, arguments: Any, stored: str) -> bool:
+        """Whether `arguments` are the ones an invocation was recorded with (its `args_hash`)."""
+        ...
 
     async def record(
         self, invocation: Invocation, events: Sequence[EventKind], detail: Mapping[str, Any] | None = None
     ) -> None:
         """Insert a new invocation and its first events in one transaction (durable on return)."""
+        ...
+
+    async def record_pending(
+        self, invocation: Invocation, events: Sequence[EventKind], detail: Mapping[str, Any] | None, *, limit: int
+    ) -> int | None:
+        """Record a call that waits for approval only if its session has fewer than `limit` pending, counted
+        atomically with the insert (across instances). None when recorded; else how many are pending."""
         ...
 
     async def finish(
@@ -189,30 +209,12 @@ class Ledger(Protocol):
         Returns the updated invocation, or None when the condition did not hold (a conflict)."""
         ...
 
-    async def get(self, invocation_id: str) -> Invocation | None: ...
-
-    async def list(
-        self,
-        *,
-        status: Status | None = None,
-        source_id: str | None = None,
-        session_id: str | None = None,
-        principal: str | None = None,
-        limit: int = 100,
-    ) -> list[Invocation]:
-        """Newest first; each filter given narrows the list."""
-        ...
-
-    async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]: ...
-
-    async def count(self, status: Status | None = None, *, session_id: str | None = None) -> int: ...
-
     async def decide(
         self, invocation_id: str, *, approve: bool, principal: str | None, note: str | None, now: datetime
     ) -> Invocation:
         """An approver's decision on a pending invocation: `approved` or `denied` (the note is the reason).
         Raises NotFound, ApprovalExpired (pending but past expires_at: it is marked expired), or Conflict
-        (no longer pending; the message names its status)."""
+        (no longer pending; the message names its status). Only `bastion.pipeline.authority` calls it."""
         ...
 
     async def expire_due(self, now: datetime) -> builtins.list[Invocation]:
@@ -223,28 +225,55 @@ class Ledger(Protocol):
         """The earliest expires_at among pending invocations."""
         ...
 
-    @property
-    def commits_seen(self) -> int:
-        """How many commits this process has seen (its own, and while `watch` runs, others')."""
-        ...
-
-    async def wait_for_change(self, after: int | None = None) -> None:
-        """Return after the next commit to the ledger, by this process or (while `watch` runs) any other;
-        at once if `after` (a `commits_seen` read earlier) is already behind."""
-        ...
-
-    async def watch(self, interval: float = 0.05) -> None:
-        """Until cancelled, notice commits made by other processes (and wake `wait_for_change`)."""
-        ...
-
-    async def recover(self, instance_alive: Callable[[str], bool]) -> RecoveryReport:
-        """At start-up: `executing` invocations whose owner is not alive become `unknown`; report the
-        approved ones of dead owners (never started) and how many are pending."""
-        ...
-
     async def claim(self, invocation_id: str, *, owner: str) -> Invocation | None:
         """approved -> executing for exactly one claimer (None for the others)."""
         ...
+
+    async def recover(self, owner_alive: Callable[[str], bool]) -> RecoveryReport:
+        """`executing` invocations whose owner is not alive become `unknown`; report the approved ones of
+        owners that are not alive (never started) and how many are pending."""
+        ...
+
+    async def get(self, invocation_id: str) -> Invocation | None: ...
+
+    async def find(self, prefix: str, *, principal: str | None = None, limit: int = 2) -> builtins.list[str]:
+        """Ids starting with `prefix` (of `principal`'s invocations only, when given), at most `limit`."""
+        ...
+
+    async def list(
+        self,
+        *,
+        status: Status | None = None,
+        source_id: str | None = None,
+        session_id: str | None = None,
+        principal: str | None = None,
+        limit: int = 100,
+    ) -> builtins.list[Invocation]:
+        """Newest first; each filter given narrows the list."""
+        ...
+
+    async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]: ...
+
+    async def count(self, status: Status | None = None, *, session_id: str | None = None) -> int: ...
+
+
+class PinStore(Protocol):
+    """The trusted definition of every action and its drift (DESIGN.md §5), stored verbatim."""
+
+    async def pins(self, source_id: str | None = None) -> builtins.list[Pin]: ...
+
+    async def save_pin(self, pin: Pin) -> None:
+        """Insert or replace the pin of (source_id, action_id), drift included."""
+        ...
+
+    async def accept_drift(self, *, source_id: str, action_id: str | None, principal: str | None) -> builtins.list[Pin]:
+        """Re-pin drifted actions (one, or every drifted one of a source) to their drifted definition. Only
+        `bastion.pipeline.authority` calls it."""
+        ...
+
+
+class TokenStore(Protocol):
+    """Bearer tokens (DESIGN.md §10), kept only as the SHA-256 of their secret."""
 
     async def create_token(self, name: str, *, role: Role, profile: str | None, now: datetime) -> str:
         """Store a new token (only its SHA-256) and return its secret, once. Conflict if the name is taken."""
@@ -264,12 +293,68 @@ class Ledger(Protocol):
         """Whether any active token exists (then every HTTP caller must present one)."""
         ...
 
-    async def pins(self, source_id: str | None = None) -> builtins.list[Pin]: ...
-
-    async def save_pin(self, pin: Pin) -> None:
-        """Insert or replace the pin of (source_id, action_id), drift included."""
+    async def has_approver_tokens(self) -> bool:
+        """Whether an active owner or admin token exists (then local decisions need one too)."""
         ...
 
-    async def accept_drift(self, *, source_id: str, action_id: str | None, principal: str | None) -> builtins.list[Pin]:
-        """Re-pin drifted actions (one, or every drifted one of a source) to their drifted definition."""
+
+class ChangeFeed(Protocol):
+    """Every event of the ledger, in id order, as it happens in any process sharing the ledger.
+
+    A waiting call wakes on its own invocation's changes (not on every commit); a stream of events resumes
+    from a cursor (an event id). A backend announces through whatever it has (SQLite: polling its file's
+    data_version; PostgreSQL: LISTEN/NOTIFY).
+    """
+
+    @property
+    def cursor(self) -> int:
+        """The id of the newest change announced so far: take it before reading what you wait on."""
         ...
+
+    async def next(self, after: int) -> Sequence[Change]:
+        """The changes after id `after`, oldest first, waiting for the first. Raises ChangesLost when some are no
+        longer kept (re-read what you watch, then continue from `cursor`)."""
+        ...
+
+    async def since(self, after: int, *, limit: int = 1000) -> builtins.list[Change]:
+        """At most `limit` changes after id `after`, read from storage (however old)."""
+        ...
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Until cancelled, notice what other processes commit (and do the backend's upkeep)."""
+        ...
+
+
+class InstanceRegistry(Protocol):
+    """The Bastion instances sharing a ledger and their leases: one whose lease lapsed is gone."""
+
+    async def renew(self, instance_id: str, *, now: datetime, until: datetime) -> None:
+        """Register the instance, or extend its lease, up to `until`."""
+        ...
+
+    async def release(self, instance_id: str, *, now: datetime) -> None:
+        """End the instance's lease now (it is stopping)."""
+        ...
+
+    async def leases(self) -> dict[str, datetime]:
+        """Every registered instance and when its lease ends (or ended)."""
+        ...
+
+
+class Ledger(Protocol):
+    """The durable store (DESIGN.md §6), as the stores each consumer takes what it needs from."""
+
+    @property
+    def invocations(self) -> InvocationStore: ...
+
+    @property
+    def pins(self) -> PinStore: ...
+
+    @property
+    def tokens(self) -> TokenStore: ...
+
+    @property
+    def changes(self) -> ChangeFeed: ...
+
+    @property
+    def instances(self) -> InstanceRegistry: ...

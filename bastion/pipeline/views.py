@@ -13,7 +13,7 @@ from typing import Any, Final
 from pydantic import BaseModel
 
 from bastion.models import Invocation, InvocationEvent, Pin, PinObservation
-from bastion.pipeline.seams import Ledger
+from bastion.pipeline.seams import InvocationStore
 from bastion.policies import diff_definitions
 
 DEFAULT_LIMIT: Final = 100
@@ -85,12 +85,12 @@ def pin_json(pin: Pin) -> dict[str, Any]:
 
 
 async def pending_invocations(
-    ledger: Ledger, now: datetime, *, limit: int = DEFAULT_LIMIT, principal: str | None = None
+    store: InvocationStore, now: datetime, *, limit: int = DEFAULT_LIMIT, principal: str | None = None
 ) -> list[Invocation]:
     """Pending invocations (of `principal` only, when given), newest first, after marking the ones past their
     expiry as expired (as the gateway's sweeper would), so nobody is shown a call that can no longer be
     approved."""
-    due = await ledger.next_expiry()
+    due = await store.next_expiry()
     if due is not None and due <= now:
-        await ledger.expire_due(now)
-    return await ledger.list(status="pending", principal=principal, limit=limit)
+        await store.expire_due(now)
+    return await store.list(status="pending", principal=principal, limit=limit)

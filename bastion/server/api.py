@@ -206,7 +206,7 @@ def _only_own(principal: Principal) -> str | None:
 
 async def list_invocations(call: Call) -> dict[str, Any]:
     q = call.query
-    found = await call.ledger.list(
+    found = await call.ledger.invocations.list(
         status=q["status"],
         source_id=q["source"],
         session_id=q["session"],
@@ -219,13 +219,13 @@ async def list_invocations(call: Call) -> dict[str, Any]:
 async def get_invocation(call: Call) -> dict[str, Any]:
     invocation_id = call.path["invocation_id"]
     invocation = await visible_invocation(call.ledger, call.principal, invocation_id)
-    return invocation_detail_json(invocation, await call.ledger.events(invocation_id))
+    return invocation_detail_json(invocation, await call.ledger.invocations.events(invocation_id))
 
 
 async def list_approvals(call: Call) -> dict[str, Any]:
     now = utcnow()
     own = _only_own(call.principal)
-    pending = await pending_invocations(call.ledger, now, limit=call.query["limit"], principal=own)
+    pending = await pending_invocations(call.ledger.invocations, now, limit=call.query["limit"], principal=own)
     return {"approvals": [pending_json(i, now) for i in pending]}
 
 
@@ -248,7 +248,7 @@ async def _decide(call: Call, *, approve: bool, note: str | None) -> dict[str, A
 
 
 async def list_pins(call: Call) -> dict[str, Any]:
-    pins = await call.ledger.pins(call.query["source"])
+    pins = await call.ledger.pins.pins(call.query["source"])
     return {"pins": [pin_json(pin) for pin in pins if pin.drift is not None or not call.query["drifted"]]}
 
 
@@ -263,7 +263,7 @@ async def accept(call: Call) -> dict[str, Any]:
     else:
         source_id = target.source_id
         accepted = await accept_pins(call.ledger, principal=call.principal, source_id=source_id, action_id=None)
-        if not accepted and not await call.ledger.pins(source_id):
+        if not accepted and not await call.ledger.pins.pins(source_id):
             raise NotFound(f"no pins of source {source_id!r}; see GET /api/pins")
     return {"pins": [pin_json(pin) for pin in accepted]}
 

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bastion.errors import BastionError, Unauthenticated
 from bastion.models import Principal
-from bastion.pipeline.seams import Ledger
+from bastion.pipeline.seams import TokenStore
 
 logger = logging.getLogger(__name__)
 
@@ -97,14 +97,14 @@ class BearerAuth:
     def __init__(
         self,
         app: ASGIApp,
-        ledger: Ledger,
+        tokens: TokenStore,
         *,
         tokens_required: bool = False,
         recheck_seconds: float = TOKENS_RECHECK_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.app = app
-        self.ledger = ledger
+        self.tokens = tokens
         self.tokens_required = tokens_required
         self.recheck_seconds = recheck_seconds
         self._clock = clock
@@ -154,7 +154,7 @@ class BearerAuth:
         now = self._clock()
         if self._tokens_seen is not None and now - self._tokens_seen[0] < self.recheck_seconds:
             return self._tokens_seen[1]
-        exists = await self.ledger.has_tokens()
+        exists = await self.tokens.has_tokens()
         self._tokens_seen = (now, exists)
         return exists
 
@@ -163,4 +163,4 @@ class BearerAuth:
         scheme, _, secret = header.strip().partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
             return None
-        return await self.ledger.authenticate(secret.strip())
+        return await self.tokens.authenticate(secret.strip())

@@ -124,7 +124,7 @@ def build_app(front: FrontDoor, *, allowed_hosts: Iterable[str], non_loopback: b
         lifespan=lifespan,
         exception_handlers={HTTPException: routing_error},
     )
-    return HostOriginGuard(BearerAuth(app, front.gateway.ledger, tokens_required=non_loopback), allowed_hosts)
+    return HostOriginGuard(BearerAuth(app, front.gateway.ledger.tokens, tokens_required=non_loopback), allowed_hosts)
 
 
 def allowed_hosts_for(bind_host: str, extra: Iterable[str] = ()) -> set[str]:
@@ -170,7 +170,7 @@ async def serve_http(
     loopback is refused (ConfigError) while the ledger holds no active token (DESIGN.md §10).
     """
     non_loopback = not is_loopback(host)
-    if non_loopback and not await front.gateway.ledger.has_tokens():
+    if non_loopback and not await front.gateway.ledger.tokens.has_tokens():
         raise ConfigError(
             f"refusing to serve on {host} without tokens: anyone who can reach it could call tools and decide. "
             "Create one first with `bastion tokens create NAME --role admin`, or bind to 127.0.0.1."

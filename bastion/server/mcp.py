@@ -30,7 +30,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from bastion import __version__
 from bastion.errors import BastionError
 from bastion.models import CallContext, Invocation
-from bastion.pipeline.approvals import AwaitingInput, args_hash
+from bastion.pipeline.approvals import AwaitingInput
 from bastion.pipeline.gateway import Gateway, ListingKind
 from bastion.pipeline.seams import ProgressFn, Relay
 from bastion.server import inline
@@ -141,11 +141,12 @@ class FrontDoor:
         on_progress = relay_progress if progress_token is not None else None
         arguments = params.arguments or {}
         try:
+            hashed = self.gateway.hash_args(arguments)
             if params.request_state is not None:
-                parked = self._relays.resumed(params, args_hash(arguments))
+                parked = self._relays.resumed(params, hashed)
                 if parked is not None:
                     return await parked.outcome(ctx, params.input_responses)
-                invocation_id, answer = inline.resumed_invocation(params, args_hash(arguments))
+                invocation_id, answer = inline.resumed_invocation(params, hashed)
                 if answer is not None:
                     await inline.apply(self.gateway, invocation_id, answer, context.session_id)
                 return await self.gateway.resume(invocation_id, on_progress=on_progress)
@@ -166,7 +167,7 @@ class FrontDoor:
                 )
 
             return await self._relays.run(
-                ctx, call, tool=params.name, arguments=arguments, with_progress=progress_token is not None
+                ctx, call, tool=params.name, args_hash=hashed, with_progress=progress_token is not None
             )
         except AwaitingInput as waiting:
             return inline.input_required(waiting.invocation, arguments)

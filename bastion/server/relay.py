@@ -34,7 +34,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from bastion.errors import BastionError, UnknownOutcome
-from bastion.pipeline.approvals import AwaitingInput, args_hash
+from bastion.pipeline.approvals import AwaitingInput
 from bastion.pipeline.seams import ProgressFn, Relay
 
 logger = logging.getLogger(__name__)
@@ -300,7 +300,7 @@ class CallRelays:
         call: CallFn,
         *,
         tool: str,
-        arguments: dict[str, Any],
+        args_hash: str,
         with_progress: bool,
     ) -> types.CallToolResult | types.InputRequiredResult:
         """Run `call` inline with a `HostRelay`, or parked when only an `InputRequiredResult` can ask the host."""
@@ -314,7 +314,7 @@ class CallRelays:
             return await call(relay, report if with_progress else None)
         if not isinstance(ctx.lifespan_context, Background):
             raise TypeError("the front door's Server must run with the `background` lifespan")
-        parked = ParkedCall(ctx, tool=tool, args_hash=args_hash(arguments), answer_timeout=self._answer_timeout)
+        parked = ParkedCall(ctx, tool=tool, args_hash=args_hash, answer_timeout=self._answer_timeout)
         self._parked[parked.id] = parked
         ctx.lifespan_context.tg.start_soon(self._run_parked, parked, call, with_progress, name=f"parked:{tool}")
         return await parked.outcome(ctx)

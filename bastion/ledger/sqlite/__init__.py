@@ -1,6 +1,49 @@
-"""The SQLite ledger: `SqliteLedger` (`ledger`), its tables and migrations (`schema`), and the statements on each
-table (`invocations`, `pins`, `tokens`)."""
+"""The SQLite backend of the ledger: one file (`database`), its tables and migrations (`schema`), and a store per
+table (`invocations`, `pins`, `tokens`, `instances`) plus the change feed (`feed`)."""
 
-from bastion.ledger.sqlite.ledger import SqliteLedger
+from __future__ import annotations
 
-__all__ = ["SqliteLedger"]
+from dataclasses import dataclass
+from pathlib import Path
+
+from bastion.ledger.sqlite.database import SqliteDatabase
+from bastion.ledger.sqlite.feed import SqliteFeed
+from bastion.ledger.sqlite.instances import SqliteInstances
+from bastion.ledger.sqlite.invocations import SqliteInvocations
+from bastion.ledger.sqlite.pins import SqlitePins
+from bastion.ledger.sqlite.tokens import SqliteTokens
+
+__all__ = ["SqliteBackend"]
+
+
+@dataclass(eq=False)
+class SqliteBackend:
+    """The stores of one SQLite ledger file, as `bastion.ledger.open_ledger` composes them."""
+
+    database: SqliteDatabase
+    invocations: SqliteInvocations
+    pins: SqlitePins
+    tokens: SqliteTokens
+    changes: SqliteFeed
+    instances: SqliteInstances
+
+    @classmethod
+    async def open(cls, path: Path) -> SqliteBackend:
+        """Open (creating and migrating if needed) the ledger file at `path`. Raises ConfigError if unusable."""
+        database = await SqliteDatabase.open(path)
+        try:
+            feed = await SqliteFeed.open(database)
+        except BaseException:
+            await database.close()
+            raise
+        return cls(
+            database=database,
+            invocations=SqliteInvocations(database),
+            pins=SqlitePins(database),
+            tokens=SqliteTokens(database),
+            changes=feed,
+            instances=SqliteInstances(database),
+        )
+
+    async def close(self) -> None:
+        await self.database.close()

@@ -1,17 +1,24 @@
-"""The `invocations` and `events` tables: the statements `SqliteLedger` runs on them and how a row maps to an
-`Invocation`.
+"""The `invocations` and `events` tables: the SQLite invocation store (`SqliteInvocations`), its statements, and
+how a row maps to an `Invocation`.
 
-Writes run inside the one transaction `SqliteLedger` opens for each write method; reads run alone.
+Each write method is one transaction (`SqliteDatabase.write`); reads run alone. What it stores arrives
+scrubbed from the `Recorder` (bastion.ledger.recorder): it redacts nothing itself.
 """
 
 from __future__ import annotations
 
+import builtins
 import json
-from collections.abc import Sequence
+import sqlite3
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
-from bastion.models import EventKind, Invocation
+from bastion.errors import ApprovalExpired, Conflict, NotFound
+from bastion.ledger.backend import Scrubbed, stored_json
+from bastion.ledger.sqlite.database import SqliteDatabase
+from bastion.ledger.sqlite.schema import dumps, optional_timestamp, timestamp
+from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
 
 COLUMNS: Final = (
     "id",
@@ -49,11 +56,15 @@ COUNT_FILTERS: Final = ("status = ?", "session_id = ?")
 COUNT_PENDING: Final = f"{COUNT} WHERE status = 'pending'"
 INSERT_INVOCATION: Final = f"INSERT INTO invocations ({_COLUMN_LIST}) VALUES ({', '.join('?' * len(COLUMNS))})"
 INSERT_EVENT: Final = "INSERT INTO events (invocation_id, seq, kind, at, detail) VALUES (?, ?, ?, ?, ?)"
+COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_id = ? AND status = 'pending'"
+FIND: Final = "SELECT id FROM invocations WHERE id >= :prefix AND id < :prefix || char(1114111)"
 APPEND_EVENT: Final = """
     INSERT INTO events (invocation_id, seq, kind, at, detail)
     SELECT :id, COALESCE(MAX(seq), 0) + 1, :kind, :at, :detail FROM events WHERE invocation_id = :id
 """
-SELECT_EVENTS: Final = "SELECT invocation_id, seq, kind, at, detail FROM events WHERE invocation_id = ? ORDER BY seq"
+SELECT_EVENTS: Final = (
+    "SELECT id, invocation_id, seq, kind, at, detail FROM events WHERE invocation_id = ? ORDER BY seq"
+)
 
 TRANSITION_FIELDS: Final = ("result", "error_class", "error_message", "owner", "expires_at")
 """The columns `transition` may set besides status and updated_at."""
@@ -131,3 +142,305 @@ def invocation_from_row(row: Sequence[Any]) -> Invocation:
         if data[name] is not None:
             data[name] = datetime.fromisoformat(data[name])
     return Invocation.model_validate(data)
+
+
+def event_from_row(row: Sequence[Any]) -> InvocationEvent:
+    return InvocationEvent(
+        id=row[0],
+        invocation_id=row[1],
+        seq=row[2],
+        kind=row[3],
+        at=datetime.fromisoformat(row[4]),
+        detail=json.loads(row[5]),
+    )
+
+
+class SqliteInvocations:
+    """Invocations and their events on one SQLite file; satisfies `bastion.ledger.backend.InvocationBackend`."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    # -- writes ----------------------------------------------------------------------------------------
+
+    async def insert(self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed) -> None:
+        """Insert a new invocation and its first events (seq 1..n, one timestamp) in one transaction.
+
+        `detail` goes on the last event: it describes the state the invocation was recorded in (e.g. the
+        reason of a `denied`). Raises Conflict if an invocation with this id already exists.
+        """
+        insert = self._inserting(invocation, events, detail)
+        try:
+            await self._db.write(insert)
+        except sqlite3.IntegrityError as exc:
+            raise Conflict(f"invocation {invocation.id} is already recorded", invocation_id=invocation.id) from exc
+
+    async def insert_pending(
+        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, limit: int
+    ) -> int | None:
+        """Insert it only if its session has fewer than `limit` pending invocations, counted in the same
+        transaction (under the write lock, so two processes cannot both take the last slot). None when
+        inserted; else how many were pending."""
+        insert = self._inserting(invocation, events, detail)
+
+        def work(conn: sqlite3.Connection) -> int | None:
+            pending: int = conn.execute(COUNT_SESSION_PENDING, (invocation.session_id,)).fetchone()[0]
+            if pending >= limit:
+                return pending
+            insert(conn)
+            return None
+
+        try:
+            return await self._db.write(work)
+        except sqlite3.IntegrityError as exc:
+            raise Conflict(f"invocation {invocation.id} is already recorded", invocation_id=invocation.id) from exc
+
+    def _inserting(
+        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed
+    ) -> Callable[[sqlite3.Connection], None]:
+        row = _invocation_row(invocation)
+        at = timestamp(utcnow())
+        last = len(events)
+        event_rows = [
+            (invocation.id, seq, kind, at, detail.json if seq == last else "{}")
+            for seq, kind in enumerate(events, start=1)
+        ]
+
+        def insert(conn: sqlite3.Connection) -> None:
+            conn.execute(INSERT_INVOCATION, row)
+            conn.executemany(INSERT_EVENT, event_rows)
+
+        return insert
+
+    async def transition(
+        self,
+        invocation_id: str,
+        *,
+        from_statuses: Collection[Status],
+        to: Status,
+        event: EventKind,
+        detail: Scrubbed,
+        fields: Mapping[str, Any],
+    ) -> Invocation | None:
+        """Move an invocation to `to` if its status is one of `from_statuses`, set `fields` and append the
+        event, all in one transaction. Returns the updated invocation, or None when the condition did not
+        hold or the id is unknown. Raises ValueError for a field outside `TRANSITION_FIELDS`."""
+        unknown = set(fields) - set(TRANSITION_FIELDS)
+        if unknown:
+            raise ValueError(f"transition cannot set {sorted(unknown)}; allowed: {', '.join(TRANSITION_FIELDS)}")
+        now = timestamp(utcnow())
+        params: dict[str, Any] = {
+            "id": invocation_id,
+            "to": to,
+            "now": now,
+            "from_statuses": json.dumps(builtins.list(from_statuses)),
+        }
+        for name in TRANSITION_FIELDS:
+            params[f"set_{name}"] = name in fields
+            params[name] = _field_value(name, fields[name]) if name in fields else None
+        appended = event_params(invocation_id, event, now, detail.json)
+
+        def work(conn: sqlite3.Connection) -> Sequence[Any] | None:
+            rows = conn.execute(TRANSITION, params).fetchall()
+            if not rows:
+                return None
+            conn.execute(APPEND_EVENT, appended)
+            row: Sequence[Any] = rows[0]
+            return row
+
+        updated = await self._db.write(work)
+        return None if updated is None else invocation_from_row(updated)
+
+    async def finish(
+        self,
+        invocation_id: str,
+        to: Status,
+        *,
+        result: Scrubbed | None,
+        error_class: str | None,
+        error_message: str | None,
+    ) -> bool:
+        """Record the outcome of a call that ran: executing -> `to`, with its result and error, and the event,
+        in one transaction. False when it was no longer executing (recovery marked it unknown meanwhile)."""
+        now = timestamp(utcnow())
+        params = {
+            "id": invocation_id,
+            "to": to,
+            "now": now,
+            "result": stored_json(result),
+            "error_class": error_class,
+            "error_message": error_message,
+        }
+        event = event_params(invocation_id, to, now)
+
+        def work(conn: sqlite3.Connection) -> bool:
+            if conn.execute(FINISH, params).rowcount == 0:
+                return False
+            conn.execute(APPEND_EVENT, event)
+            return True
+
+        return await self._db.write(work)
+
+    async def decide(
+        self, invocation_id: str, *, approve: bool, detail: Scrubbed, error_message: str | None, now: datetime
+    ) -> Invocation:
+        """An approver's decision on a pending invocation, in one transaction: `approved` or `denied` (error
+        class `approval_denied`, `error_message`). `now` stamps it.
+
+        Raises NotFound for an unknown id; ApprovalExpired when it is pending but past its expires_at, after
+        marking it `expired` in the same transaction; Conflict when it is no longer pending (whoever
+        decided first won), naming its status.
+        """
+        at = timestamp(now)
+        to: Literal["approved", "denied"] = "approved" if approve else "denied"
+        params = {"id": invocation_id, "to": to, "now": at, "approve": approve, "error_message": error_message}
+        decided_event = event_params(invocation_id, to, at, detail.json)
+
+        def work(conn: sqlite3.Connection) -> tuple[Sequence[Any], bool]:
+            """The updated row, and whether it expired instead of being decided."""
+            decided = conn.execute(DECIDE, params).fetchall()
+            if decided:
+                conn.execute(APPEND_EVENT, decided_event)
+                return decided[0], False
+            found = conn.execute(SELECT_STATUS, (invocation_id,)).fetchone()
+            if found is None:
+                raise NotFound(f"no invocation {invocation_id}", invocation_id=invocation_id)
+            if found[0] != "pending":
+                raise Conflict(f"invocation {invocation_id} is already {found[0]}", invocation_id=invocation_id)
+            # Pending, yet the decision did not apply: it is past its expiry.
+            expired = conn.execute(EXPIRE_ONE, {"id": invocation_id, "now": at}).fetchall()
+            conn.execute(APPEND_EVENT, event_params(invocation_id, "expired", at))
+            return expired[0], True
+
+        row, expired = await self._db.write(work)
+        invocation = invocation_from_row(row)
+        if expired:
+            raise ApprovalExpired(
+                f"invocation {invocation_id} expired at {invocation.expires_at} before a decision",
+                invocation_id=invocation_id,
+            )
+        return invocation
+
+    async def expire_due(self, now: datetime) -> builtins.list[Invocation]:
+        """Mark every pending invocation whose expires_at <= now as `expired` in one transaction; return them
+        sorted by expiry."""
+        at = timestamp(now)
+
+        def work(conn: sqlite3.Connection) -> builtins.list[Sequence[Any]]:
+            rows: builtins.list[Sequence[Any]] = conn.execute(EXPIRE_DUE, {"now": at}).fetchall()
+            conn.executemany(APPEND_EVENT, [event_params(row[0], "expired", at) for row in rows])
+            return rows
+
+        expired = [invocation_from_row(row) for row in await self._db.write(work)]
+        return sorted(expired, key=lambda invocation: (invocation.expires_at, invocation.id))
+
+    async def claim(self, invocation_id: str, *, owner: str) -> Invocation | None:
+        """Take an approved invocation to run it: approved -> executing, owned by `owner`. Of several
+        claimers exactly one gets the invocation; the others (and any claim of a non-approved one) get None."""
+        approved: tuple[Status] = ("approved",)
+        return await self.transition(
+            invocation_id,
+            from_statuses=approved,
+            to="executing",
+            event="executing",
+            detail=Scrubbed("{}"),
+            fields={"owner": owner},
+        )
+
+    async def recover(self, owner_alive: Callable[[str], bool]) -> RecoveryReport:
+        """Every `executing` invocation whose owner is not alive becomes `unknown` (its outcome cannot be
+        known); report the approved ones whose owner is not alive (oldest first: they never started, claim
+        and run them) and how many are pending (kept with their expiry).
+
+        A missing owner counts as not alive. `owner_alive` is asked once per distinct owner.
+        """
+        owners = await self._db.fetchall(OWNERS)
+        # An owner that was gone when asked stays gone (instance ids are never reused), so the answer
+        # still holds in the transaction below even if other rows changed meanwhile.
+        gone = dumps([owner for (owner,) in owners if not owner_alive(owner)])
+        at = timestamp(utcnow())
+        reason = dumps({"reason": PROCESS_STOPPED})
+
+        def work(conn: sqlite3.Connection) -> RecoveryReport:
+            params = {"gone": gone, "now": at, "reason": PROCESS_STOPPED}
+            unknown = [row[0] for row in conn.execute(MARK_UNKNOWN, params).fetchall()]
+            conn.executemany(APPEND_EVENT, [event_params(id_, "unknown", at, reason) for id_ in unknown])
+            return RecoveryReport(
+                unknown=sorted(unknown),
+                approved=[row[0] for row in conn.execute(NEVER_STARTED, {"gone": gone}).fetchall()],
+                pending=conn.execute(COUNT_PENDING).fetchone()[0],
+            )
+
+        return await self._db.write(work)
+
+    # -- reads -------------------------------------------------------------------------------------------
+
+    async def get(self, invocation_id: str) -> Invocation | None:
+        row = await self._db.fetchone(SELECT_ONE, (invocation_id,))
+        return invocation_from_row(row) if row is not None else None
+
+    async def find(self, prefix: str, *, principal: str | None = None, limit: int = 2) -> builtins.list[str]:
+        """The ids that start with `prefix` (of `principal`'s invocations only, when given), at most `limit`."""
+        sql = FIND + (" AND principal = :principal" if principal is not None else "") + " ORDER BY id LIMIT :limit"
+        rows = await self._db.fetchall(sql, {"prefix": prefix, "principal": principal, "limit": limit})
+        return [row[0] for row in rows]
+
+    async def list(
+        self,
+        *,
+        status: Status | None = None,
+        source_id: str | None = None,
+        session_id: str | None = None,
+        principal: str | None = None,
+        limit: int = 100,
+    ) -> builtins.list[Invocation]:
+        """Newest first (by created_at, then insertion order), at most `limit`. The principal filter has
+        no index of its own (one more page written by every call): it scans newest first until `limit`."""
+        if limit < 0:
+            raise ValueError(f"limit must not be negative, got {limit}")
+        filters = zip(LIST_FILTERS, (status, source_id, session_id, principal), strict=True)
+        used = [(clause, value) for clause, value in filters if value is not None]
+        where = " WHERE " + " AND ".join(clause for clause, _ in used) if used else ""
+        params = [value for _, value in used] + [limit]
+        rows = await self._db.fetchall(SELECT + where + NEWEST_FIRST, params)
+        return [invocation_from_row(row) for row in rows]
+
+    async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]:
+        """The invocation's history, oldest first (by seq)."""
+        return [event_from_row(row) for row in await self._db.fetchall(SELECT_EVENTS, (invocation_id,))]
+
+    async def count(self, status: Status | None = None, *, session_id: str | None = None) -> int:
+        """How many invocations there are, optionally only those with `status` and of `session_id`."""
+        filters = zip(COUNT_FILTERS, (status, session_id), strict=True)
+        used = [(clause, value) for clause, value in filters if value is not None]
+        where = " WHERE " + " AND ".join(clause for clause, _ in used) if used else ""
+        row = await self._db.fetchone(COUNT + where, [value for _, value in used])
+        return int(row[0])
+
+    async def next_expiry(self) -> datetime | None:
+        """The earliest expires_at among pending invocations (None when none of them expires)."""
+        row = await self._db.fetchone(NEXT_EXPIRY)
+        return None if row[0] is None else datetime.fromisoformat(row[0])
+
+
+def _invocation_row(invocation: Invocation) -> tuple[Any, ...]:
+    values = {name: getattr(invocation, name) for name in COLUMNS}
+    values["args"] = stored_json(invocation.args)
+    values["result"] = stored_json(invocation.result)
+    # The drift diff is stored verbatim: it comes from the pinned and current tool definitions, which the
+    # pins table already holds verbatim (see bastion.ledger.sqlite.pins).
+    values["drift"] = None if invocation.drift is None else dumps(invocation.drift)
+    values["created_at"] = timestamp(invocation.created_at)
+    values["updated_at"] = timestamp(invocation.updated_at)
+    values["expires_at"] = optional_timestamp(invocation.expires_at)
+    return tuple(values[name] for name in COLUMNS)
+
+
+def _field_value(name: str, value: Any) -> Any:
+    if name == "result":
+        return stored_json(value)
+    if name == "expires_at":
+        return optional_timestamp(value)
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"transition field {name!r} must be a string or None, got {type(value).__name__}")
+    return value

@@ -1,7 +1,6 @@
-"""The `pins` table (DESIGN.md §5): how a `Pin` is stored, and the statements `SqliteLedger` runs on it.
+"""The `pins` table (DESIGN.md §5): the SQLite pin store (`SqlitePins`), how a `Pin` is stored, and its statements.
 
-The functions taking a `sqlite3.Connection` run on the ledger connection's thread, inside the transaction
-`SqliteLedger` opened for them.
+The functions taking a `sqlite3.Connection` run inside the transaction `SqliteDatabase.write` opened for them.
 
 Definitions are stored verbatim, never passed through the redactor: they are the tool definitions an
 upstream server publishes, not secrets, and a scrubbed copy would make fingerprints and diffs lie.
@@ -16,6 +15,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from bastion.errors import NotFound
+from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.schema import dumps, timestamp
 from bastion.models import Pin, PinObservation, policy_key
 
@@ -49,6 +49,38 @@ _ACCEPT: Final = f"""
     RETURNING {_COLUMN_LIST}
 """
 _EXISTS: Final = "SELECT 1 FROM pins WHERE source_id = ? AND action_id = ?"
+
+
+class SqlitePins:
+    """The trusted definition of every action, and its drift; satisfies `bastion.pipeline.seams.PinStore`."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    async def pins(self, source_id: str | None = None) -> list[Pin]:
+        """Every pin, or those of one source, sorted by source and action."""
+        return [pin_from_row(row) for row in await self._db.fetchall(*select_pins(source_id))]
+
+    async def save_pin(self, pin: Pin) -> None:
+        """Insert or replace the pin of (source_id, action_id), drift included."""
+
+        def work(conn: sqlite3.Connection) -> None:
+            save_pin(conn, pin)
+
+        await self._db.write(work)
+
+    async def accept_drift(self, *, source_id: str, action_id: str | None = None, principal: str | None) -> list[Pin]:
+        """Re-pin the drifted action `action_id`, or every drifted action of the source, to its drifted
+        definition, in one transaction: pinned := drift, drift := none, pinned_by := principal.
+
+        Returns the accepted pins (none when nothing had drifted). Raises NotFound when `action_id` names
+        no pin.
+        """
+
+        def work(conn: sqlite3.Connection) -> list[Pin]:
+            return accept_drift(conn, source_id=source_id, action_id=action_id, principal=principal)
+
+        return await self._db.write(work)
 
 
 def select_pins(source_id: str | None) -> tuple[str, tuple[str, ...]]:

@@ -149,7 +149,53 @@ _MIGRATION_4: Final = (
     *_APPEND_ONLY_EVENTS,
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4)
+_MIGRATION_5: Final = (
+    # One history for the whole ledger: every event gets an increasing id (the rowid), the cursor a stream of
+    # events resumes from and the order the change feed announces them in. Events are append-only, so the
+    # newest id is never deleted and never reused. (invocation_id, seq) stays unique: it is how an
+    # invocation's events are read and numbered.
+    """
+    CREATE TABLE events_v5 (
+        id            INTEGER PRIMARY KEY,
+        invocation_id TEXT NOT NULL REFERENCES invocations (id),
+        seq           INTEGER NOT NULL,    -- 1..n per invocation
+        kind          TEXT NOT NULL,
+        at            TEXT NOT NULL,
+        detail        TEXT NOT NULL DEFAULT '{}'   -- JSON object, redacted then truncated
+    )
+    """,
+    "INSERT INTO events_v5 (invocation_id, seq, kind, at, detail)"
+    " SELECT invocation_id, seq, kind, at, detail FROM events ORDER BY at, invocation_id, seq",
+    "DROP TABLE events",  # with its triggers
+    "ALTER TABLE events_v5 RENAME TO events",
+    "CREATE UNIQUE INDEX events_invocation_seq ON events (invocation_id, seq)",
+    *_APPEND_ONLY_EVENTS,
+    # Bastion instances and their leases (DESIGN.md §6): an instance renews its lease while it runs; one
+    # whose lease lapsed is gone, and its executing invocations are unknown, its approved ones free to run.
+    """
+    CREATE TABLE instances (
+        id          TEXT PRIMARY KEY,   -- host:pid:start
+        started_at  TEXT NOT NULL,
+        renewed_at  TEXT NOT NULL,
+        lease_until TEXT NOT NULL
+    )
+    """,
+    # An unkeyed SHA-256 of the arguments lets anyone who reads the file guess redacted values (a 6-digit
+    # password in a second). Hashes are keyed from now on (see bastion.ledger.keys); the old ones are dropped,
+    # except where an approval may still compare against them.
+    "UPDATE invocations SET args_hash = '' WHERE status NOT IN ('pending', 'approved')",
+    # The pending limit counts a session's pending invocations in the transaction that adds one. Partial: only
+    # calls that wait for approval write to it, never the allow path.
+    "CREATE INDEX invocations_pending_session ON invocations (session_id) WHERE status = 'pending'",
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    _MIGRATION_1,
+    _MIGRATION_2,
+    _MIGRATION_3,
+    _MIGRATION_4,
+    _MIGRATION_5,
+)
 """Migration N (1-based) brings a ledger from user_version N-1 to N."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

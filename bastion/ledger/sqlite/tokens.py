@@ -1,32 +1,28 @@
-"""The `tokens` table (DESIGN.md §10): bearer tokens stored as the SHA-256 of their secret, never the secret.
+"""The `tokens` table (DESIGN.md §10): the SQLite token store (`SqliteTokens`) and its statements. Tokens are
+stored as the SHA-256 of their secret, never the secret (see bastion.ledger.tokens).
 
-The functions taking a `sqlite3.Connection` run on the ledger connection's thread, inside the transaction
-`SqliteLedger` opened for them.
-
-A secret is 32 random bytes, so its SHA-256 can be looked up directly: nobody can find a secret from its
-hash, and comparing hashes leaks nothing useful through timing. A revoked token's row is kept (who had
-access, and when) and its name may be given to a new token.
+The functions taking a `sqlite3.Connection` run inside the transaction `SqliteDatabase.write` opened for them.
+A revoked token's row is kept (who had access, and when) and its name may be given to a new token.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
-import secrets
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
 from bastion.errors import Conflict, NotFound
+from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.schema import timestamp
-from bastion.models import ROLES, Principal, Role, TokenInfo
-
-SECRET_PREFIX: Final = "bst_"
-_SECRET_BYTES: Final = 32
-# token_urlsafe(32) is the unpadded URL-safe base64 of 32 bytes: exactly 43 characters.
-_SECRET_SHAPE: Final = re.compile(rf"{SECRET_PREFIX}[A-Za-z0-9_-]{{43}}")
-_NAME_SHAPE: Final = re.compile(r"[A-Za-z0-9_.@:-]{1,64}")
+from bastion.ledger.tokens import (
+    looks_like_secret,
+    new_secret,
+    secret_hash,
+    validate_token_name,
+    validate_token_role,
+)
+from bastion.models import Principal, Role, TokenInfo
 
 _COLUMNS: Final = ("name", "role", "profile", "created_at", "revoked_at")
 _COLUMN_LIST: Final = ", ".join(_COLUMNS)
@@ -35,6 +31,7 @@ SELECT_ALL: Final = f"SELECT {_COLUMN_LIST} FROM tokens ORDER BY created_at DESC
 # Served by the unique index on secret_hash: one row at most, no write.
 AUTHENTICATE: Final = "SELECT name, role, profile FROM tokens WHERE secret_hash = ? AND revoked_at IS NULL"
 HAS_ACTIVE: Final = "SELECT EXISTS (SELECT 1 FROM tokens WHERE revoked_at IS NULL)"
+HAS_APPROVER: Final = "SELECT EXISTS (SELECT 1 FROM tokens WHERE revoked_at IS NULL AND role IN ('owner', 'admin'))"
 _ACTIVE_NAMED: Final = "SELECT 1 FROM tokens WHERE name = ? AND revoked_at IS NULL"
 _INSERT: Final = "INSERT INTO tokens (name, role, profile, secret_hash, created_at) VALUES (?, ?, ?, ?, ?)"
 _REVOKE: Final = f"""
@@ -44,38 +41,63 @@ _REVOKE: Final = f"""
 """
 
 
-def validate_token_name(name: str) -> None:
-    """Refuse a name that would read badly where principals are shown (invocations, decisions, logs)."""
-    if not _NAME_SHAPE.fullmatch(name):
-        raise ValueError(
-            f"token name {name!r} is not valid: use 1 to 64 letters, digits or the characters . _ @ : - "
-            "(e.g. ci-agent or alice@example.com)"
-        )
+class SqliteTokens:
+    """Bearer tokens on one SQLite file; satisfies `bastion.pipeline.seams.TokenStore`."""
 
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
 
-def validate_token_role(role: Role, profile: str | None) -> None:
-    """Refuse an unknown role, and a profile on anything but an agent token (approvers use no profile)."""
-    if role not in ROLES:
-        raise ValueError(f"token role {role!r} is not valid: use one of {', '.join(ROLES)}")
-    if profile is not None and role != "agent":
-        raise ValueError(f"only agent tokens are bound to a profile; a {role} token takes none")
-    if profile == "":
-        raise ValueError("the profile of a token must not be empty; omit it to use the server's profile")
+    async def create_token(self, name: str, *, role: Role, profile: str | None, now: datetime) -> str:
+        """Store a new token created at `now` and return its secret: the only time it exists outside the
+        caller, since the ledger keeps just its SHA-256.
 
+        Raises ValueError for a malformed name, an unknown role or a profile on a non-agent token, and
+        Conflict when an active token already has the name.
+        """
+        validate_token_name(name)
+        validate_token_role(role, profile)
+        secret = new_secret()
+        digest = secret_hash(secret)
 
-def new_secret() -> str:
-    """A fresh secret, `bst_` and 43 URL-safe characters: shown once, stored only as its hash."""
-    return SECRET_PREFIX + secrets.token_urlsafe(_SECRET_BYTES)
+        def work(conn: sqlite3.Connection) -> None:
+            insert_token(conn, name=name, role=role, profile=profile, digest=digest, now=now)
 
+        await self._db.write(work)
+        return secret
 
-def secret_hash(secret: str) -> str:
-    """The SHA-256 hex digest of a secret, the only form the ledger keeps."""
-    return hashlib.sha256(secret.encode()).hexdigest()
+    async def revoke_token(self, name: str, *, now: datetime) -> TokenInfo:
+        """Revoke the active token `name` at `now`; its secret authenticates no more. Raises NotFound when
+        there is no active token of that name."""
 
+        def work(conn: sqlite3.Connection) -> TokenInfo:
+            return revoke_token(conn, name=name, now=now)
 
-def looks_like_secret(secret: object) -> bool:
-    """Whether `secret` has the shape of a Bastion token; anything else is refused without a query."""
-    return isinstance(secret, str) and _SECRET_SHAPE.fullmatch(secret) is not None
+        return await self._db.write(work)
+
+    async def tokens(self) -> list[TokenInfo]:
+        """Every token, active and revoked, newest first; never a secret (the ledger has none)."""
+        return [token_from_row(row) for row in await self._db.fetchall(SELECT_ALL)]
+
+    async def authenticate(self, secret: str) -> Principal | None:
+        """The principal of the active token with this secret, else None.
+
+        Runs on every HTTP request: input without a token's shape is refused without a query, the rest is
+        one lookup by the SHA-256 of the secret on a unique index. It never writes.
+        """
+        if not looks_like_secret(secret):
+            return None
+        row = await self._db.fetchone(AUTHENTICATE, (secret_hash(secret),))
+        return principal_from_row(row) if row is not None else None
+
+    async def has_tokens(self) -> bool:
+        """Whether any active token exists (then every HTTP caller must present one)."""
+        row = await self._db.fetchone(HAS_ACTIVE)
+        return bool(row[0])
+
+    async def has_approver_tokens(self) -> bool:
+        """Whether an active owner or admin token exists (then local decisions need one too)."""
+        row = await self._db.fetchone(HAS_APPROVER)
+        return bool(row[0])
 
 
 def insert_token(

@@ -1,0 +1,119 @@
+"""What a ledger backend (SQLite now, PostgreSQL later) offers the `Recorder` above it.
+
+The pipeline never talks to a backend's invocation store directly: it talks to the `Recorder`, which
+redacts and truncates every free-form value once and hands the backend only `Scrubbed` JSON text and
+scrubbed messages. A backend stores what it is given; it cannot store a value that was not scrubbed,
+because `stored_json` refuses anything else.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status
+
+
+@dataclass(frozen=True, slots=True)
+class Scrubbed:
+    """Compact JSON text of a value that went through the Redactor: the only form args, results and event
+    details reach a backend in."""
+
+    json: str
+
+
+EMPTY_DETAIL = Scrubbed("{}")
+
+
+def stored_json(value: object) -> str | None:
+    """The text a backend stores for a JSON field: a `Scrubbed` value's text, SQL NULL for None.
+
+    Raises TypeError for anything else: a raw value reaching a backend is a bug that would store secrets.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, Scrubbed):
+        raise TypeError(f"a ledger backend stores only scrubbed JSON, got {type(value).__name__}")
+    return value.json
+
+
+class InvocationBackend(Protocol):
+    """The invocation store as a backend implements it: `args`, `result` and details arrive scrubbed.
+
+    In an `Invocation` handed to `insert` or `insert_pending`, `args` and `result` are `Scrubbed` (or None)
+    and `error_message` is scrubbed text. Reads return invocations as stored (args and result parsed back).
+    """
+
+    async def insert(self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed) -> None:
+        """Insert a new invocation and its first events (the detail goes on the last) in one transaction.
+        Raises Conflict when the id exists."""
+        ...
+
+    async def insert_pending(
+        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, limit: int
+    ) -> int | None:
+        """Like `insert`, but only if its session has fewer than `limit` pending invocations, counted in the
+        same transaction (so two instances cannot both take the last slot). None when inserted, else the count."""
+        ...
+
+    async def finish(
+        self,
+        invocation_id: str,
+        to: Status,
+        *,
+        result: Scrubbed | None,
+        error_class: str | None,
+        error_message: str | None,
+    ) -> bool:
+        """executing -> `to` with the outcome and its event; False when it was no longer executing."""
+        ...
+
+    async def transition(
+        self,
+        invocation_id: str,
+        *,
+        from_statuses: Collection[Status],
+        to: Status,
+        event: EventKind,
+        detail: Scrubbed,
+        fields: Mapping[str, Any],
+    ) -> Invocation | None:
+        """Move to `to` only from one of `from_statuses`, set `fields` (`result` Scrubbed, `error_message`
+        scrubbed) and append the event; None when the condition did not hold."""
+        ...
+
+    async def decide(
+        self, invocation_id: str, *, approve: bool, detail: Scrubbed, error_message: str | None, now: datetime
+    ) -> Invocation:
+        """pending -> approved or denied (with `error_message`), unless expired (then marked expired and
+        ApprovalExpired raised). NotFound for an unknown id, Conflict when it is no longer pending."""
+        ...
+
+    async def expire_due(self, now: datetime) -> builtins.list[Invocation]: ...
+
+    async def next_expiry(self) -> datetime | None: ...
+
+    async def claim(self, invocation_id: str, *, owner: str) -> Invocation | None: ...
+
+    async def recover(self, owner_alive: Callable[[str], bool]) -> RecoveryReport: ...
+
+    async def get(self, invocation_id: str) -> Invocation | None: ...
+
+    async def find(self, prefix: str, *, principal: str | None = None, limit: int = 2) -> builtins.list[str]: ...
+
+    async def list(
+        self,
+        *,
+        status: Status | None = None,
+        source_id: str | None = None,
+        session_id: str | None = None,
+        principal: str | None = None,
+        limit: int = 100,
+    ) -> builtins.list[Invocation]: ...
+
+    async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]: ...
+
+    async def count(self, status: Status | None = None, *, session_id: str | None = None) -> int: ...

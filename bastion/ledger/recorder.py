@@ -1,0 +1,184 @@
+"""The invocation store the pipeline writes to: redaction and truncation happen here, once, above every backend.
+
+`Recorder` satisfies `bastion.pipeline.seams.InvocationStore`. Each write turns the free-form values it is given
+(arguments, results, error messages, event details) into `Scrubbed` JSON and scrubbed text with the Redactor,
+then hands them to the backend (`bastion.ledger.backend.InvocationBackend`); reads pass through. It also
+owns the ledger's argument-hash key (bastion.ledger.keys), since only it sees the raw arguments.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from bastion.ledger import keys
+from bastion.ledger.backend import EMPTY_DETAIL, InvocationBackend, Scrubbed
+from bastion.ledger.redaction import Redactor
+from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status
+
+
+class Recorder:
+    """Scrubs what the pipeline records, then stores it through a backend."""
+
+    def __init__(self, backend: InvocationBackend, redactor: Redactor, key: bytes) -> None:
+        self._backend = backend
+        self.redactor = redactor
+        self._key = key
+
+    # -- argument hashes -------------------------------------------------------------------------------
+
+    def hash_args(self, arguments: Any) -> str:
+        """The keyed hash of raw arguments that an invocation stores (never shown; see bastion.ledger.keys)."""
+        return keys.keyed_hash(self._key, arguments)
+
+    def args_match(self, arguments: Any, stored: str) -> bool:
+        """Whether `arguments` are those an invocation was recorded with."""
+        return keys.matches(self._key, arguments, stored)
+
+    # -- writes: scrubbed here, stored by the backend ---------------------------------------------------
+
+    async def record(
+        self, invocation: Invocation, events: Sequence[EventKind], detail: Mapping[str, Any] | None = None
+    ) -> None:
+        """Insert a new invocation and its first events in one transaction (durable on return). `detail` goes
+        on the last event. Raises Conflict if the id is taken."""
+        await self._backend.insert(self._scrubbed(invocation), events, self._detail(detail))
+
+    async def record_pending(
+        self, invocation: Invocation, events: Sequence[EventKind], detail: Mapping[str, Any] | None, *, limit: int
+    ) -> int | None:
+        """Record a call that waits for approval only if its session has fewer than `limit` pending, counted
+        in the same transaction. None when recorded; else how many are pending (nothing was recorded)."""
+        return await self._backend.insert_pending(self._scrubbed(invocation), events, self._detail(detail), limit=limit)
+
+    async def finish(
+        self,
+        invocation_id: str,
+        to: Status,
+        *,
+        result: Any = None,
+        error_class: str | None = None,
+        error_message: str | None = None,
+    ) -> bool:
+        """executing -> `to` with the call's result and error, and the event; False when it was no longer
+        executing."""
+        return await self._backend.finish(
+            invocation_id,
+            to,
+            result=self._json(result),
+            error_class=error_class,
+            error_message=self._text(error_message),
+        )
+
+    async def transition(
+        self,
+        invocation_id: str,
+        *,
+        from_statuses: Collection[Status],
+        to: Status,
+        event: EventKind | None = None,
+        detail: Mapping[str, Any] | None = None,
+        fields: Mapping[str, Any] | None = None,
+    ) -> Invocation | None:
+        """Move an invocation to `to` only if its status is one of `from_statuses`, append the event
+        (default: `to`) and set `fields` (result, error_class, error_message, owner, expires_at).
+        Returns the updated invocation, or None when the condition did not hold (a conflict)."""
+        stored = dict(fields or {})
+        if "result" in stored:
+            stored["result"] = self._json(stored["result"])
+        if "error_message" in stored:
+            stored["error_message"] = self._text(stored["error_message"])
+        return await self._backend.transition(
+            invocation_id,
+            from_statuses=from_statuses,
+            to=to,
+            event=event or to,
+            detail=self._detail(detail),
+            fields=stored,
+        )
+
+    async def decide(
+        self, invocation_id: str, *, approve: bool, principal: str | None, note: str | None, now: datetime
+    ) -> Invocation:
+        """An approver's decision on a pending invocation: `approved` or `denied` (the note is the reason), with
+        who decided in the event. Raises NotFound, ApprovalExpired (pending but past expires_at: it is marked
+        expired), or Conflict (no longer pending; the message names its status)."""
+        denied_by = f"denied by {principal or 'an approver'}"
+        return await self._backend.decide(
+            invocation_id,
+            approve=approve,
+            detail=self._detail({"by": principal, "note" if approve else "reason": note}),
+            error_message=None if approve else self._text(denied_by if note is None else f"{denied_by}: {note}"),
+            now=now,
+        )
+
+    async def expire_due(self, now: datetime) -> builtins.list[Invocation]:
+        """Mark every pending invocation whose expires_at <= now as expired; return them."""
+        return await self._backend.expire_due(now)
+
+    async def claim(self, invocation_id: str, *, owner: str) -> Invocation | None:
+        """approved -> executing for exactly one claimer (None for the others)."""
+        return await self._backend.claim(invocation_id, owner=owner)
+
+    async def recover(self, owner_alive: Callable[[str], bool]) -> RecoveryReport:
+        """`executing` invocations whose owner is not alive become `unknown`; report the approved ones of
+        owners that are not alive (never started) and how many are pending."""
+        return await self._backend.recover(owner_alive)
+
+    # -- reads -----------------------------------------------------------------------------------------
+
+    async def get(self, invocation_id: str) -> Invocation | None:
+        return await self._backend.get(invocation_id)
+
+    async def find(self, prefix: str, *, principal: str | None = None, limit: int = 2) -> builtins.list[str]:
+        """Ids starting with `prefix` (of `principal`'s invocations only, when given), at most `limit`."""
+        return await self._backend.find(prefix, principal=principal, limit=limit)
+
+    async def list(
+        self,
+        *,
+        status: Status | None = None,
+        source_id: str | None = None,
+        session_id: str | None = None,
+        principal: str | None = None,
+        limit: int = 100,
+    ) -> builtins.list[Invocation]:
+        """Newest first; each filter given narrows the list."""
+        return await self._backend.list(
+            status=status, source_id=source_id, session_id=session_id, principal=principal, limit=limit
+        )
+
+    async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]:
+        return await self._backend.events(invocation_id)
+
+    async def count(self, status: Status | None = None, *, session_id: str | None = None) -> int:
+        return await self._backend.count(status, session_id=session_id)
+
+    async def next_expiry(self) -> datetime | None:
+        """The earliest expires_at among pending invocations."""
+        return await self._backend.next_expiry()
+
+    # -- scrubbing -------------------------------------------------------------------------------------
+
+    def _scrubbed(self, invocation: Invocation) -> Invocation:
+        return invocation.model_copy(
+            update={
+                "args": self._json(invocation.args),
+                "result": self._json(invocation.result),
+                "error_message": self._text(invocation.error_message),
+            }
+        )
+
+    def _json(self, value: Any) -> Scrubbed | None:
+        return None if value is None else Scrubbed(self.redactor.scrub_json(value))
+
+    def _text(self, message: str | None) -> str | None:
+        if message is None:
+            return None
+        scrubbed = self.redactor.scrub(message)
+        return scrubbed if isinstance(scrubbed, str) else self.redactor.scrub_json(scrubbed)
+
+    def _detail(self, detail: Mapping[str, Any] | None) -> Scrubbed:
+        return Scrubbed(self.redactor.scrub_json(dict(detail))) if detail else EMPTY_DETAIL

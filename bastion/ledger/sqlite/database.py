@@ -1,0 +1,259 @@
+"""One SQLite ledger file in WAL mode, shared safely between processes: its connections and its transactions.
+
+Every write is one `BEGIN IMMEDIATE` transaction. Transitions are conditional updates
+(`UPDATE ... WHERE id = ? AND status IN (...)`) under SQLite's single-writer lock, so of two racing
+transitions, even from two processes, exactly one wins.
+
+Two connections: reads run on aiosqlite's thread; writes run on a plain `sqlite3` connection, right on the
+event loop while nobody else holds the write lock (a transaction of a tool call is ~50-100 µs of SQLite
+work, less than the thread hand-off it saves), and in a worker thread that waits for the lock when another
+connection or process holds it. Nothing on the event loop ever waits for a lock or an fsync: the writer
+never waits (busy_timeout 0 on the loop), and it leaves checkpoints (the fsyncs) to `SqliteFeed.run`.
+
+SQLite failures of a running ledger (a full disk, an I/O error, a lock held for too long) surface as
+`LedgerUnavailable`, a retriable Bastion error, never as a raw `sqlite3` error.
+"""
+
+from __future__ import annotations
+
+import builtins
+import sqlite3
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import aiosqlite
+import anyio
+
+from bastion.errors import BastionError, ConfigError, LedgerUnavailable
+from bastion.ledger.sqlite.schema import migrate
+
+_T = TypeVar("_T")
+
+_WAL_ATTEMPTS: Final = 10
+_BUSY_TIMEOUT_MS: Final = 5000
+CHECKPOINT_AFTER: Final = 200
+"""The WAL is checkpointed (off the event loop) once the writer has committed this many transactions: a tool
+call commits twice, about 8 pages each, so the WAL stays near 6 MiB."""
+_WRITER_AUTOCHECKPOINT: Final = 10_000
+"""WAL pages after which the writer checkpoints by itself: a bound for processes that never run the feed."""
+_MIN_SQLITE: Final = (3, 35, 0)
+
+_PRAGMAS: Final = (
+    # Wait up to 5 s for another process's lock instead of failing at once.
+    f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}",
+    # In WAL mode NORMAL syncs only at checkpoints: a committed transaction survives the process being
+    # killed (it is in the WAL file), and only an OS crash or power loss can lose the last few commits,
+    # never corrupt the file. FULL would add an fsync to every tool call.
+    "PRAGMA synchronous = NORMAL",
+    "PRAGMA foreign_keys = ON",
+)
+
+CommitListener = Callable[[sqlite3.Connection], None]
+"""Called on the writer right after each commit that changed something (the change feed reads what is new)."""
+
+
+class SqliteDatabase:
+    """The two connections to one migrated ledger file, and the one way to write to it."""
+
+    def __init__(self, db: aiosqlite.Connection, writer: sqlite3.Connection, path: Path) -> None:
+        """Use `SqliteDatabase.open`; this only wraps already configured connections to a migrated file."""
+        self._db = db
+        self._writer = writer
+        self._writer_busy = anyio.Lock()
+        """Held while a worker thread uses the writer (waiting for another connection's lock)."""
+        self.path = path
+        self.uncheckpointed = 0
+        self.checkpoint_due = anyio.Event()
+        self._commit_listeners: list[CommitListener] = []
+
+    @classmethod
+    async def open(cls, path: Path) -> SqliteDatabase:
+        """Open (creating if needed) and migrate the ledger at `path`. Raises ConfigError if it is unusable."""
+        if sqlite3.sqlite_version_info < _MIN_SQLITE:
+            raise ConfigError(
+                f"{path}: the ledger needs SQLite {'.'.join(map(str, _MIN_SQLITE))} or newer (for RETURNING), "
+                f"this Python has {sqlite3.sqlite_version}; use a newer Python build"
+            )
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            db = await aiosqlite.connect(path, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigError(f"{path}: cannot open the ledger ({exc}); check the [server] ledger setting") from exc
+        try:
+            for pragma in _PRAGMAS:
+                await db.execute(pragma)
+            await _enable_wal(db, path)
+            await migrate(db)
+            writer = _open_writer(path)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await db.close()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise ConfigError(
+                    f"{path}: not a usable ledger ({exc}); point [server] ledger at another file"
+                ) from exc
+            raise
+        return cls(db, writer, path)
+
+    async def close(self) -> None:
+        """Close both connections, even when cancelled, and safe to call twice. The last one out checkpoints."""
+        with anyio.CancelScope(shield=True):
+            async with self._writer_busy:
+                self._writer.close()
+            await self._db.close()
+
+    def on_commit(self, listener: CommitListener) -> None:
+        self._commit_listeners.append(listener)
+
+    # -- reads ---------------------------------------------------------------------------------------------
+
+    async def fetchall(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> builtins.list[Any]:
+        """All rows of one read, on aiosqlite's thread."""
+        try:
+            return builtins.list(await self._db.execute_fetchall(sql, params))
+        except sqlite3.Error as exc:
+            raise _unavailable(self.path, exc) from exc
+
+    async def fetchone(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> Any:
+        rows = await self.fetchall(sql, params)
+        return rows[0] if rows else None
+
+    async def data_version(self) -> int:
+        """The writer's view of `data_version`: it changes with every commit by another connection. The
+        query reads shared memory and takes no lock, so it runs on the loop unless a worker has the writer."""
+        async with self._writer_busy:
+            try:
+                return int(self._writer.execute("PRAGMA data_version").fetchone()[0])
+            except sqlite3.Error as exc:
+                raise _unavailable(self.path, exc) from exc
+
+    async def read_on_writer(self, read: Callable[[sqlite3.Connection], _T]) -> _T:
+        """A short read on the writer connection, on the loop (it sees every commit, its own included)."""
+        async with self._writer_busy:
+            try:
+                return read(self._writer)
+            except sqlite3.Error as exc:
+                raise _unavailable(self.path, exc) from exc
+
+    async def checkpoint(self) -> None:
+        """Copy the committed WAL pages into the database file, on aiosqlite's thread: a checkpoint syncs
+        the files, which the event loop must not wait for. PASSIVE: it never waits for other connections,
+        and the WAL is reused from its start once every reader has moved past it."""
+        self.checkpoint_due = anyio.Event()
+        self.uncheckpointed = 0
+        try:
+            await self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error as exc:
+            raise _unavailable(self.path, exc) from exc
+
+    # -- writes --------------------------------------------------------------------------------------------
+
+    async def write(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run `work` in one `BEGIN IMMEDIATE` transaction on the writer; if it changed anything, tell the
+        commit listeners (the change feed).
+
+        First on the event loop, where taking the write lock never waits: when no other connection holds
+        it, the whole transaction runs here, without a thread hand-off. When the lock is taken (SQLITE_BUSY)
+        the transaction, rolled back if it had begun, runs again in a worker thread that waits for the lock
+        up to busy_timeout; writes arriving meanwhile queue behind it. `work` touches nothing but the
+        connection, so running it twice is safe. A cancelled caller cannot leave a transaction half-open:
+        the worker's run is shielded, and the caller is cancelled at its next checkpoint.
+
+        A BastionError raised by `work` (a conflict, say) passes through after the rollback; any other SQLite
+        failure is `LedgerUnavailable`.
+        """
+        try:
+            if not self._writer_busy.locked():
+                changes = self._writer.total_changes
+                try:
+                    result = _in_transaction(self._writer, work)
+                except sqlite3.OperationalError as exc:
+                    if not _is_busy(exc):
+                        raise
+                else:
+                    self._committed(changes)
+                    return result
+            async with self._writer_busy:
+                changes = self._writer.total_changes
+                with anyio.CancelScope(shield=True):
+                    result = await anyio.to_thread.run_sync(_wait_and_write, self._writer, work)
+                self._committed(changes)  # still holding the writer: listeners read on it
+            return result
+        except (sqlite3.IntegrityError, BastionError):
+            raise
+        except sqlite3.Error as exc:
+            raise _unavailable(self.path, exc) from exc
+
+    def _committed(self, changes_before: int) -> None:
+        if self._writer.total_changes == changes_before:
+            return  # nothing written (an expiry sweep that found nothing): no news, no WAL pages
+        self.uncheckpointed += 1
+        if self.uncheckpointed >= CHECKPOINT_AFTER:
+            self.checkpoint_due.set()
+        for listener in self._commit_listeners:
+            listener(self._writer)
+
+
+def _unavailable(path: Path, exc: sqlite3.Error) -> LedgerUnavailable:
+    return LedgerUnavailable(
+        f"the ledger {path} failed ({exc}); nothing was recorded by this operation: check the disk and the file's "
+        "permissions, then retry"
+    )
+
+
+async def _enable_wal(db: aiosqlite.Connection, path: Path) -> None:
+    """Switch the file to WAL, which lets readers (the CLI, other gateway processes) work while one writes.
+
+    When two connections convert a new file at once, SQLite answers one of them "database is locked" at
+    once instead of waiting (to avoid a deadlock); by the time it asks again the other has finished.
+    """
+    for attempt in range(_WAL_ATTEMPTS):
+        try:
+            rows = builtins.list(await db.execute_fetchall("PRAGMA journal_mode = WAL"))
+            break
+        except sqlite3.OperationalError:
+            if attempt == _WAL_ATTEMPTS - 1:
+                raise
+    if str(rows[0][0]).lower() != "wal":
+        raise ConfigError(f"{path}: the ledger cannot use WAL mode (got {rows[0][0]!r}); put it on a local file system")
+
+
+def _open_writer(path: Path) -> sqlite3.Connection:
+    """The connection every write goes through: on the event loop it never waits for a lock (busy_timeout 0,
+    see `_wait_and_write`) and leaves checkpoints to the feed, up to a bound."""
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        for pragma in (*_PRAGMAS, "PRAGMA busy_timeout = 0", f"PRAGMA wal_autocheckpoint = {_WRITER_AUTOCHECKPOINT}"):
+            writer.execute(pragma)
+    except BaseException:
+        writer.close()
+        raise
+    return writer
+
+
+def _wait_and_write(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], _T]) -> _T:
+    """In a worker thread: the transaction, waiting up to busy_timeout for the write lock."""
+    conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+    try:
+        return _in_transaction(conn, work)
+    finally:
+        conn.execute("PRAGMA busy_timeout = 0")
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite refused because another connection holds a lock (SQLITE_BUSY or an extended form)."""
+    return exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+
+
+def _in_transaction(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], _T]) -> _T:
+    """Run `work` between BEGIN IMMEDIATE and COMMIT (taking the write lock up front), rolling back on error."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = work(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return result

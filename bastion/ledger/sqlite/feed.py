@@ -1,0 +1,94 @@
+"""The change feed of a SQLite ledger: every event, in id order, announced to whoever waits in this process.
+
+Events have increasing ids (the rowid of `events`), and SQLite has one writer at a time, so the committed
+events are always a prefix of the ids: reading `WHERE id > last` after a commit yields exactly what is new.
+This process's own commits are read right after they commit (one indexed read on the writer, on the loop);
+other processes' commits are noticed by `run`, which polls `PRAGMA data_version` every `interval` seconds.
+
+`run` also checkpoints the WAL off the event loop once enough transactions accumulated: it is the ledger's
+one background task.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import deque
+from collections.abc import Sequence
+from typing import Final
+
+import anyio
+from anyio.abc import TaskStatus
+
+from bastion.errors import ChangesLost
+from bastion.ledger.sqlite.database import SqliteDatabase
+from bastion.models import Change
+
+KEPT: Final = 4096
+"""How many recent changes are kept for waiters that fall behind; one further behind gets `ChangesLost`."""
+
+_NEWER: Final = "SELECT id, invocation_id, kind FROM events WHERE id > ? ORDER BY id"
+_NEWER_PAGE: Final = _NEWER + " LIMIT ?"
+_LAST: Final = "SELECT COALESCE(MAX(id), 0) FROM events"
+
+
+class SqliteFeed:
+    """Satisfies `bastion.pipeline.seams.ChangeFeed` for one SQLite ledger file."""
+
+    def __init__(self, db: SqliteDatabase, *, start: int) -> None:
+        """`start`: the newest event id when the ledger was opened (changes before it are not announced)."""
+        self._db = db
+        self._recent: deque[Change] = deque(maxlen=KEPT)
+        self._cursor = start
+        self._arrived = anyio.Event()
+        db.on_commit(self._read_new)
+
+    @classmethod
+    async def open(cls, db: SqliteDatabase) -> SqliteFeed:
+        row = await db.fetchone(_LAST)
+        return cls(db, start=int(row[0]))
+
+    @property
+    def cursor(self) -> int:
+        """The id of the newest change announced so far."""
+        return self._cursor
+
+    async def next(self, after: int) -> Sequence[Change]:
+        """The changes after id `after`, oldest first, waiting for the first of them. Raises ChangesLost when
+        some of them are no longer kept."""
+        while after >= self._cursor:
+            await self._arrived.wait()
+        oldest = self._recent[0].id if self._recent else self._cursor + 1
+        if after + 1 < oldest:
+            raise ChangesLost(f"changes after {after} are no longer kept (the oldest kept is {oldest})")
+        return [change for change in self._recent if change.id > after]
+
+    async def since(self, after: int, *, limit: int = 1000) -> list[Change]:
+        """At most `limit` changes after id `after`, read from the file: what a resumed stream of events needs."""
+        rows = await self._db.fetchall(_NEWER_PAGE, (after, limit))
+        return [Change(id=row[0], invocation_id=row[1], kind=row[2]) for row in rows]
+
+    async def run(self, interval: float = 0.05, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Until cancelled, notice commits of other connections and announce their events; checkpoint the WAL
+        when due. `task_group.start(feed.run)` returns once the first data_version is read, so every commit
+        after it is noticed."""
+        seen = await self._db.data_version()
+        task_status.started()
+        while True:
+            with anyio.move_on_after(interval):
+                await self._db.checkpoint_due.wait()
+            if self._db.checkpoint_due.is_set():
+                await self._db.checkpoint()
+            version = await self._db.data_version()
+            if version != seen:
+                seen = version
+                await self._db.read_on_writer(self._read_new)
+
+    def _read_new(self, conn: sqlite3.Connection) -> None:
+        """Announce the events committed since the last one announced (on the loop, on the writer)."""
+        rows = conn.execute(_NEWER, (self._cursor,)).fetchall()
+        if not rows:
+            return
+        self._recent.extend(Change(id=row[0], invocation_id=row[1], kind=row[2]) for row in rows)
+        self._cursor = rows[-1][0]
+        arrived, self._arrived = self._arrived, anyio.Event()
+        arrived.set()
