@@ -21,6 +21,7 @@ import anyio
 import typer
 from rich.console import Console
 
+from bastion.cli.logs import use_redactor
 from bastion.config import Config, find_config_dir, load_config, sqlite_path
 from bastion.connectors import McpConnector
 from bastion.errors import BastionError, ConfigError
@@ -111,6 +112,7 @@ async def open_ledger(config: Config) -> AsyncIterator[SqliteLedger]:
     """The configured ledger, closed on exit."""
     settings = config.settings.ledger
     redactor = Redactor(extra_secret_keys=settings.extra_secret_keys, max_bytes=settings.max_result_bytes)
+    use_redactor(redactor)
     ledger = await SqliteLedger.open(sqlite_path(config.ledger_url), redactor=redactor)
     try:
         yield ledger
