@@ -61,7 +61,8 @@ MAX_DEPTH: Final = 64
 # `tail` (a PEM footer).
 _AWS_KEY_ID: Final = re.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}")
 _CREDENTIALS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
-    ("eyJ", re.compile(r"eyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*")),  # JWT, maybe unsigned
+    # JWT, maybe unsigned; it starts a token (the lookbehind keeps a long run of `eyJeyJ...` linear).
+    ("eyJ", re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*")),
     ("gh", re.compile(r"gh[pousr]_[A-Za-z0-9]{30,}")),  # GitHub tokens
     ("github_pat_", re.compile(r"github_pat_[A-Za-z0-9_]{20,}")),  # GitHub fine-grained PAT
     ("xox", re.compile(r"xox[abprs]-[A-Za-z0-9_-]{10,}")),  # Slack
