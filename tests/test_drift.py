@@ -6,11 +6,13 @@ import copy
 import hashlib
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bastion.models import MODES, Mode, ModeDecision
 from bastion.policies.drift import (
+    NestingTooDeep,
     canonical_json,
     diff_definitions,
     fingerprint,
@@ -55,6 +57,15 @@ def _reversed_keys(value: Any) -> Any:
 
 def test_canonical_json_sorts_keys_drops_whitespace_and_keeps_unicode() -> None:
     assert canonical_json({"b": [1, 2], "a": "é"}) == '{"a":"é","b":[1,2]}'.encode()
+
+
+def test_canonical_json_refuses_a_value_nested_too_deeply_with_a_value_error() -> None:
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(NestingTooDeep):
+        canonical_json({"arguments": deep})
+    assert issubclass(NestingTooDeep, ValueError)
 
 
 def test_fingerprint_is_sha256_of_the_canonical_pinned_fields_with_absent_as_null() -> None:

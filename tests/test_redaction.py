@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import string
@@ -39,9 +40,33 @@ def test_dash_and_underscore_are_equivalent_in_keys(key: str) -> None:
     assert redactor.redact({key: "v"}) == {key: REDACTED}
 
 
-@pytest.mark.parametrize("key", ["name", "path", "author", "keyboard", "pass", "cookbook", "query", "id"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        *("privateKey", "accessKey", "clientSecret", "APIKey", "xApiKey", "apiKeys", "accessKeyId"),
+        *("passphrase", "sessionid", "sessionId", "PHPSESSID", "JSESSIONID", "Set-Cookie", "Cookies"),
+        *("authToken", "csrftoken", "OAuthToken", "X-Auth-Token", "refresh_token", "tokens", "id_token"),
+        *("dbPassword", "userPwd", "password2", "passwordHash", "AWS_SECRET_ACCESS_KEY", "x.api.key"),
+    ],
+)
+def test_camel_case_compound_and_plural_keys_are_secret(key: str) -> None:
+    assert redactor.redact({key: "v", "other": "kept"}) == {key: REDACTED, "other": "kept"}
+    assert redactor.redact(f"{key}=v1 other=kept") == f"{key}=[REDACTED] other=kept"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        *("name", "path", "author", "keyboard", "pass", "cookbook", "query", "id", "monkey", "publicKey"),
+        *("tokenizer", "tokenize", "secretary", "passage", "bypass", "compass", "session", "sessions"),
+        # `token` counts and page cursors: ordinary data in LLM usage reports and paginated listings.
+        *("tokens_used", "max_tokens", "input_tokens", "totalTokens", "completionTokens", "token_count"),
+        *("nextPageToken", "page_token", "NextToken"),
+    ],
+)
 def test_ordinary_keys_are_kept(key: str) -> None:
     assert redactor.redact({key: "value"}) == {key: "value"}
+    assert redactor.redact(f"{key}=value") == f"{key}=value"
 
 
 def test_any_value_under_a_secret_key_is_replaced_whole() -> None:
@@ -60,11 +85,17 @@ def test_secret_keys_are_found_at_any_depth() -> None:
 
 
 def test_extra_secret_keys_are_matched_like_the_builtin_ones() -> None:
-    extra = Redactor(extra_secret_keys=["session_id", "PIN"])
-    value = {"X-Session-Id": "s", "user_pin": "1234", "name": "n"}
-    assert extra.redact(value) == {"X-Session-Id": REDACTED, "user_pin": REDACTED, "name": "n"}
-    assert extra.redact("session-id=abc&pin=1234&page=2") == "session-id=[REDACTED]&pin=[REDACTED]&page=2"
-    assert redactor.redact({"session_id": "s"}) == {"session_id": "s"}
+    extra = Redactor(extra_secret_keys=["tenant_ref", "PIN"])
+    value = {"X-Tenant-Ref": "s", "user_pin": "1234", "tenantRef": "t", "name": "n", "spinner": "kept"}
+    assert extra.redact(value) == {
+        "X-Tenant-Ref": REDACTED,
+        "user_pin": REDACTED,
+        "tenantRef": REDACTED,
+        "name": "n",
+        "spinner": "kept",
+    }
+    assert extra.redact("tenant-ref=abc&pin=1234&page=2") == "tenant-ref=[REDACTED]&pin=[REDACTED]&page=2"
+    assert redactor.redact({"tenant_ref": "s"}) == {"tenant_ref": "s"}
 
 
 # -- credential-looking strings ------------------------------------------------------------------------------
@@ -79,6 +110,7 @@ CREDENTIALS = [
     "sk-ant-api03-" + "x" * 40,
     "sk-proj-" + "Ab3" * 20,
     "AKIAIOSFODNN7EXAMPLE",
+    "bst_" + "Xy0_-" * 8 + "abc",  # Bastion's own token: bst_ and 43 URL-safe base64 characters
 ]
 
 
@@ -159,10 +191,84 @@ def test_json_in_a_string_without_secrets_keeps_its_formatting() -> None:
         ("{'client_secret': 'xyz', 'id': 7}", "{'client_secret': '[REDACTED]', 'id': 7}"),
         ("Authorization: Basic dXNlcjpwYXNz\nHost: x", "Authorization: [REDACTED]\nHost: x"),
         ("X-Api-Key = k-123; path=/", "X-Api-Key = [REDACTED]; path=/"),
+        ("privateKey=abc123 accessKey: xyz", "privateKey=[REDACTED] accessKey: [REDACTED]"),
+        ("Cookie: sessionid=abc123; csrftoken=def456", "Cookie: [REDACTED]; csrftoken=[REDACTED]"),
+        ('password: "left open, to the end', 'password: "[REDACTED]"'),
+        ("note: password=x", "note: password=[REDACTED]"),
     ],
 )
 def test_secret_key_value_pairs_in_text_lose_their_value(text: str, expected: str) -> None:
     assert redactor.redact(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "Server=db;Database=app;User Id=sa;Pwd=s3cret pass;Encrypt=yes",
+            "Server=db;Database=app;User Id=sa;Pwd=[REDACTED];Encrypt=yes",
+        ),
+        ("Data Source=x;Password=two words;", "Data Source=x;Password=[REDACTED];"),
+        ("Driver={ODBC 18};UID=sa;PWD={p;w d};", "Driver={ODBC 18};UID=sa;PWD=[REDACTED];"),
+        ("mysql://app:hunter2@db/prod?ssl=1", "mysql://app:[REDACTED]@db/prod?ssl=1"),
+    ],
+)
+def test_passwords_in_connection_strings_lose_their_value(text: str, expected: str) -> None:
+    assert redactor.redact(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            r"log: {\"password\": \"hunter2\", \"user\": \"bob\"}",
+            r"log: {\"password\": \"[REDACTED]\", \"user\": \"bob\"}",
+        ),
+        (r"twice: {\\\"apiKey\\\": \\\"k-1\\\"}", r"twice: {\\\"apiKey\\\": \\\"[REDACTED]\\\"}"),
+        (r"a quote inside: {\"token\": \"a\\\"b c\"}", r"a quote inside: {\"token\": \"[REDACTED]\"}"),
+    ],
+)
+def test_escaped_json_in_text_loses_its_secret_values(text: str, expected: str) -> None:
+    assert redactor.redact(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("send Basic dXNlcjpwYXNzd29yZA== to the proxy", "send Basic [REDACTED] to the proxy"),
+        ("curl -H 'X-Upstream: basic YWxpY2U6czNjcjN0' x", "curl -H 'X-Upstream: basic [REDACTED]' x"),
+        ("Basic usage of the API", "Basic usage of the API"),
+        ("Basic authentication is described in RFC 7617", "Basic authentication is described in RFC 7617"),
+        ("Basic Zm9vYmFy is foobar, no colon", "Basic Zm9vYmFy is foobar, no colon"),
+    ],
+)
+def test_basic_credentials_go_only_when_they_decode_to_user_and_password(text: str, expected: str) -> None:
+    assert redactor.redact(text) == expected
+
+
+PEM_BODY = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj"
+
+
+@pytest.mark.parametrize("kind", ["", "RSA ", "EC ", "OPENSSH ", "ENCRYPTED "])
+def test_pem_private_key_blocks_keep_only_their_header_and_footer(kind: str) -> None:
+    block = f"-----BEGIN {kind}PRIVATE KEY-----\n{PEM_BODY}\n-----END {kind}PRIVATE KEY-----"
+    expected = f"-----BEGIN {kind}PRIVATE KEY-----{REDACTED}-----END {kind}PRIVATE KEY-----"
+    assert redactor.redact(f"key:\n{block}\nthanks") == f"key:\n{expected}\nthanks"
+    assert redactor.redact({"pem": block}) == {"pem": expected}
+    escaped = json.dumps({"file": block})
+    assert PEM_BODY.split("\n")[1] not in redactor.redact(f"upload {escaped} done")
+
+
+def test_a_pem_private_key_cut_short_is_redacted_to_the_end() -> None:
+    text = f"-----BEGIN PGP PRIVATE KEY BLOCK-----\n{PEM_BODY}"
+    assert redactor.redact(f"here: {text}") == f"here: -----BEGIN PGP PRIVATE KEY BLOCK-----{REDACTED}"
+
+
+def test_a_long_chain_of_pairs_in_text_is_redacted_without_recursion() -> None:
+    text = "k:" + "a:" * 5000 + "password=hunter2 " + "b: " * 5000 + "token=t1"
+    out = redactor.redact(text)
+    assert "hunter2" not in out
+    assert out.endswith("token=[REDACTED]")
 
 
 def test_redaction_never_mutates_its_input() -> None:
@@ -340,3 +446,155 @@ def test_a_canary_secret_never_survives_scrubbing(case: tuple[Any, str, str], ma
     body = canary.removeprefix("ghp_")
     if body not in elsewhere:
         assert body not in stored
+
+
+# -- property: no generated secret survives ------------------------------------------------------------------
+
+B64URL = ALNUM + "-_"
+QUOTABLE = ALNUM + " !#$%&()*+,-./:;<=>?@[]^_`{|}~"  # what a quoted value may hold here: no quote, no backslash
+UNQUOTED = ALNUM + "!#$%()*+-./:=?@[]^_`{|}~"  # an unquoted value: no space and no delimiter
+CONNECTION = ALNUM + " !#$%()*+-./:?@[]^_`|~"  # a connection-string value: spaces, no `;` `=` or quotes
+SURROUNDING = st.text(alphabet=st.characters(blacklist_characters="\"'\\", blacklist_categories=["Cs"]), max_size=20)
+SECRET_KEY_SPELLINGS = (
+    *("password", "Password", "passwd", "PWD", "passphrase", "privateKey", "private_key", "accessKey"),
+    *("AWS_SECRET_ACCESS_KEY", "clientSecret", "client_secret", "APIKey", "xApiKey", "x-api-key", "api_key"),
+    *("apikey", "sessionid", "sessionId", "authToken", "access_token", "X-Auth-Token", "secret", "credentials"),
+    *("Authorization", "cookie", "csrftoken"),
+)
+
+
+@st.composite
+def credentials(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """A credential of one supported shape, and its random parts: none of them may ever be stored."""
+
+    def chars(alphabet: str, low: int, high: int | None = None) -> str:
+        return draw(st.text(alphabet=alphabet, min_size=low, max_size=low + 24 if high is None else high))
+
+    shape = draw(st.sampled_from(["jwt", "github", "github_pat", "slack", "openai", "aws", "bastion", "url"]))
+    shape = draw(st.sampled_from([shape, "bearer", "basic", "pem"]))
+    core: str
+    if shape == "jwt":
+        core = chars(B64URL, 16)
+        return f"eyJ{chars(B64URL, 5)}.eyJ{core}.{chars(B64URL, 0)}", [core]
+    if shape == "github":
+        core = chars(ALNUM, 36)
+        return f"gh{draw(st.sampled_from('pousr'))}_{core}", [core]
+    if shape == "github_pat":
+        core = chars(ALNUM + "_", 22, 82)
+        return f"github_pat_{core}", [core]
+    if shape == "slack":
+        core = chars(B64URL, 16)
+        return f"xox{draw(st.sampled_from('abprs'))}-{core}", [core]
+    if shape == "openai":
+        core = chars(B64URL, 20)
+        return f"sk-{draw(st.sampled_from(['', 'ant-api03-', 'proj-']))}{core}", [core]
+    if shape == "aws":
+        core = chars(string.ascii_uppercase + string.digits, 16, 16)
+        return draw(st.sampled_from(["AKIA", "ASIA"])) + core, [core]
+    if shape == "bastion":
+        core = chars(B64URL, 43, 43)
+        return f"bst_{core}", [core]
+    if shape == "url":
+        core = chars(ALNUM + "-._~!$*+,;=", 12)
+        scheme = draw(st.sampled_from(["postgresql", "mysql", "redis", "https", "amqp"]))
+        return f"{scheme}://{chars(ALNUM, 0, 8)}:{core}@db.example:5432/app", [core]
+    if shape == "bearer":
+        core = chars(ALNUM + "-._~+/", 20)
+        return f"Bearer {core}", [core]
+    if shape == "basic":
+        user, password = chars(ALNUM, 1, 12), chars(ALNUM + "!#$%&*+-.:@^_~", 8)
+        core = base64.b64encode(f"{user}:{password}".encode()).decode()
+        return f"{draw(st.sampled_from(['Basic', 'basic']))} {core}", [core]
+    kind = draw(st.sampled_from(["", "RSA ", "EC ", "DSA ", "OPENSSH ", "ENCRYPTED "]))
+    lines = draw(st.lists(st.text(alphabet=ALNUM + "+/", min_size=16, max_size=64), min_size=1, max_size=4))
+    body = "\n".join(lines)
+    return f"-----BEGIN {kind}PRIVATE KEY-----\n{body}\n-----END {kind}PRIVATE KEY-----", lines
+
+
+@st.composite
+def carried_credentials(draw: st.DrawFn) -> tuple[Any, list[str], list[str]]:
+    """A credential as a value, in text, in a header, in JSON text or in escaped JSON in text; returns
+    (the carrier, the secret parts, the surrounding text)."""
+    credential, cores = draw(credentials())
+    prefix, suffix, key = draw(SURROUNDING), draw(SURROUNDING), draw(st.text(max_size=10))
+    in_text = f"{prefix} {credential} {suffix}"
+    carrier = draw(st.sampled_from(["bare", "text", "header", "json_text", "escaped_json", "escaped_twice"]))
+    once = json.dumps({key: [in_text]}, ensure_ascii=False)
+    leaf = {
+        "bare": credential,
+        "text": in_text,
+        "header": f"{prefix}\nAuthorization: {credential}\n{suffix}",
+        "json_text": once,
+        "escaped_json": f"{prefix} {json.dumps(once, ensure_ascii=False)[1:-1]} {suffix}",
+        "escaped_twice": json.dumps(json.dumps(once, ensure_ascii=False), ensure_ascii=False)[1:-1],
+    }[carrier]
+    return leaf, cores, [prefix, suffix, key]
+
+
+@st.composite
+def secret_pairs(draw: st.DrawFn) -> tuple[Any, list[str], list[str]]:
+    """A value under a secret key: in a dict, as `key=value` or `key: value` text, as JSON or escaped JSON in
+    text, in a connection string, in an HTTP header or cookie; returns (the carrier, [value], surrounding)."""
+    key = draw(st.sampled_from(SECRET_KEY_SPELLINGS))
+    quoted, unquoted = draw(st.text(alphabet=QUOTABLE, min_size=12)), draw(st.text(alphabet=UNQUOTED, min_size=12))
+    prefix, suffix = draw(SURROUNDING), draw(SURROUNDING)
+    form = draw(
+        st.sampled_from(
+            ["dict", "equals", "colon", "json", "single", "escaped", "escaped_twice", "connection", "header", "cookie"]
+        )
+    )
+    if form == "dict":
+        return {key: quoted, "note": prefix}, [quoted], [prefix, suffix]
+    if form == "connection":
+        value = draw(st.text(alphabet=CONNECTION, min_size=12)).strip() or "x" * 12
+        name = draw(st.sampled_from(["Password", "Pwd", "PWD", "password"]))
+        return f"Server=db.example;Database=app;User Id=sa;{name}={value};Encrypt=yes", [value], [prefix, suffix]
+    if form == "cookie":
+        name = draw(st.sampled_from(["sessionid", "PHPSESSID", "JSESSIONID", "csrftoken", "session_id", "auth_token"]))
+        return f"{prefix}\nCookie: theme=dark; {name}={unquoted}; lang=en\n{suffix}", [unquoted], [prefix, suffix]
+    value = quoted if form in ("json", "single", "escaped", "escaped_twice") else unquoted
+    text = {
+        "equals": f"{key}={value}",
+        "colon": f"{key}: {value}",
+        "json": json.dumps({key: value}),
+        "single": f"{{'{key}': '{value}'}}",
+        "escaped": json.dumps(json.dumps({key: value}))[1:-1],
+        "escaped_twice": json.dumps(json.dumps(json.dumps({key: value})))[1:-1],
+        "header": f"{draw(st.sampled_from(['X-Api-Key', 'X-Auth-Token', 'Authorization']))}: {value}",
+    }[form]
+    return f"{prefix} {text} {suffix}", [value], [prefix, suffix]
+
+
+@st.composite
+def placed_secrets(draw: st.DrawFn) -> tuple[Any, list[str], str]:
+    """Generated JSON with a generated secret placed as a value somewhere in it; returns
+    (value, the secret parts, every other text the value holds)."""
+    leaf, cores, surrounding = draw(carried_credentials() | secret_pairs())
+    key = draw(st.text(max_size=10))
+
+    def place(value: Any) -> Any:
+        if isinstance(value, dict) and value and draw(st.booleans()):
+            chosen = draw(st.sampled_from(sorted(value)))
+            return {**value, chosen: place(value[chosen])}
+        if isinstance(value, list) and value and draw(st.booleans()):
+            index = draw(st.integers(min_value=0, max_value=len(value) - 1))
+            return [*value[:index], place(value[index]), *value[index + 1 :]]
+        if isinstance(value, dict):
+            return {**value, key: leaf}
+        if isinstance(value, list):
+            index = draw(st.integers(min_value=0, max_value=len(value)))
+            return [*value[:index], leaf, *value[index:]]
+        return [value, leaf]
+
+    base = draw(json_values)
+    return place(base), cores, json.dumps([base, key, *surrounding], ensure_ascii=False)
+
+
+@settings(deadline=None, max_examples=500)
+@given(case=placed_secrets())
+def test_no_generated_secret_of_any_supported_shape_survives_scrub_json(case: tuple[Any, list[str], str]) -> None:
+    value, cores, elsewhere = case
+    stored = Redactor(max_bytes=1 << 20).scrub_json(value)
+    for core in cores:
+        if core not in elsewhere:
+            assert core not in stored

@@ -8,9 +8,7 @@ config error.
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
 
 # Each module registers its commands on `app` when imported; this order is the order of `bastion --help`.
 # isort: off
@@ -18,6 +16,7 @@ from bastion.cli import serve, inspect, approvals, watch, pins, tokens
 
 # isort: on
 from bastion.cli.app import Exit, app, err
+from bastion.cli.logs import LOG_LEVEL_ENV_VAR, configure_logging, parse_level
 
 __all__ = ["app", "main"]
 
@@ -26,11 +25,12 @@ COMMAND_GROUPS = (serve, inspect, approvals, watch, pins, tokens)
 
 def main() -> None:
     """Console entry point."""
-    logging.basicConfig(
-        level=os.environ.get("BASTION_LOG_LEVEL", "WARNING").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    try:
+        level = parse_level(os.environ.get(LOG_LEVEL_ENV_VAR))
+    except ValueError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise SystemExit(2) from None
+    configure_logging(level)
     try:
         app()
     except Exit as exc:

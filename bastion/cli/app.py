@@ -21,6 +21,7 @@ import anyio
 import typer
 from rich.console import Console
 
+from bastion.cli.logs import use_redactor
 from bastion.config import Config, find_config_dir, load_config
 from bastion.connectors import McpConnector
 from bastion.errors import BastionError, ConfigError
@@ -112,6 +113,7 @@ async def open_ledger(config: Config) -> AsyncIterator[OpenLedger]:
     """The configured ledger, closed on exit."""
     settings = config.settings.ledger
     redactor = Redactor(extra_secret_keys=settings.extra_secret_keys, max_bytes=settings.max_result_bytes)
+    use_redactor(redactor)
     async with await ledger_at(config.ledger_url, redactor=redactor) as ledger:
         yield ledger
 

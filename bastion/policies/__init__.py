@@ -3,6 +3,7 @@
 from bastion.policies.drift import (
     FINGERPRINT_FIELDS,
     Fingerprints,
+    NestingTooDeep,
     canonical_json,
     diff_definitions,
     fingerprint,
@@ -31,6 +32,7 @@ __all__ = [
     "Fingerprints",
     "NameAssignment",
     "NameRequest",
+    "NestingTooDeep",
     "RateLimiter",
     "assign_tool_names",
     "canonical_json",

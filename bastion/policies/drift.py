@@ -42,9 +42,22 @@ _SCHEMA_MAP_KEYWORDS: Final = frozenset(
 )
 
 
+class NestingTooDeep(ValueError):
+    """A value nests containers too deeply for `canonical_json`: the JSON encoder recurses once per level."""
+
+
 def canonical_json(value: Any) -> bytes:
-    """JSON with sorted keys, no whitespace, UTF-8: equal values always give equal bytes."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """JSON with sorted keys, no whitespace, UTF-8: equal values always give equal bytes.
+
+    Raises `NestingTooDeep` (a ValueError) for a value nested too deeply to encode (about 900 levels from a
+    shallow stack, fewer from a deep one), and TypeError for a value that is not JSON, as `json.dumps` does.
+    Values parsed from the wire never nest that deeply: the SDK's JSON parser (pydantic-core) refuses a
+    message nested deeper than 200 levels.
+    """
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except RecursionError as exc:
+        raise NestingTooDeep("the value nests objects and arrays too deeply to encode") from exc
     # surrogatepass: upstream JSON may carry lone surrogates; hashing them must not crash the catalog.
     return text.encode("utf-8", "surrogatepass")
 

@@ -182,7 +182,8 @@ async def serve_http(
         bound_port = sock.getsockname()[1]
         if on_ready is not None:
             on_ready(f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{bound_port}")
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
+        # log_config=None: uvicorn's loggers propagate to the handler the CLI set up (redacting) instead of its own.
+        config = uvicorn.Config(app, log_level="warning", log_config=None, lifespan="on", access_log=False)
         await uvicorn.Server(config).serve(sockets=[sock])
     finally:
         sock.close()

@@ -140,6 +140,7 @@ class FrontDoor:
 
         on_progress = relay_progress if progress_token is not None else None
         arguments = params.arguments or {}
+        logger.debug("tools/call %s arguments %s", params.name, arguments)  # redacted by the CLI's log handler
         try:
             hashed = self.gateway.hash_args(arguments)
             if params.request_state is not None:
