@@ -23,6 +23,7 @@ from bastion.connectors import McpConnector
 from bastion.connectors.mcp import CORRELATION_META_KEY
 from bastion.errors import CallTimeout, ConnectorUnavailable, UnknownOutcome, UpstreamError
 from tests.downstream import FAILURE_CODE, FixtureServer, StreamTarget, default_tools
+from tests.harness import harness
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WAIT = 10.0
@@ -183,6 +184,40 @@ async def test_an_error_response_raises_upstream_error(era: str) -> None:
             await connector.call("fail", {}, correlation_id="c", timeout=WAIT)
         assert str(FAILURE_CODE) in caught.value.message
         assert connector.status.state == "ready"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_result_off_its_output_schema_is_an_upstream_error_not_a_connector_unavailable(era: str) -> None:
+    """The SDK checks structured content against the tool's output schema after the tool ran: never "nothing sent"."""
+    fixture, target = fixture_link(era)
+    connector = McpConnector(config(), target=target)
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        fixture.shapes_output = {"area": -1}
+        with pytest.raises(UpstreamError) as caught:
+            await connector.call("shapes", {"at": [1, 2]}, correlation_id="c", timeout=WAIT)
+        assert not caught.value.retriable
+        assert [c.name for c in fixture.calls] == ["shapes"]
+        fixture.shapes_output = None
+        with pytest.raises(UpstreamError):
+            await connector.call("shapes", {"at": [1, 2]}, correlation_id="c", timeout=WAIT)
+        assert connector.status.state == "ready"
+
+
+@pytest.mark.anyio
+async def test_through_the_gateway_a_result_off_its_output_schema_is_recorded_failed(tmp_path: Path) -> None:
+    fixture = FixtureServer()
+    fixture.shapes_output = {"area": "large"}
+    async with harness(tmp_path, fixture=fixture, modes={"fx:shapes": "allow"}) as h:
+        result = await h.call("fx__shapes", {"at": [1, 2]})
+        assert result.is_error and result.structured_content is not None
+        error = result.structured_content["error"]
+        assert (error["class"], error["retriable"]) == ("upstream_error", False)
+        invocation = await h.only_invocation()
+        assert (invocation.status, invocation.error_class) == ("failed", "upstream_error")
+        assert error["invocation_id"] == invocation.id
 
 
 @pytest.mark.anyio

@@ -241,8 +241,12 @@ class McpConnector:
         except (ValidationError, InputRequiredRoundsExceededError) as exc:
             raise UpstreamError(f"{self.source_id}:{action_id} returned an unusable result: {exc}") from exc
         except RuntimeError as exc:
-            # The client closed between the check above and the send: nothing went out.
-            raise ConnectorUnavailable(f"connector {self.source_id} disconnected: {exc}") from exc
+            # Raised once the request is out (`_ready_link` checked the session first): the SDK found the
+            # result's structured content off the tool's output schema, so the tool ran. Retrying could repeat it.
+            raise UpstreamError(
+                f"{self.source_id}:{action_id} ran, but its result breaks the tool's own output schema "
+                f"({_first_line(exc)}); the result is withheld, and the call is not safe to repeat blindly"
+            ) from exc
         return strip_protocol_meta(result)
 
     # -- resources, prompts, completion ------------------------------------------------------------
@@ -282,8 +286,13 @@ class McpConnector:
             raise self._translate(exc, f"resources/unsubscribe {uri}") from exc
 
     def _ready_link(self) -> _Link:
+        """The live link, or ConnectorUnavailable: the one check made before anything is sent.
+
+        Its caller must send without awaiting anything else first, so the client cannot close in between;
+        a RuntimeError from the SDK after this point means the request went out.
+        """
         link = self._link
-        if link is None or not link.ready or link.lost.is_set():
+        if link is None or not link.ready or link.lost.is_set() or not _has_session(link.client):
             raise ConnectorUnavailable(
                 f"connector {self.source_id} is not connected ({self._status.last_error or self._status.state})"
             )
@@ -301,7 +310,8 @@ class McpConnector:
         except (ValidationError, InputRequiredRoundsExceededError) as exc:
             raise UpstreamError(f"{self.source_id}: {what} returned an unusable result: {exc}") from exc
         except RuntimeError as exc:
-            raise ConnectorUnavailable(f"connector {self.source_id} disconnected: {exc}") from exc
+            # After the send (the session was checked first): e.g. an input request where none may come.
+            raise UpstreamError(f"{self.source_id}: {what} returned an unusable result: {_first_line(exc)}") from exc
 
     def _translate(self, exc: MCPError, what: str) -> BastionError:
         if exc.code == CONNECTION_CLOSED:
@@ -547,6 +557,18 @@ def strip_protocol_meta(result: _Result) -> _Result:
         return result
     kept = {key: value for key, value in meta.items() if not key.startswith(PROTOCOL_META_PREFIX)}
     return result.model_copy(update={"meta": kept or None})
+
+
+def _has_session(client: Client) -> bool:
+    """Whether the client is connected (its `session` raises RuntimeError before connecting and after closing)."""
+    try:
+        return client.session is not None
+    except RuntimeError:
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
