@@ -18,7 +18,7 @@ import mcp_types as types
 import pytest
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
-from mcp import Client, StdioServerParameters
+from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import IncomingMessage
 from mcp.client.sse import sse_client
 
@@ -210,6 +210,22 @@ async def test_ledger_never_holds_a_secret(tmp_path: Path) -> None:
     stored = b"".join(p.read_bytes() for p in (config / "state").iterdir() if p.name.startswith("ledger.db"))
     for name, secret in canaries.items():
         assert secret.encode() not in stored, f"the {name} canary reached the ledger"
+
+
+async def test_an_oversized_stdio_message_is_refused_and_the_session_and_connector_carry_on(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.json"
+    policy = '[modes]\n"notes:write_note" = "allow"\n'
+    config = write_config(tmp_path / "config", notes_file=notes, time_server=False, policy=policy)
+    argv = bastion_command("serve", "--config", str(config))
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=bastion_env(tmp_path / "home"))
+    async with host_client(params, "auto") as (client, _):
+        with pytest.raises(MCPError) as caught:
+            await client.call_tool("notes__write_note", {"name": "big", "text": "x" * 20_000_000})
+        assert caught.value.code == types.INVALID_REQUEST
+        written = await client.call_tool("notes__write_note", {"name": "small", "text": "fits"})
+        assert not written.is_error
+    assert [r["status"] for r in ledger_rows(config)] == ["completed"]
+    assert json.loads(notes.read_text()) == {"small": "fits"}
 
 
 def _free_port() -> int:
