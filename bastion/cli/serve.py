@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Annotated, Literal
 
 import typer
@@ -10,7 +11,7 @@ from bastion import __version__
 from bastion.cli.app import ConfigOption, Exit, app, err, load, open_gateway, open_ledger, run_async
 from bastion.config import Config, validate_profile
 from bastion.errors import ConfigError
-from bastion.server.http import is_loopback, serve_http
+from bastion.server.http import bind_listener, is_loopback, listener_problem, serve_http
 from bastion.server.mcp import FrontDoor, serve_stdio
 
 
@@ -31,6 +32,8 @@ def serve(
             validate_profile(config, profile)
         except ConfigError as exc:
             raise Exit(f"error: {exc.message}", 2) from exc
+    # Bound before the ledger is recovered or any connector starts: a port problem stops nothing half-started.
+    listener = _listen(host, port) if transport == "http" else None
 
     async def run() -> None:
         if transport == "http" and not is_loopback(host):
@@ -50,9 +53,22 @@ def serve(
                 def ready(base_url: str) -> None:
                     _print_connect_help(config, base_url, len(gateway.catalog.tools), tokens=tokens)
 
-                await serve_http(FrontDoor(gateway, profile=profile), host=host, port=port, on_ready=ready)
+                await serve_http(
+                    FrontDoor(gateway, profile=profile), host=host, port=port, on_ready=ready, listener=listener
+                )
 
-    run_async(run)
+    try:
+        run_async(run)
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        return bind_listener(host, port)
+    except (OSError, OverflowError) as exc:
+        raise Exit(f"error: {listener_problem(host, port, exc)}", 2) from exc
 
 
 def _print_connect_help(config: Config, base_url: str, tools: int, *, tokens: bool) -> None:

@@ -7,6 +7,7 @@ authentication (bastion.server.auth), then routing.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import socket
@@ -155,6 +156,21 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+def listener_problem(host: str, port: int, exc: OSError | OverflowError) -> str:
+    """What went wrong binding `host`:`port`, in one line that names the fix (for `bastion serve`)."""
+    if isinstance(exc, OverflowError):
+        return f"--port {port} is not a TCP port; pass one from 1 to 65535 (or 0 for any free one)"
+    if isinstance(exc, socket.gaierror):
+        return f"--host {host} is not an address of this machine ({exc.strerror}); pass one, such as 127.0.0.1"
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {port} on {host} is in use (another Bastion?); stop it or pass another --port"
+    if exc.errno == errno.EACCES:
+        return f"port {port} on {host} needs privileges this user does not have; pass a --port above 1023"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"--host {host} is not an address of this machine; pass one of its addresses, such as 127.0.0.1"
+    return f"cannot listen on {host} port {port} ({exc.strerror or exc}); pass another --host or --port"
+
+
 async def serve_http(
     front: FrontDoor,
     *,
@@ -162,21 +178,25 @@ async def serve_http(
     port: int,
     on_ready: Callable[[str], None] | None = None,
     extra_hosts: Iterable[str] = (),
+    listener: socket.socket | None = None,
 ) -> None:
     """Serve until interrupted (uvicorn handles SIGINT/SIGTERM).
 
     The socket is bound before `on_ready` is called with the base URL, so a caller that reads it
-    (a person, a test, a supervisor) can connect at once; `port=0` picks a free port. Binding beyond
-    loopback is refused (ConfigError) while the ledger holds no active token (DESIGN.md §10).
+    (a person, a test, a supervisor) can connect at once; `port=0` picks a free port. A caller that
+    bound `listener` itself (`bastion serve`, before starting anything) passes it, and it is closed here.
+    Binding beyond loopback is refused (ConfigError) while the ledger holds no active token (DESIGN.md §10).
     """
     non_loopback = not is_loopback(host)
     if non_loopback and not await front.gateway.ledger.has_tokens():
+        if listener is not None:
+            listener.close()
         raise ConfigError(
             f"refusing to serve on {host} without tokens: anyone who can reach it could call tools and decide. "
             "Create one first with `bastion tokens create NAME --role admin`, or bind to 127.0.0.1."
         )
     app = build_app(front, allowed_hosts=allowed_hosts_for(host, extra_hosts), non_loopback=non_loopback)
-    sock = bind_listener(host, port)
+    sock = listener if listener is not None else bind_listener(host, port)
     family = sock.family
     try:
         bound_port = sock.getsockname()[1]
