@@ -228,6 +228,20 @@ async def test_an_oversized_stdio_message_is_refused_and_the_session_and_connect
     assert json.loads(notes.read_text()) == {"small": "fits"}
 
 
+def test_connectors_check_names_a_failing_connector_s_exit_status_and_last_stderr_lines(tmp_path: Path) -> None:
+    script = "import sys; print('boom: missing KEY', file=sys.stderr); sys.exit(3)"
+    bad = f'command = {json.dumps(sys.executable)}\nargs = ["-c", {json.dumps(script)}]\n'
+    config = write_config(
+        tmp_path / "config", notes_file=tmp_path / "notes.json", time_server=False, extra_connectors={"bad": bad}
+    )
+    done = run_cli("connectors", "check", "bad", "--json", "--config", str(config), env=bastion_env(tmp_path / "home"))
+    assert done.returncode == 1, done.stderr
+    [status] = json.loads(done.stdout)
+    assert status["last_error"] == "the process exited with status 3; its stderr ended with: boom: missing KEY"
+    assert done.stderr.splitlines().count("boom: missing KEY") == 1
+    assert "Traceback" not in done.stderr
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
