@@ -497,6 +497,26 @@ async def test_a_killed_stdio_downstream_is_noticed_and_respawned(tmp_path: Path
         assert not result.is_error
 
 
+@pytest.mark.anyio
+async def test_messages_of_megabytes_cross_a_stdio_connection_whole(tmp_path: Path) -> None:
+    connector = McpConnector(
+        config(
+            command=sys.executable,
+            args=["-m", "bastion.demo.notes"],
+            env={"BASTION_NOTES_FILE": str(tmp_path / "notes.json")},
+            cwd=str(REPO_ROOT),
+        )
+    )
+    text = "0123456789abcdef" * 200_000  # 3.2 MB: many pipe reads in each direction
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        written = await connector.call("write_note", {"name": "big", "text": text}, correlation_id="w", timeout=WAIT)
+        assert not written.is_error
+        read = await connector.call("read_note", {"name": "big"}, correlation_id="r", timeout=WAIT)
+    assert read.structured_content == {"name": "big", "text": text}
+
+
 @asynccontextmanager
 async def demo_http_server(port: int, notes: Path) -> AsyncIterator[anyio.abc.Process]:
     process = await anyio.open_process(

@@ -170,21 +170,26 @@ async def _read_stdout(
 ) -> None:
     """One JSON-RPC message per line to the session; once the session is gone, drain so the process never blocks."""
     assert process.stdout is not None
-    buffer = b""
+    buffer = bytearray()
+    searched = 0  # bytes of `buffer` known to hold no newline: a long line is scanned once, not per chunk
     delivering = True
     try:
         async for chunk in process.stdout:
             if not delivering:
                 continue
-            *lines, buffer = (buffer + chunk).split(b"\n")
-            for line in lines:
+            buffer += chunk
+            start = 0
+            while delivering and (end := buffer.find(b"\n", max(start, searched))) >= 0:
+                line = bytes(buffer[start:end])
+                start = end + 1
                 if not line.strip():
                     continue
                 try:
                     await to_session.send(_parse(line))
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     delivering = False
-                    break
+            del buffer[:start]
+            searched = len(buffer)
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         pass  # our own shutdown closed the pipe under the read
     if not child.stopping:
