@@ -400,7 +400,7 @@ class McpConnector:
         self._link = link
         self._reported = None
         if self._child is not None:
-            self._child.release()
+            await self._child.release()
         logger.info(
             "connector %s: connected (%s, protocol %s, %d tools, %d resources, %d templates, %d prompts)",
             self.source_id,
@@ -507,7 +507,7 @@ class McpConnector:
         wrote while connecting; the same failure again only updates the status."""
         if reason != self._reported:
             if self._child is not None:
-                self._child.release()
+                await self._child.release()
             logger.warning("connector %s is down: %s", self.source_id, reason)
             self._reported = reason
         else:

@@ -28,6 +28,7 @@ from contextlib import asynccontextmanager, suppress
 from typing import Final
 
 import anyio
+import anyio.to_thread
 import mcp_types as types
 from anyio.abc import Process
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -55,6 +56,7 @@ _EXIT_POLL: Final = 0.01
 _TAIL_LINES: Final = 5
 _TAIL_LINE_CHARS: Final = 300
 _HELD_BYTES: Final = 1 << 16
+_PASS_ON_TIMEOUT: Final = 5.0
 
 Streams = tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
 """What the MCP client reads messages (or parse errors) from, and writes messages to."""
@@ -87,20 +89,23 @@ class Child:
             return f"the process {how} (nothing on stderr)"
         return f"the process {how}; its stderr ended with: " + " | ".join(lines)
 
-    def release(self) -> None:
+    async def release(self) -> None:
         """Pass on what it wrote to stderr so far, and from now on as it comes (once connected, or to report it)."""
-        if self._held:
-            _pass_on(self._held)
-            self._held = ""
+        while self._held:  # what arrives during a write is held until the next one
+            held, self._held = self._held, ""
+            await _pass_on(held)
         self._passing_on = True
 
-    def heard(self, chunk: bytes, *, final: bool = False) -> None:
+    async def heard(self, chunk: bytes, *, final: bool = False) -> None:
         """Take in what the process wrote on stderr: pass it on or hold it back, and keep its last lines."""
         text = self._decoder.decode(chunk, final=final)
+        self._keep_last_lines(text)
         if self._passing_on:
-            _pass_on(text)
+            await _pass_on(text)
         else:
             self._held = (self._held + text)[-_HELD_BYTES:]
+
+    def _keep_last_lines(self, text: str) -> None:
         *lines, self._partial = (self._partial + text).split("\n")
         for line in lines:
             if line.strip():
@@ -108,8 +113,15 @@ class Child:
         self._partial = self._partial[-_TAIL_LINE_CHARS:]
 
 
-def _pass_on(text: str) -> None:
-    """The child's stderr goes to Bastion's, as when it wrote there itself."""
+async def _pass_on(text: str) -> None:
+    """The child's stderr goes to Bastion's, as when it wrote there itself. In a worker thread, bounded: a host
+    that does not drain Bastion's stderr must not stall the event loop (what cannot be written is dropped)."""
+    if text:
+        with anyio.move_on_after(_PASS_ON_TIMEOUT):
+            await anyio.to_thread.run_sync(_write_stderr, text, abandon_on_cancel=True)
+
+
+def _write_stderr(text: str) -> None:
     sys.stderr.write(text)
     sys.stderr.flush()
 
@@ -228,11 +240,12 @@ async def _read_stderr(process: Process, child: Child, heard: anyio.Event) -> No
     assert process.stderr is not None
     try:
         async for chunk in process.stderr:
-            child.heard(chunk)
+            await child.heard(chunk)
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         pass
     finally:
-        child.heard(b"", final=True)
+        with anyio.CancelScope(shield=True):
+            await child.heard(b"", final=True)
         heard.set()
 
 
