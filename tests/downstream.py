@@ -2,10 +2,11 @@
 
 `FixtureServer` is a low-level `mcp.server.Server` whose tool list can change at runtime (it then
 announces `tools/list_changed` in both protocol eras), which records every call with its request
-`_meta`, and whose tools exercise timeouts (`sleep` waits for an event), progress, error responses
-and `_meta` stripping. `ContentFixture` adds resources (one text, one blob), a resource template,
-subscriptions, a prompt with arguments, completion, logging, and tools that log, sample and elicit,
-each in the way of the protocol era the client speaks. `StreamTarget` connects clients to it over
+`_meta`, and whose tools exercise timeouts (`sleep` waits for an event), progress, error responses,
+`_meta` stripping and output-schema checks (`shapes` answers what the test sets). `ContentFixture`
+adds resources (one text, one blob), a resource template, subscriptions, a prompt with arguments,
+completion, logging, and tools that log, sample and elicit, each in the way of the protocol era the
+client speaks. `StreamTarget` connects clients to it over
 memory streams, one server run per connection, can play a handshake-era-only server, and can kill
 the current connection and refuse new ones, to simulate a dying downstream.
 `python -m tests.downstream` serves a `ContentFixture` over stdio, as a real subprocess.
@@ -13,6 +14,7 @@ the current connection and refuse new ones, to simulate a dying downstream.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -147,6 +149,8 @@ class FixtureServer:
         self.page_size = page_size
         self.sleep_started = anyio.Event()
         self.release = anyio.Event()
+        self.shapes_output: dict[str, Any] | None = {"area": 2.0}
+        """What `shapes` answers as structured content (its output schema wants a non-negative `area`)."""
         self._bus = InMemorySubscriptionBus()
         self._legacy_sessions: list[ServerSession] = []
         self.server = _ListChangedServer(
@@ -210,6 +214,11 @@ class FixtureServer:
                 return types.CallToolResult(content=[types.TextContent(type="text", text="done")])
             case "fail":
                 raise MCPError(FAILURE_CODE, "deliberate failure")
+            case "shapes":
+                text = json.dumps(self.shapes_output)
+                return types.CallToolResult(
+                    content=[types.TextContent(type="text", text=text)], structured_content=self.shapes_output
+                )
             case _:
                 raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}")
 

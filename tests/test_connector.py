@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from bastion.connectors import McpConnector
 from bastion.connectors.mcp import CORRELATION_META_KEY
 from bastion.errors import CallTimeout, ConnectorUnavailable, UnknownOutcome, UpstreamError
 from tests.downstream import FAILURE_CODE, FixtureServer, StreamTarget, default_tools
+from tests.harness import harness
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WAIT = 10.0
@@ -183,6 +185,40 @@ async def test_an_error_response_raises_upstream_error(era: str) -> None:
             await connector.call("fail", {}, correlation_id="c", timeout=WAIT)
         assert str(FAILURE_CODE) in caught.value.message
         assert connector.status.state == "ready"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_result_off_its_output_schema_is_an_upstream_error_not_a_connector_unavailable(era: str) -> None:
+    """The SDK checks structured content against the tool's output schema after the tool ran: never "nothing sent"."""
+    fixture, target = fixture_link(era)
+    connector = McpConnector(config(), target=target)
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        fixture.shapes_output = {"area": -1}
+        with pytest.raises(UpstreamError) as caught:
+            await connector.call("shapes", {"at": [1, 2]}, correlation_id="c", timeout=WAIT)
+        assert not caught.value.retriable
+        assert [c.name for c in fixture.calls] == ["shapes"]
+        fixture.shapes_output = None
+        with pytest.raises(UpstreamError):
+            await connector.call("shapes", {"at": [1, 2]}, correlation_id="c", timeout=WAIT)
+        assert connector.status.state == "ready"
+
+
+@pytest.mark.anyio
+async def test_through_the_gateway_a_result_off_its_output_schema_is_recorded_failed(tmp_path: Path) -> None:
+    fixture = FixtureServer()
+    fixture.shapes_output = {"area": "large"}
+    async with harness(tmp_path, fixture=fixture, modes={"fx:shapes": "allow"}) as h:
+        result = await h.call("fx__shapes", {"at": [1, 2]})
+        assert result.is_error and result.structured_content is not None
+        error = result.structured_content["error"]
+        assert (error["class"], error["retriable"]) == ("upstream_error", False)
+        invocation = await h.only_invocation()
+        assert (invocation.status, invocation.error_class) == ("failed", "upstream_error")
+        assert error["invocation_id"] == invocation.id
 
 
 @pytest.mark.anyio
@@ -371,8 +407,72 @@ def free_port() -> int:
         return port
 
 
+class ConnectorLog(logging.Handler):
+    """The connector module's log records, with a wait for a condition on them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self._logged = anyio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        self._logged.set()
+        self._logged = anyio.Event()
+
+    def count(self, level: int, text: str) -> int:
+        return sum(1 for r in self.records if r.levelno == level and text in r.getMessage())
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        with anyio.fail_after(WAIT):
+            while not predicate():
+                await self._logged.wait()
+
+
+@pytest.fixture
+def connector_log() -> Iterator[ConnectorLog]:
+    handler = ConnectorLog()
+    logger = logging.getLogger("bastion.connectors.mcp")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
 @pytest.mark.anyio
-async def test_a_killed_stdio_downstream_is_noticed_and_respawned(tmp_path: Path) -> None:
+async def test_a_stdio_connector_that_exits_shows_its_status_and_stderr_once_however_often_it_is_retried(
+    connector_log: ConnectorLog, capfd: pytest.CaptureFixture[str]
+) -> None:
+    script = "import sys; print('starting', file=sys.stderr); print('boom: missing KEY', file=sys.stderr); sys.exit(3)"
+    connector = McpConnector(
+        config(command=sys.executable, args=["-c", script]), backoff_initial=0.01, backoff_cap=0.02
+    )
+    async with running(connector, Changes()):
+        await connector_log.until(lambda: connector_log.count(logging.INFO, "reconnecting") >= 4)
+        last_error = connector.status.last_error
+    assert last_error == "the process exited with status 3; its stderr ended with: starting | boom: missing KEY"
+    assert connector_log.count(logging.WARNING, "connector fx is down") == 1
+    assert capfd.readouterr().err.count("boom: missing KEY") == 1
+
+
+@pytest.mark.anyio
+async def test_a_stdio_connector_s_stderr_reaches_bastion_s_once_it_is_connected(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    script = "import sys; print('notes: starting up', file=sys.stderr); from bastion.demo.notes import main; main()"
+    connector = McpConnector(
+        config(command=sys.executable, args=["-c", script], env={"BASTION_NOTES_FILE": str(tmp_path / "n.json")})
+    )
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+    assert capfd.readouterr().err.count("notes: starting up") == 1
+
+
+@pytest.mark.anyio
+async def test_a_killed_stdio_downstream_is_noticed_and_respawned(tmp_path: Path, connector_log: ConnectorLog) -> None:
     connector = McpConnector(
         config(
             command=sys.executable,
@@ -390,10 +490,31 @@ async def test_a_killed_stdio_downstream_is_noticed_and_respawned(tmp_path: Path
         [first] = demo_children()
         os.kill(first, signal.SIGKILL)
         await changes.until(lambda: down(connector)() and connector.tools() == [])
+        await connector_log.until(lambda: connector_log.count(logging.WARNING, "was killed by SIGKILL") == 1)
         await changes.until(lambda: ready(connector)() and len(connector.tools()) == 4)
         assert demo_children() != [first]
         result = await connector.call("write_note", {"name": "n", "text": "t"}, correlation_id="c", timeout=WAIT)
         assert not result.is_error
+
+
+@pytest.mark.anyio
+async def test_messages_of_megabytes_cross_a_stdio_connection_whole(tmp_path: Path) -> None:
+    connector = McpConnector(
+        config(
+            command=sys.executable,
+            args=["-m", "bastion.demo.notes"],
+            env={"BASTION_NOTES_FILE": str(tmp_path / "notes.json")},
+            cwd=str(REPO_ROOT),
+        )
+    )
+    text = "0123456789abcdef" * 200_000  # 3.2 MB: many pipe reads in each direction
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        written = await connector.call("write_note", {"name": "big", "text": text}, correlation_id="w", timeout=WAIT)
+        assert not written.is_error
+        read = await connector.call("read_note", {"name": "big"}, correlation_id="r", timeout=WAIT)
+    assert read.structured_content == {"name": "big", "text": text}
 
 
 @asynccontextmanager

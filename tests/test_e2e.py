@@ -18,7 +18,7 @@ import mcp_types as types
 import pytest
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
-from mcp import Client, StdioServerParameters
+from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import IncomingMessage
 from mcp.client.sse import sse_client
 
@@ -210,6 +210,36 @@ async def test_ledger_never_holds_a_secret(tmp_path: Path) -> None:
     stored = b"".join(p.read_bytes() for p in (config / "state").iterdir() if p.name.startswith("ledger.db"))
     for name, secret in canaries.items():
         assert secret.encode() not in stored, f"the {name} canary reached the ledger"
+
+
+async def test_an_oversized_stdio_message_is_refused_and_the_session_and_connector_carry_on(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.json"
+    policy = '[modes]\n"notes:write_note" = "allow"\n'
+    config = write_config(tmp_path / "config", notes_file=notes, time_server=False, policy=policy)
+    argv = bastion_command("serve", "--config", str(config))
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=bastion_env(tmp_path / "home"))
+    async with host_client(params, "auto") as (client, _):
+        with pytest.raises(MCPError) as caught:
+            await client.call_tool("notes__write_note", {"name": "big", "text": "x" * 20_000_000})
+        assert caught.value.code == types.INVALID_REQUEST
+        written = await client.call_tool("notes__write_note", {"name": "small", "text": "fits"})
+        assert not written.is_error
+    assert [r["status"] for r in ledger_rows(config)] == ["completed"]
+    assert json.loads(notes.read_text()) == {"small": "fits"}
+
+
+def test_connectors_check_names_a_failing_connector_s_exit_status_and_last_stderr_lines(tmp_path: Path) -> None:
+    script = "import sys; print('boom: missing KEY', file=sys.stderr); sys.exit(3)"
+    bad = f'command = {json.dumps(sys.executable)}\nargs = ["-c", {json.dumps(script)}]\n'
+    config = write_config(
+        tmp_path / "config", notes_file=tmp_path / "notes.json", time_server=False, extra_connectors={"bad": bad}
+    )
+    done = run_cli("connectors", "check", "bad", "--json", "--config", str(config), env=bastion_env(tmp_path / "home"))
+    assert done.returncode == 1, done.stderr
+    [status] = json.loads(done.stdout)
+    assert status["last_error"] == "the process exited with status 3; its stderr ended with: boom: missing KEY"
+    assert done.stderr.splitlines().count("boom: missing KEY") == 1
+    assert "Traceback" not in done.stderr
 
 
 def _free_port() -> int:

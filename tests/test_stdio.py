@@ -8,9 +8,11 @@ import os
 import select
 import subprocess
 import sys
+import tracemalloc
 import tty
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import mcp_types as types
@@ -18,7 +20,7 @@ import pytest
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
-from bastion.server.stdio import pipe_streams
+from bastion.server.stdio import MAX_MESSAGE_BYTES, pipe_streams
 
 
 def request(number: int, **params: object) -> bytes:
@@ -93,6 +95,86 @@ async def test_messages_larger_than_the_pipe_are_written_whole_one_per_line(pipe
     lines = bytes(out).split(b"\n")
     assert lines[2:] == [b""]
     assert [json.loads(line)["params"]["data"] for line in lines[:2]] == [big, "small"]
+
+
+async def exchange(pipes: tuple[int, int, int, int], wire: bytes) -> tuple[list[SessionMessage | Exception], list[Any]]:
+    """Write `wire` into Bastion's stdin in chunks, then close it; what reached the server, and what was answered."""
+    host_out, bastion_in, bastion_out, host_in = pipes
+    received: list[SessionMessage | Exception] = []
+    answered = bytearray()
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as group:
+
+            async def host_reads() -> None:
+                os.set_blocking(host_in, False)
+                while True:
+                    await anyio.wait_readable(host_in)
+                    chunk = os.read(host_in, 1 << 16)
+                    if not chunk:
+                        return
+                    answered.extend(chunk)
+
+            group.start_soon(host_reads)
+            async with pipe_streams(bastion_in, bastion_out) as (read_stream, _):
+
+                async def host_writes() -> None:
+                    os.set_blocking(host_out, False)
+                    view = memoryview(wire)
+                    while view:
+                        await anyio.wait_writable(host_out)
+                        with contextlib.suppress(BlockingIOError):
+                            view = view[os.write(host_out, view[: 1 << 16]) :]
+                    os.close(host_out)
+
+                group.start_soon(host_writes)
+                async for item in read_stream:
+                    received.append(item)
+            os.close(bastion_out)
+    return received, [json.loads(line) for line in bytes(answered).splitlines()]
+
+
+def request_ids(received: list[SessionMessage | Exception]) -> list[Any]:
+    return [item.message.id for item in received if isinstance(item, SessionMessage) and hasattr(item.message, "id")]
+
+
+def framed(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode() + b"\n"
+
+
+@pytest.mark.anyio
+async def test_a_line_over_the_http_body_limit_is_refused_by_id_and_the_session_goes_on(
+    pipes: tuple[int, int, int, int],
+) -> None:
+    big = "z" * (MAX_MESSAGE_BYTES + 1)
+    wire = (
+        framed({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "t", "arguments": {"a": big}}})
+        + framed({"jsonrpc": "2.0", "method": "tools/call", "params": {"arguments": {"id": 1, "a": big}}, "id": "q"})
+        + framed({"jsonrpc": "2.0", "method": "ping", "params": {"a": big}, "id": 9, "more": True})
+        + request(8)
+        + b"\n"
+    )
+    received, answered = await exchange(pipes, wire)
+    assert request_ids(received) == [8]
+    assert len(received) == 1
+    assert [(a["id"], a["error"]["code"]) for a in answered] == [
+        (7, types.INVALID_REQUEST),
+        ("q", types.INVALID_REQUEST),
+        (None, types.PARSE_ERROR),
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_huge_line_is_discarded_as_it_arrives_never_held_whole(pipes: tuple[int, int, int, int]) -> None:
+    wire = request(1, big="w" * (5 * MAX_MESSAGE_BYTES)) + b"\n" + request(2)
+    tracemalloc.start()
+    try:
+        received, answered = await exchange(pipes, wire)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * MAX_MESSAGE_BYTES, peak
+    assert [a["id"] for a in answered] == [1]
+    assert request_ids(received) == [2]
 
 
 ECHO = """

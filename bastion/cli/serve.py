@@ -1,17 +1,33 @@
-"""`bastion serve`: the gateway for agent hosts over stdio or HTTP."""
+"""`bastion serve`: the gateway for agent hosts over stdio or HTTP.
+
+SIGTERM and SIGINT stop it gracefully (`Shutdown`): new calls are refused (retriable), calls already
+running get `[server] shutdown_grace_seconds` to finish, then serving stops, what still runs is
+cancelled (recorded `unknown`), every connector process is terminated, then killed, and the exit
+status is 0. A signal during start-up, or a second one, stops at once.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import logging
+import signal
+import socket
+from collections.abc import Coroutine
+from typing import Annotated, Any, Final, Literal
 
+import anyio
 import typer
 
 from bastion import __version__
 from bastion.cli.app import ConfigOption, Exit, app, err, load, open_gateway, open_ledger, run_async
 from bastion.config import Config, validate_profile
 from bastion.errors import ConfigError
-from bastion.server.http import is_loopback, serve_http
+from bastion.server.http import bind_listener, is_loopback, listener_problem, serve_http
 from bastion.server.mcp import FrontDoor, serve_stdio
+
+logger = logging.getLogger(__name__)
+
+ANSWER_TIMEOUT: Final = 5.0
+"""Seconds, once the calls have ended, for their answers to reach the hosts before serving stops."""
 
 
 @app.command()
@@ -21,16 +37,23 @@ def serve(
         Literal["stdio", "http"], typer.Option(help="stdio for one local host; http serves /mcp, /sse and /healthz.")
     ] = "stdio",
     host: Annotated[str, typer.Option(help="Address to bind (http).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to bind (http).")] = 8765,
+    port: Annotated[int, typer.Option(help="Port to bind (http); 0 picks a free one.")] = 8765,
     profile: Annotated[str | None, typer.Option(help="Policy profile bound to every session.")] = None,
 ) -> None:
-    """Serve the gateway to agent hosts over stdio (default) or HTTP."""
+    """Serve the gateway to agent hosts over stdio (default) or HTTP.
+
+    SIGTERM or Ctrl-C stops it gracefully: new calls are refused, running ones get
+    [server] shutdown_grace_seconds (default 10) to finish, then every connector is stopped. A second
+    signal stops at once.
+    """
     config = load(config_dir)
     if profile is not None:
         try:
             validate_profile(config, profile)
         except ConfigError as exc:
             raise Exit(f"error: {exc.message}", 2) from exc
+    # Bound before the ledger is recovered or any connector starts: a port problem stops nothing half-started.
+    listener = _listen(host, port) if transport == "http" else None
 
     async def run() -> None:
         if transport == "http" and not is_loopback(host):
@@ -41,18 +64,99 @@ def serve(
                         "Create one first with `bastion tokens create NAME --role admin` (and agent tokens for "
                         "hosts), or bind to 127.0.0.1."
                     )
-        async with open_gateway(config) as gateway:
-            if transport == "stdio":
-                await serve_stdio(FrontDoor(gateway, profile=profile, session_id="stdio"))
-            else:
-                tokens = await gateway.ledger.tokens.has_tokens()
+        shutdown = Shutdown(config.settings.server.shutdown_grace_seconds)
+        try:
+            async with anyio.create_task_group() as everything:
+                everything.start_soon(shutdown.watch, everything.cancel_scope)
+                async with open_gateway(config) as gateway:
+                    if transport == "stdio":
+                        front = shutdown.serving(FrontDoor(gateway, profile=profile, session_id="stdio"))
+                        await shutdown.run_until_stopped(serve_stdio(front))
+                    else:
+                        tokens = await gateway.ledger.tokens.has_tokens()
 
-                def ready(base_url: str) -> None:
-                    _print_connect_help(config, base_url, len(gateway.catalog.tools), tokens=tokens)
+                        def ready(base_url: str) -> None:
+                            _print_connect_help(config, base_url, len(gateway.catalog.tools), tokens=tokens)
 
-                await serve_http(FrontDoor(gateway, profile=profile), host=host, port=port, on_ready=ready)
+                        front = shutdown.serving(FrontDoor(gateway, profile=profile))
+                        await serve_http(
+                            front, host=host, port=port, on_ready=ready, listener=listener, stop=shutdown.stop
+                        )
+                everything.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            raise _sole(group) from None
 
-    run_async(run)
+    try:
+        run_async(run)
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+class Shutdown:
+    """Stops `serve` on SIGTERM or SIGINT: refuse new calls, let running ones finish within `grace` seconds, then
+    set `stop` (the transport stops serving). A signal before the gateway serves, or a second one, stops at once."""
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.stop = anyio.Event()
+        self._front: FrontDoor | None = None
+        self._draining = False
+
+    def serving(self, front: FrontDoor) -> FrontDoor:
+        """From now on a signal stops `front` gracefully."""
+        self._front = front
+        return front
+
+    async def watch(self, everything: anyio.CancelScope) -> None:
+        """Wait for signals until cancelled; `everything` is cancelled to stop at once."""
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with anyio.create_task_group() as draining:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    front = self._front
+                    if front is None or self._draining:
+                        logger.warning("%s: stopping now", name)
+                        everything.cancel()
+                        return
+                    self._draining = True
+                    draining.start_soon(self._drain, front, name)
+
+    async def _drain(self, front: FrontDoor, name: str) -> None:
+        gateway = front.gateway
+        gateway.drain()
+        logger.warning("%s: stopping; new calls are refused, running ones get up to %gs to finish", name, self.grace)
+        cancelled = await gateway.settle(self.grace)
+        if cancelled:
+            logger.warning("cancelled %d call(s) still running after %gs (recorded unknown)", cancelled, self.grace)
+        await front.calls_answered(ANSWER_TIMEOUT)
+        self.stop.set()
+
+    async def run_until_stopped(self, serving: Coroutine[Any, Any, None]) -> None:
+        """Run `serving` until it returns or `stop` is set (then it is cancelled)."""
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_when_stopped() -> None:
+                await self.stop.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(cancel_when_stopped)
+            await serving
+            tg.cancel_scope.cancel()
+
+
+def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error a task group wrapped (the signal watcher never fails), so `run_async` sees it as raised."""
+    if len(group.exceptions) == 1 and not isinstance(group.exceptions[0], BaseExceptionGroup):
+        return group.exceptions[0]
+    return group
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        return bind_listener(host, port)
+    except (OSError, OverflowError) as exc:
+        raise Exit(f"error: {listener_problem(host, port, exc)}", 2) from exc
 
 
 def _print_connect_help(config: Config, base_url: str, tools: int, *, tokens: bool) -> None:

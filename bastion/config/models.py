@@ -30,6 +30,8 @@ class _Strict(BaseModel):
 class ServerSettings(_Strict):
     ledger: str = "sqlite:///state/ledger.db"
     """`sqlite:///path` (relative to the config directory) or `postgresql://...`."""
+    shutdown_grace_seconds: float = Field(default=10, ge=0)
+    """On SIGTERM/SIGINT, how long calls already running may take to finish before they are cancelled."""
 
 
 class ApprovalSettings(_Strict):

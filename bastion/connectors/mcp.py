@@ -22,6 +22,11 @@ How a dead downstream is noticed depends on the protocol era the connection nego
 An attempt that has not connected and listed within `list_timeout` is abandoned. After a loss or a
 failed attempt the connector waits `backoff_initial` seconds, doubling up to `backoff_cap` while
 attempts keep failing; a connection that became ready resets the delay.
+
+A stdio downstream runs as a child process (`process.py`): when it exits by itself, its exit status and
+the last lines of its stderr are the reason the connector is down. A failure is logged once, with the
+stderr of the attempt that failed; the same failure on later attempts only updates the status, until it
+changes or the connector recovers.
 """
 
 from __future__ import annotations
@@ -50,8 +55,10 @@ from pydantic import ValidationError
 
 from bastion.actions import ActionSpec
 from bastion.config import ConnectorConfig
+from bastion.connectors.failures import describe, first_line, is_expected
 from bastion.connectors.inflight import CallRelay, InFlightCalls
 from bastion.connectors.listing import Kind, Listing, list_prompts, list_resources, list_tools
+from bastion.connectors.process import Child, child_process
 from bastion.connectors.specs import action_specs, risk_of
 from bastion.connectors.subscriptions import ResourceWatch, UpdatedFn
 from bastion.errors import BastionError, CallTimeout, ConnectorUnavailable, UnknownOutcome, UpstreamError
@@ -152,6 +159,10 @@ class McpConnector:
         self._listing = Listing()
         self._status = SourceStatus(source_id=config.id, state="starting")
         self._link: _Link | None = None
+        self._child: Child | None = None
+        """The process of the current attempt, for a stdio downstream started from the configuration."""
+        self._reported: str | None = None
+        """The failure last logged, so a reconnect that fails the same way stays quiet."""
         self._calls = InFlightCalls(config.id)
         self._watch = ResourceWatch(config.id, timeout=list_timeout)
 
@@ -198,13 +209,16 @@ class McpConnector:
                     link = await self._connect_and_watch(on_change)
                     reason = link.reason or "the connection closed"
                 except Exception as exc:  # supervisor: no failure of one connection may escape run()
-                    reason = _describe(exc)
-                    if not _is_expected(exc):
+                    reason = describe(exc)
+                    if not is_expected(exc):
                         logger.exception("connector %s failed unexpectedly", self.source_id)
                 finally:
                     self._link = None
                     self._watch.detach()
-                await self._go_down(reason, on_change)
+                if self._child is not None and self._child.ending is not None:
+                    reason = self._child.ending
+                await self._fail(reason, on_change)
+                self._child = None
                 if link is not None and link.ready:
                     delay = self._backoff_initial
                 logger.info("connector %s: reconnecting in %.2gs", self.source_id, delay)
@@ -255,8 +269,12 @@ class McpConnector:
         except (ValidationError, InputRequiredRoundsExceededError) as exc:
             raise UpstreamError(f"{self.source_id}:{action_id} returned an unusable result: {exc}") from exc
         except RuntimeError as exc:
-            # The client closed between the check above and the send: nothing went out.
-            raise ConnectorUnavailable(f"connector {self.source_id} disconnected: {exc}") from exc
+            # Raised once the request is out (`_ready_link` checked the session first): the SDK found the
+            # result's structured content off the tool's output schema, so the tool ran. Retrying could repeat it.
+            raise UpstreamError(
+                f"{self.source_id}:{action_id} ran, but its result breaks the tool's own output schema "
+                f"({first_line(exc)}); the result is withheld, and the call is not safe to repeat blindly"
+            ) from exc
         return strip_protocol_meta(result)
 
     # -- resources, prompts, completion ------------------------------------------------------------
@@ -296,8 +314,13 @@ class McpConnector:
             raise self._translate(exc, f"resources/unsubscribe {uri}") from exc
 
     def _ready_link(self) -> _Link:
+        """The live link, or ConnectorUnavailable: the one check made before anything is sent.
+
+        Its caller must send without awaiting anything else first, so the client cannot close in between;
+        a RuntimeError from the SDK after this point means the request went out.
+        """
         link = self._link
-        if link is None or not link.ready or link.lost.is_set():
+        if link is None or not link.ready or link.lost.is_set() or not _has_session(link.client):
             raise ConnectorUnavailable(
                 f"connector {self.source_id} is not connected ({self._status.last_error or self._status.state})"
             )
@@ -315,7 +338,8 @@ class McpConnector:
         except (ValidationError, InputRequiredRoundsExceededError) as exc:
             raise UpstreamError(f"{self.source_id}: {what} returned an unusable result: {exc}") from exc
         except RuntimeError as exc:
-            raise ConnectorUnavailable(f"connector {self.source_id} disconnected: {exc}") from exc
+            # After the send (the session was checked first): e.g. an input request where none may come.
+            raise UpstreamError(f"{self.source_id}: {what} returned an unusable result: {first_line(exc)}") from exc
 
     def _translate(self, exc: MCPError, what: str) -> BastionError:
         if exc.code == CONNECTION_CLOSED:
@@ -364,7 +388,7 @@ class McpConnector:
             attempt.cancel()
             # Announce now: a stuck stdio child takes seconds to shut down.
             with anyio.CancelScope(shield=True):
-                await self._go_down(link.reason or "timed out", on_change)
+                await self._fail(link.reason or "timed out", on_change)
 
     async def _serve(self, link: _Link, tg: anyio.abc.TaskGroup, timer: anyio.CancelScope, on_change: ChangeFn) -> None:
         """List, go ready, and wait for the connection to be lost; then withdraw the listings."""
@@ -388,6 +412,9 @@ class McpConnector:
         )
         link.ready = True
         self._link = link
+        self._reported = None
+        if self._child is not None:
+            await self._child.release()
         logger.info(
             "connector %s: connected (%s, protocol %s, %d tools, %d resources, %d templates, %d prompts)",
             self.source_id,
@@ -405,7 +432,8 @@ class McpConnector:
         await link.lost.wait()
         self._link = None
         self._watch.detach()
-        # Withdraw the listings now rather than after the (possibly slow) transport shutdown.
+        # Withdraw the listings now rather than after the (possibly slow) transport shutdown; the failure is
+        # reported once the transport has closed, when a child process's exit status is known.
         await self._go_down(link.reason or "the connection closed", on_change)
 
     async def _ask_for_logs(self, client: Client) -> None:
@@ -433,7 +461,7 @@ class McpConnector:
                     if "prompts" in kinds:
                         listing = replace(listing, prompts=await list_prompts(link.client, self.source_id))
             except (MCPError, TimeoutError, UpstreamError) as exc:
-                link.lose(f"re-listing {', '.join(sorted(kinds))} failed: {_describe(exc)}")
+                link.lose(f"re-listing {', '.join(sorted(kinds))} failed: {describe(exc)}")
                 return
             self._listing = listing
             self._status = self._status.model_copy(update={"tools": len(listing.tools)})
@@ -460,7 +488,7 @@ class McpConnector:
                     pass
             link.lose("the downstream closed its subscription")
         except SubscriptionLost as exc:
-            link.lose(f"the connection was lost ({_describe(exc.__cause__ or exc)})")
+            link.lose(f"the connection was lost ({describe(exc.__cause__ or exc)})")
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 link.lose(f"the connection was lost ({exc.message})")
@@ -485,8 +513,20 @@ class McpConnector:
                     else:
                         await session.send_ping()
             except (MCPError, TimeoutError) as exc:
-                link.lose(f"the downstream stopped answering ({_describe(exc)})")
+                link.lose(f"the downstream stopped answering ({describe(exc)})")
                 return
+
+    async def _fail(self, reason: str, on_change: ChangeFn) -> None:
+        """Go down for `reason`. A failure not reported yet is logged, after the stderr the attempt's process
+        wrote while connecting; the same failure again only updates the status."""
+        if reason != self._reported:
+            if self._child is not None:
+                await self._child.release()
+            logger.warning("connector %s is down: %s", self.source_id, reason)
+            self._reported = reason
+        else:
+            logger.debug("connector %s: the attempt failed the same way again", self.source_id)
+        await self._go_down(reason, on_change)
 
     async def _go_down(self, reason: str, on_change: ChangeFn) -> None:
         """Withdraw the listings and record why; announce it when the state or the listings changed."""
@@ -495,7 +535,6 @@ class McpConnector:
         if self._status.state == "down":
             self._status = self._status.model_copy(update={"last_error": reason})
         else:
-            logger.warning("connector %s is down: %s", self.source_id, reason)
             self._status = SourceStatus(
                 source_id=self.source_id,
                 state="down",
@@ -518,9 +557,11 @@ class McpConnector:
         if config.transport == "stdio":
             if not config.command:
                 raise ConnectorUnavailable(f"connector {config.id}: transport 'stdio' needs a `command`")
-            return StdioServerParameters(
+            self._child = Child()
+            parameters = StdioServerParameters(
                 command=config.command, args=config.args, env=config.env or None, cwd=config.cwd
             )
+            return child_process(parameters, self._child)
         if not config.url:
             raise ConnectorUnavailable(f"connector {config.id}: transport {config.transport!r} needs a `url`")
         if config.transport == "http":
@@ -563,34 +604,9 @@ def strip_protocol_meta(result: _Result) -> _Result:
     return result.model_copy(update={"meta": kept or None})
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
-
-
-def _describe(exc: BaseException) -> str:
-    """A one-line reason, looking through exception groups (the HTTP transport raises those)."""
-    parts = []
-    for leaf in _leaves(exc):
-        text = str(leaf) or type(leaf).__name__
-        parts.append(f"{type(leaf).__name__}: {text}" if not isinstance(leaf, BastionError) else text)
-    return "; ".join(parts)
-
-
-_EXPECTED_FAILURES = (
-    MCPError,
-    BastionError,
-    OSError,
-    TimeoutError,
-    httpx2.HTTPError,
-    SubscriptionLost,
-    anyio.BrokenResourceError,
-    anyio.ClosedResourceError,
-    anyio.EndOfStream,
-)
-
-
-def _is_expected(exc: BaseException) -> bool:
-    """Whether a connection failure is ordinary (a downstream gone or misbehaving), not a bug of ours."""
-    return all(isinstance(leaf, _EXPECTED_FAILURES) for leaf in _leaves(exc))
+def _has_session(client: Client) -> bool:
+    """Whether the client is connected (its `session` raises RuntimeError before connecting and after closing)."""
+    try:
+        return client.session is not None
+    except RuntimeError:
+        return False

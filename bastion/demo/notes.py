@@ -1,6 +1,8 @@
 """A small notes MCP server: the bundled demo connector (DESIGN.md §8).
 
 Run it with `python -m bastion.demo.notes [--transport stdio|http] [--host 127.0.0.1] [--port N]`.
+Over stdio it stops quietly, with status 0, when its input ends, when its host stops reading its
+output, or on SIGTERM or SIGINT.
 It offers read tools (`list_notes`, `read_note`), a write tool (`write_note`) and a destructive
 tool (`delete_note`), so every policy path of the gateway has something to act on. Notes live in
 one JSON file (`$BASTION_NOTES_FILE`, default `~/.local/state/bastion/notes.json`), rewritten
@@ -13,6 +15,7 @@ import argparse
 import ipaddress
 import json
 import os
+import signal
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -204,12 +207,38 @@ def main(argv: list[str] | None = None) -> None:
 
     server = create_server(NoteStore(notes_file()))
     if args.transport == "stdio":
-        server.run("stdio")
+        serve_stdio(server)
         return
     if not _is_loopback(args.host):
         parser.error(f"--host {args.host} is not a loopback address; the demo server has no authentication")
     app = server.streamable_http_app(streamable_http_path="/mcp", host=args.host)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+def serve_stdio(server: MCPServer) -> None:
+    """Serve over stdin and stdout until the input ends, the host stops reading, or SIGTERM/SIGINT: quietly."""
+
+    async def serve() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_stop_on_signal, tg.cancel_scope)
+            await server.run_stdio_async()
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(serve)
+    except* BrokenPipeError:
+        # The host closed its end of stdout: nothing more can be said. Point fd 1 at the null device so the
+        # interpreter's last flush of stdout cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+
+
+async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
 
 
 if __name__ == "__main__":

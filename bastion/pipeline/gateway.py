@@ -101,7 +101,7 @@ class Gateway:
         self.desk = ApprovalDesk(
             ledger.invocations,
             ledger.changes,
-            runner=self._run,
+            runner=self._run_counted,
             lookup=self._lookup,
             owner=self.instance_id,
             liveness=self.instance.liveness,
@@ -119,6 +119,10 @@ class Gateway:
         self._listing_listeners: list[ListingsFn] = []
         self._relays: dict[str, Relay] = {}
         """Invocation id -> the host request its downstream messages go to, while its call() runs."""
+        self._draining = False
+        self._running: set[anyio.CancelScope] = set()
+        self._waiting: set[anyio.CancelScope] = set()
+        self._call_ended = anyio.Event()
 
     # -- catalog ---------------------------------------------------------------------------------
 
@@ -258,6 +262,8 @@ class Gateway:
         arguments = arguments or {}
         if name == INVOCATION_TOOL.name:
             return await self._invocation_status(arguments, context)
+        if self._draining:
+            raise ConnectorUnavailable("Bastion is shutting down and takes no new calls; retry once it is back")
         entry = self.catalog.get(name)
         if entry is None or entry.action.hidden:
             self._refuse_unknown(name)
@@ -280,7 +286,7 @@ class Gateway:
             if decision.mode == "require_approval":
                 return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
             await self.invocations.record(invocation, ("planned", "approved", "executing"))
-            return await self._run(entry, invocation, arguments, Progress(on_progress) if on_progress else None)
+            return await self._run_counted(entry, invocation, arguments, Progress(on_progress) if on_progress else None)
 
     @contextmanager
     def _relaying(self, invocation_id: str, relay: Relay | None) -> Iterator[None]:
@@ -354,22 +360,72 @@ class Gateway:
             update={"status": "pending", "expires_at": now + timedelta(seconds=approvals.expiry_seconds)}
         )
         logger.info("invocation %s (%s) waits for approval", held.id, entry.key)
+        holding = self.desk.hold(
+            held,
+            entry,
+            arguments,
+            on_progress,
+            limit=approvals.max_pending_per_session,
+            on_pending=on_pending,
+            defer=defer,
+        )
         try:
-            return await self.desk.hold(
-                held,
-                entry,
-                arguments,
-                on_progress,
-                limit=approvals.max_pending_per_session,
-                on_pending=on_pending,
-                defer=defer,
-            )
+            return await self._wait_unless_stopping(held.id, holding)
         except PendingLimit as refused:
             await self._refuse(invocation, PendingLimit, refused.message)
 
     async def resume(self, invocation_id: str, *, on_progress: ProgressFn | None = None) -> types.CallToolResult:
         """Wait for a held call again (the host answered an inline approval in a new request)."""
-        return await self.desk.resume(invocation_id, on_progress)
+        return await self._wait_unless_stopping(invocation_id, self.desk.resume(invocation_id, on_progress))
+
+    def drain(self) -> None:
+        """Stop admitting calls (shutdown): from now on `call` refuses with a retriable `connector_unavailable`."""
+        self._draining = True
+
+    async def settle(self, grace: float) -> int:
+        """Let the running calls end within `grace` seconds, then cancel the rest (each is recorded `unknown` and
+        its host answered `unknown_outcome`); returns how many were cancelled. Hosts waiting for an approver are
+        answered `unknown_outcome` too: their invocations stay pending."""
+        with anyio.move_on_after(grace):
+            while self._running:
+                await self._call_ended.wait()
+        cancelled = len(self._running)
+        for scope in [*self._running, *self._waiting]:
+            scope.cancel()
+        with anyio.move_on_after(5):  # each records its outcome: a ledger write
+            while self._running:
+                await self._call_ended.wait()
+        return cancelled
+
+    async def _run_counted(
+        self, entry: CatalogEntry, invocation: Invocation, arguments: dict[str, Any], progress: Progress | None
+    ) -> types.CallToolResult:
+        """`_run`, known while it runs so a shutdown can wait for it and cancel it (`settle`)."""
+        with anyio.CancelScope() as scope:
+            self._running.add(scope)
+            try:
+                return await self._run(entry, invocation, arguments, progress)
+            finally:
+                self._running.discard(scope)
+                self._call_ended.set()
+                self._call_ended = anyio.Event()
+        raise UnknownOutcome("Bastion stopped while the call ran; its outcome is unknown", invocation_id=invocation.id)
+
+    async def _wait_unless_stopping(
+        self, invocation_id: str, waiting: Awaitable[types.CallToolResult]
+    ) -> types.CallToolResult:
+        """A host's wait for an approver, ended by `settle` (the invocation stays pending, still decidable)."""
+        with anyio.CancelScope() as scope:
+            self._waiting.add(scope)
+            try:
+                return await waiting
+            finally:
+                self._waiting.discard(scope)
+        raise UnknownOutcome(
+            f"Bastion stopped while invocation {invocation_id} waited for approval; it stays pending: an approver "
+            "can still decide it, and bastion__invocation tells its outcome once Bastion is back",
+            invocation_id=invocation_id,
+        )
 
     async def _run(
         self, entry: CatalogEntry, invocation: Invocation, arguments: dict[str, Any], progress: Progress | None

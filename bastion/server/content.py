@@ -68,6 +68,10 @@ class ContentHandlers:
         self._prompt_pages = Pager[types.Prompt]("prompts")
         gateway.content.on_resource_updated(self.resource_updated)
 
+    def end_listen_streams(self) -> None:
+        """End every open `subscriptions/listen` stream with its final result (the server is stopping)."""
+        self._listen.close()
+
     async def list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:

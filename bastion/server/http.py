@@ -7,17 +7,20 @@ authentication (bastion.server.auth), then routing.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Final
 from urllib.parse import urlsplit
 
+import anyio
 import uvicorn
 from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from sse_starlette.sse import AppStatus
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -35,6 +38,9 @@ from bastion.server.mcp import FrontDoor
 logger = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+STREAMS_CLOSE_TIMEOUT: Final = 3
+"""Seconds connections get to close when serving stops before uvicorn cancels what is left."""
 
 
 def is_loopback(host: str) -> bool:
@@ -155,6 +161,21 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+def listener_problem(host: str, port: int, exc: OSError | OverflowError) -> str:
+    """What went wrong binding `host`:`port`, in one line that names the fix (for `bastion serve`)."""
+    if isinstance(exc, OverflowError):
+        return f"--port {port} is not a TCP port; pass one from 1 to 65535 (or 0 for any free one)"
+    if isinstance(exc, socket.gaierror):
+        return f"--host {host} is not an address of this machine ({exc.strerror}); pass one, such as 127.0.0.1"
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {port} on {host} is in use (another Bastion?); stop it or pass another --port"
+    if exc.errno == errno.EACCES:
+        return f"port {port} on {host} needs privileges this user does not have; pass a --port above 1023"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"--host {host} is not an address of this machine; pass one of its addresses, such as 127.0.0.1"
+    return f"cannot listen on {host} port {port} ({exc.strerror or exc}); pass another --host or --port"
+
+
 async def serve_http(
     front: FrontDoor,
     *,
@@ -162,28 +183,86 @@ async def serve_http(
     port: int,
     on_ready: Callable[[str], None] | None = None,
     extra_hosts: Iterable[str] = (),
+    listener: socket.socket | None = None,
+    stop: anyio.Event | None = None,
 ) -> None:
-    """Serve until interrupted (uvicorn handles SIGINT/SIGTERM).
+    """Serve until `stop` is set, or without one until interrupted (uvicorn then handles SIGINT/SIGTERM).
 
     The socket is bound before `on_ready` is called with the base URL, so a caller that reads it
-    (a person, a test, a supervisor) can connect at once; `port=0` picks a free port. Binding beyond
-    loopback is refused (ConfigError) while the ledger holds no active token (DESIGN.md §10).
+    (a person, a test, a supervisor) can connect at once; `port=0` picks a free port. A caller that
+    bound `listener` itself (`bastion serve`, before starting anything) passes it, and it is closed here.
+    Binding beyond loopback is refused (ConfigError) while the ledger holds no active token (DESIGN.md §10).
+
+    A caller that passes `stop` owns the signals (`bastion serve` lets running calls finish first). When it
+    is set, the listener closes, open event streams end, connections get `STREAMS_CLOSE_TIMEOUT` seconds
+    to close, and the MCP sessions end.
     """
     non_loopback = not is_loopback(host)
     if non_loopback and not await front.gateway.ledger.tokens.has_tokens():
+        if listener is not None:
+            listener.close()
         raise ConfigError(
             f"refusing to serve on {host} without tokens: anyone who can reach it could call tools and decide. "
             "Create one first with `bastion tokens create NAME --role admin`, or bind to 127.0.0.1."
         )
     app = build_app(front, allowed_hosts=allowed_hosts_for(host, extra_hosts), non_loopback=non_loopback)
-    sock = bind_listener(host, port)
+    sock = listener if listener is not None else bind_listener(host, port)
     family = sock.family
     try:
         bound_port = sock.getsockname()[1]
         if on_ready is not None:
             on_ready(f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{bound_port}")
         # log_config=None: uvicorn's loggers propagate to the handler the CLI set up (redacting) instead of its own.
-        config = uvicorn.Config(app, log_level="warning", log_config=None, lifespan="on", access_log=False)
-        await uvicorn.Server(config).serve(sockets=[sock])
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            log_config=None,
+            lifespan="on",
+            access_log=False,
+            timeout_graceful_shutdown=STREAMS_CLOSE_TIMEOUT,
+        )
+        if stop is None:
+            await uvicorn.Server(config).serve(sockets=[sock])
+        else:
+            await _serve_until(_Server(config), sock, stop, front)
     finally:
         sock.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without signal handlers of its own (it would also re-raise the signal once stopped: exit 143)."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class _EndedStreams(logging.Filter):
+    """Drops uvicorn's complaint about the SSE responses that sse-starlette ends without a last chunk once
+    serving stops: Bastion ended them on purpose, so the line would only alarm whoever stopped it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "ASGI callable returned without completing response."
+
+
+async def _serve_until(server: _Server, sock: socket.socket, stop: anyio.Event, front: FrontDoor) -> None:
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    ended = _EndedStreams()
+
+    async def shut_down() -> None:
+        await stop.wait()
+        # Long-lived responses end first, so connections can close: 2026-07-28 listen streams, and the SDK's
+        # SSE responses (sse-starlette ends them when this is set; uvicorn's signal handler would set it).
+        uvicorn_log.addFilter(ended)
+        front.end_streams()
+        AppStatus.should_exit = True
+        server.should_exit = True
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(shut_down)
+            await server.serve(sockets=[sock])
+            tg.cancel_scope.cancel()
+    finally:
+        AppStatus.should_exit = False  # a process-wide flag: another server in this process starts afresh
+        uvicorn_log.removeFilter(ended)

@@ -12,6 +12,7 @@ import logging
 import secrets
 from typing import Any, Literal
 
+import anyio
 import mcp_types as types
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.connection import Connection
@@ -87,7 +88,9 @@ class FrontDoor:
         self._handshake_sessions: dict[int, ServerSession] = {}
         self._relays = CallRelays(answer_timeout=gateway.config.settings.limits.call_timeout_seconds)
         self._tool_pages = Pager[types.Tool]("tools")
-        content = ContentHandlers(gateway, self._bus)
+        self._answering = 0
+        self._answered = anyio.Event()
+        self._content = content = ContentHandlers(gateway, self._bus)
         self.server = GatewayServer(
             "bastion",
             version=__version__,
@@ -99,7 +102,7 @@ class FrontDoor:
             lifespan=background,
             get_tool_input_schema=self._input_schema,
             on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
+            on_call_tool=self._answer_call,
             on_list_resources=content.list_resources,
             on_list_resource_templates=content.list_resource_templates,
             on_read_resource=content.read_resource,
@@ -119,6 +122,17 @@ class FrontDoor:
         )
         gateway.on_listings_changed(self.notify_listings_changed)
 
+    async def calls_answered(self, timeout: float) -> None:
+        """Wait (at most `timeout` seconds) until no `tools/call` is being answered: a stopping server waits for
+        the answers of the calls the gateway let finish or cancelled, so they reach their hosts."""
+        with anyio.move_on_after(timeout):
+            while self._answering:
+                await self._answered.wait()
+
+    def end_streams(self) -> None:
+        """End the hosts' open `subscriptions/listen` streams gracefully, so a stopping server can close."""
+        self._content.end_listen_streams()
+
     def _input_schema(self, name: str) -> dict[str, Any] | None:
         entry = self.gateway.catalog.get(name)
         return entry.tool.input_schema if entry else None
@@ -128,6 +142,17 @@ class FrontDoor:
     ) -> types.ListToolsResult:
         tools, next_cursor = self._tool_pages.page(self.gateway.tools, page_cursor(params))
         return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
+
+    async def _answer_call(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        self._answering += 1
+        try:
+            return await self._call_tool(ctx, params)
+        finally:
+            self._answering -= 1
+            self._answered.set()
+            self._answered = anyio.Event()
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams

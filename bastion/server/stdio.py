@@ -9,6 +9,11 @@ never blocks.
 Framing and parsing are the SDK's: one JSON-RPC message per line, parsed by `jsonrpc_message_adapter`,
 undecodable bytes replaced, a line that does not parse handed to the server as the exception.
 
+A line longer than the SDK's HTTP request-body limit (4 MiB, `MAX_MESSAGE_BYTES`) is refused as HTTP
+refuses such a body: it is discarded as it arrives (only its first and last few KiB are kept, to find its
+id), the host gets a JSON-RPC error for that request (`-32600`, or `-32700` with id null when the id
+cannot be found), and the session goes on with the next line.
+
 Like the SDK's transport, it takes the wire away from fds 0 and 1 while it serves: fd 0 then reads the
 null device and fd 1 writes to stderr, so a stray print (ours, a library's, a child's) cannot corrupt the
 protocol. Both are restored on exit.
@@ -18,8 +23,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import logging
 import os
+import re
 import stat
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
@@ -28,12 +35,23 @@ from typing import Final
 import anyio
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp.shared.message import SessionMessage
+from mcp_types import INVALID_REQUEST, PARSE_ERROR
 from pydantic import ValidationError
 
 logger = logging.getLogger(__name__)
 
 _READ_SIZE: Final = 1 << 16
+
+MAX_MESSAGE_BYTES: Final = DEFAULT_MAX_REQUEST_BODY_SIZE
+"""The longest line accepted: the SDK's limit on a streamable-HTTP or SSE request body, so both transports agree."""
+
+_KEPT_EDGE: Final = 1 << 14
+"""How much of each end of an over-long line is kept to find its id."""
+
+_TRAILING_ID = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")\s*}\s*$')
+"""An id that is the last member of the top-level object: the line's final brace closes the object it is in."""
 
 Streams = tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
 """What `Server.run` reads messages (or parse errors) from, and writes messages to."""
@@ -62,18 +80,24 @@ async def pipe_streams(read_fd: int, write_fd: int) -> AsyncIterator[Streams]:
     async with anyio.create_task_group() as writing:
         writing.start_soon(_write_lines, write_fd, outgoing)
         async with read_stream, write_stream, anyio.create_task_group() as reading:
-            reading.start_soon(_read_lines, read_fd, incoming)
+            reading.start_soon(_read_lines, read_fd, incoming, write_stream.clone())
             try:
                 yield read_stream, write_stream
             finally:
                 reading.cancel_scope.cancel()
 
 
-async def _read_lines(fd: int, incoming: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
+async def _read_lines(
+    fd: int,
+    incoming: MemoryObjectSendStream[SessionMessage | Exception],
+    replies: MemoryObjectSendStream[SessionMessage],
+) -> None:
+    """Deliver each line of `fd` to `incoming`; answer an over-long one on `replies` instead."""
     wait_first = os.get_blocking(fd) and os.isatty(fd)  # a blocking terminal: a read would stall the loop
-    async with incoming:
+    async with incoming, replies:
         buffer = bytearray()
         searched = 0  # bytes of `buffer` known to hold no newline: a long line is scanned once, not per chunk
+        skipped: _OverlongLine | None = None  # the line being discarded, while its end has not come
         while True:
             if wait_first:
                 await anyio.wait_readable(fd)
@@ -88,14 +112,106 @@ async def _read_lines(fd: int, incoming: MemoryObjectSendStream[SessionMessage |
                 break  # a terminal that hung up: the end of input
             if not chunk:
                 break
+            if skipped is not None:
+                end = chunk.find(b"\n")
+                skipped.add(chunk if end < 0 else chunk[:end])
+                if end < 0:
+                    continue
+                await _refuse(skipped, replies)
+                skipped = None
+                chunk = chunk[end + 1 :]
             buffer += chunk
             start = 0
             while (end := buffer.find(b"\n", max(start, searched))) >= 0:
-                await _deliver(bytes(buffer[start:end]), incoming)
+                line = bytes(buffer[start:end])
+                if len(line) > MAX_MESSAGE_BYTES:
+                    await _refuse(_OverlongLine(line), replies)
+                else:
+                    await _deliver(line, incoming)
                 start = end + 1
             del buffer[:start]
             searched = len(buffer)
-        await _deliver(bytes(buffer), incoming)
+            if len(buffer) > MAX_MESSAGE_BYTES:  # no end in sight: stop keeping it
+                skipped = _OverlongLine(buffer)
+                buffer.clear()
+                searched = 0
+        if skipped is not None:
+            await _refuse(skipped, replies)
+        elif len(buffer) > MAX_MESSAGE_BYTES:
+            await _refuse(_OverlongLine(buffer), replies)
+        else:
+            await _deliver(bytes(buffer), incoming)
+
+
+class _OverlongLine:
+    """A line too long to deliver: its size and both ends, enough to find the request's id."""
+
+    def __init__(self, start: bytes | bytearray) -> None:
+        self.size = len(start)
+        self.head = bytes(start[:_KEPT_EDGE])
+        self.tail = bytes(start[-_KEPT_EDGE:])
+
+    def add(self, more: bytes) -> None:
+        self.size += len(more)
+        self.tail = (self.tail + more)[-_KEPT_EDGE:]
+
+    def request_id(self) -> types.RequestId | None:
+        """The top-level `id`: found at the start when the members before it are short, or as the last member."""
+        found = _leading_id(self.head.decode("utf-8", "replace"))
+        if found is not None:
+            return found
+        match = _TRAILING_ID.search(self.tail)
+        return _as_id(json.loads(match.group(1))) if match else None
+
+
+def _leading_id(text: str) -> types.RequestId | None:
+    """Walk the members of the object `text` starts (cut anywhere) until `id`, a value cut short, or a surprise."""
+    decoder = json.JSONDecoder()
+    at = _skip_space(text, 0)
+    if not text.startswith("{", at):
+        return None
+    at += 1
+    while True:
+        at = _skip_space(text, at)
+        if not text.startswith('"', at):
+            return None
+        try:
+            key, at = decoder.raw_decode(text, at)
+            at = _skip_space(text, at)
+            if not text.startswith(":", at):
+                return None
+            value, at = decoder.raw_decode(text, _skip_space(text, at + 1))
+        except ValueError:  # the cut falls inside this member
+            return None
+        if key == "id":
+            return _as_id(value)
+        at = _skip_space(text, at)
+        if not text.startswith(",", at):
+            return None
+        at += 1
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\r\n":
+        at += 1
+    return at
+
+
+def _as_id(value: object) -> types.RequestId | None:
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else None
+
+
+async def _refuse(line: _OverlongLine, replies: MemoryObjectSendStream[SessionMessage]) -> None:
+    """Answer an over-long line with an error for its request (or a parse error with id null)."""
+    request_id = line.request_id()
+    limit = f"{MAX_MESSAGE_BYTES // (1 << 20)} MiB"
+    logger.warning("refused a %d-byte message from the host (over the %s limit)", line.size, limit)
+    reason = f"message of {line.size} bytes refused: over the {limit} limit of one message; send less at once"
+    error = types.ErrorData(code=INVALID_REQUEST if request_id is not None else PARSE_ERROR, message=reason)
+    try:
+        await replies.send(SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)))
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+        logger.info("the server stopped before the refusal of an over-long message could be sent")
 
 
 async def _deliver(line: bytes, incoming: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
