@@ -23,6 +23,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from bastion.errors import ConfigError
 from bastion.models import MODES, RISK_ALIASES, Risk
 from bastion.tomlpos import (
+    MAX_NESTING,
     KeyIndex,
     KeyPath,
     describe_error,
@@ -182,6 +183,10 @@ _ENV_REFERENCE: Final = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_START: Final = "${env:"
 _SOURCE_ID: Final = re.compile(r"^[a-z0-9_-]+$")
 _POLICY_KEY: Final = re.compile(r"^[a-z0-9_-]+:(\*|[^\s*]+)$")
+_TOO_DEEP: Final = (
+    f"values nest deeper than {MAX_NESTING} levels here (tables, arrays and dotted keys count alike); "
+    "flatten them (this file is ignored until then)"
+)
 _STRICTNESS: Final = {"allow": 0, "require_approval": 1, "deny": 3}
 """Mode strictness for merging; an unknown value ranks just below deny, since it resolves to deny (§4)."""
 
@@ -355,13 +360,20 @@ class _Loader:
         except OSError as exc:
             self.report(path, 1, f"the file cannot be read ({exc.strerror}); check its permissions")
             return None
+        index = KeyIndex(text)
+        if index.too_deep is not None:
+            self.report(path, index.too_deep, _TOO_DEEP)
+            return None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             line, message = describe_syntax_error(exc, text)
             self.report(path, line, f"{message} (this file is ignored until then)")
             return None
-        file = _TomlFile(path, text, data, KeyIndex(text))
+        except RecursionError:  # nesting the index did not see (it is lenient on broken text)
+            self.report(path, 1, _TOO_DEEP)
+            return None
+        file = _TomlFile(path, text, data, index)
         problems: list[tuple[KeyPath, str | None]] = []
         file.data = _substitute_env(data, self.env, (), problems)
         for key_path, variable in problems:

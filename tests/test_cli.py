@@ -70,3 +70,27 @@ def test_connectors_list_and_check_report_each_source(tmp_path: Path) -> None:
     assert run_cli("connectors", "check", "notes", "--config", str(config), env=env).returncode == 0
     assert run_cli("connectors", "check", "gone", "--config", str(config), env=env).returncode == 1
     assert run_cli("connectors", "check", "nope", "--config", str(config), env=env).returncode == 1
+
+
+def test_a_deeply_nested_file_is_reported_by_doctor_and_skipped_by_every_command(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home")
+    deep = "bad = " + "[" * 5000 + "]" * 5000 + "\n"
+    config = write_config(
+        tmp_path / "config",
+        notes_file=tmp_path / "notes.json",
+        time_server=False,
+        policy='[modes]\n"notes:*" = "allow"\n',
+        extra_connectors={"deep": 'command = "npx"\n' + deep},
+    )
+    (config / "policies" / "deep.toml").write_text("# nests too deep\n" + deep)
+
+    doctor = run_cli("doctor", "--config", str(config), env=env)
+    assert doctor.returncode == 2
+    assert f"{config / 'connectors' / 'deep.toml'}:2:" in doctor.stdout
+    assert f"{config / 'policies' / 'deep.toml'}:2:" in doctor.stdout
+    listed = run_cli("connectors", "list", "--json", "--config", str(config), env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert [s["source_id"] for s in json.loads(listed.stdout)] == ["notes"]
+    assert "deep.toml:2:" in listed.stderr
+    for result in (doctor, listed):
+        assert "Traceback" not in result.stdout + result.stderr
