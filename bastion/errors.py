@@ -76,6 +76,12 @@ class Conflict(BastionError):
     error_class = "conflict"
 
 
+class AmbiguousId(BastionError):
+    """An id prefix that starts more than one id: the message names them and asks for more characters."""
+
+    error_class = "ambiguous_id"
+
+
 class ConfigError(BastionError):
     """The configuration cannot be used; the message names the file, line and fix."""
 

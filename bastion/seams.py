@@ -187,6 +187,13 @@ class Ledger(Protocol):
         """Newest first; each filter given narrows the list."""
         ...
 
+    async def ids_starting_with(
+        self, prefix: str, *, principal: str | None = None, limit: int = 10
+    ) -> builtins.list[str]:
+        """The ids that start with `prefix` (of `principal`'s invocations only, when given), sorted, at most
+        `limit`; the id equal to `prefix`, if any, comes first."""
+        ...
+
     async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]: ...
 
     async def count(self, status: Status | None = None, *, session_id: str | None = None) -> int: ...

@@ -498,6 +498,20 @@ class SqliteLedger:
         rows = await self._db.execute_fetchall(SELECT + where + NEWEST_FIRST, params)
         return [invocation_from_row(row) for row in rows]
 
+    async def ids_starting_with(
+        self, prefix: str, *, principal: str | None = None, limit: int = 10
+    ) -> builtins.list[str]:
+        """The ids that start with `prefix` (of `principal`'s invocations only, when given), sorted, at most
+        `limit`; the id equal to `prefix`, if any, comes first. A range over the primary key, never a scan."""
+        # Every id starting with the prefix sorts between it and it followed by the highest code point.
+        query = "SELECT id FROM invocations WHERE id >= ? AND id < ?"
+        params: builtins.list[Any] = [prefix, prefix + "\U0010ffff"]
+        if principal is not None:
+            query += " AND principal = ?"
+            params.append(principal)
+        rows = await self._db.execute_fetchall(query + " ORDER BY id LIMIT ?", [*params, limit])
+        return [str(row[0]) for row in rows]
+
     async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]:
         """The invocation's history, oldest first (by seq)."""
         rows = await self._db.execute_fetchall(SELECT_EVENTS, (invocation_id,))

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bastion import __version__
-from bastion.authority import accept_pins, decide, visible_invocation
+from bastion.authority import MIN_ID_PREFIX, accept_pins, decide, visible_invocation
 from bastion.errors import BastionError, Conflict, InvalidArguments, NotFound, Unauthenticated
 from bastion.models import STATUSES, Invocation, Principal, utcnow
 from bastion.seams import Ledger
@@ -217,9 +217,8 @@ async def list_invocations(call: Call) -> dict[str, Any]:
 
 
 async def get_invocation(call: Call) -> dict[str, Any]:
-    invocation_id = call.path["invocation_id"]
-    invocation = await visible_invocation(call.ledger, call.principal, invocation_id)
-    return invocation_detail_json(invocation, await call.ledger.events(invocation_id))
+    invocation = await visible_invocation(call.ledger, call.principal, call.path["invocation_id"])
+    return invocation_detail_json(invocation, await call.ledger.events(invocation.id))
 
 
 async def list_approvals(call: Call) -> dict[str, Any]:
@@ -439,8 +438,15 @@ _REFUSALS: Final = {
     404: "No such invocation (or one this token may not see), or no such pin.",
     409: "Already decided, or nothing to accept: the message names the current state.",
     410: "The invocation expired before a decision; it is now marked expired.",
-    422: "Invalid request: bad JSON, wrong types, unknown fields or query parameters, bad query values.",
+    422: "Invalid request: bad JSON, wrong types, unknown fields or query parameters, bad query values; or an id "
+    "prefix that starts more than one invocation id (`ambiguous_id`).",
     500: "A bug in Bastion; the server log has the details.",
+}
+
+
+_PATH_PARAMS: Final = {
+    "invocation_id": f"An invocation id, or the first {MIN_ID_PREFIX} or more characters of one (when they start no "
+    "other id: else 422 `ambiguous_id`, naming them).",
 }
 
 
@@ -490,7 +496,13 @@ def _operation_object(op: Operation, refs: Mapping[tuple[Any, JsonSchemaMode], d
             }
         responses[str(status)] = response
     parameters = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "description": _PATH_PARAMS[name],
+            "schema": {"type": "string", "minLength": 1},
+        }
         for name in op.path_params
     ]
     parameters += [

@@ -38,6 +38,7 @@ STATUS_OF_CLASS: Final[Mapping[str, int]] = {
     "conflict": 409,
     "approval_expired": 410,
     "invalid_arguments": 422,
+    "ambiguous_id": 422,
     "pending_limit": 429,
     "rate_limited": 429,
     "upstream_error": 502,
