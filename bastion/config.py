@@ -154,6 +154,8 @@ class Config(BaseModel):
     connectors: list[ConnectorConfig]
     policy: PolicyConfig
     issues: list[ConfigIssue] = Field(default_factory=list)
+    command_lines: dict[str, tuple[Path, int]] = Field(default_factory=dict)
+    """Where each loaded connector's `command` is set (file, line), by connector id: for `bastion doctor`."""
     ledger_url: str
     """The ledger URL with relative SQLite paths resolved against the config directory."""
 
@@ -281,6 +283,7 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
         connectors=connectors,
         policy=policy,
         issues=issues,
+        command_lines={c.id: loader.command_lines[c.id] for c in connectors if c.id in loader.command_lines},
         ledger_url=ledger_url,
     )
 
@@ -332,6 +335,7 @@ class _Loader:
         self.directory = directory
         self.env = env
         self.issues: list[ConfigIssue] = []
+        self.command_lines: dict[str, tuple[Path, int]] = {}
 
     def report(self, file: Path, line: int, message: str) -> None:
         self.issues.append(ConfigIssue(file=file, line=line, message=message))
@@ -477,6 +481,7 @@ class _Loader:
             updates["command"] = sys.executable
         if connector.cwd is not None:
             updates["cwd"] = str(self.directory / connector.cwd)
+        self.command_lines.setdefault(connector.id, (path, file.index.line_of(("command",))))
         return connector.model_copy(update=updates), file.index.line_of(("id",))
 
     def policy(self) -> PolicyConfig:

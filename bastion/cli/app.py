@@ -21,17 +21,24 @@ import anyio
 import typer
 from rich.console import Console
 
+from bastion import __version__
+from bastion.authority import resolve_invocation_id
 from bastion.config import Config, find_config_dir, load_config, sqlite_path
 from bastion.connectors import McpConnector
-from bastion.errors import BastionError, ConfigError
+from bastion.errors import BastionError, ConfigError, NotFound
 from bastion.gateway import Gateway
 from bastion.ledger import Redactor, SqliteLedger
+from bastion.models import Invocation
+
+USAGE_ERROR: Final = "usage_error"
+"""The error class of a command line used wrongly (exit 2), in `--json` error output."""
+JSON_FLAG: Final = "--json"
 
 app = typer.Typer(
     help="Bastion: one policy-gated, audited MCP gateway for your agents' side effects.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 out = Console(soft_wrap=True)
@@ -44,7 +51,9 @@ ConfigOption = Annotated[
         "--config", "-c", help="Configuration directory (else $BASTION_CONFIG, ./bastion.toml, ~/.config/bastion)."
     ),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON instead of a table.")]
+JsonOption = Annotated[
+    bool, typer.Option(JSON_FLAG, help='Print JSON for scripts instead of text; errors too, as {"error": ...}.')
+]
 T = TypeVar("T")
 
 PRINCIPAL_ENV_VAR: Final = "BASTION_PRINCIPAL"
@@ -52,21 +61,50 @@ TIME_FORMAT: Final = "%Y-%m-%d %H:%M:%S"
 
 
 class Exit(Exception):
-    """A clean stop with a message and an exit status."""
+    """A clean stop: the line people see (`error: ...`), the exit status, and the error class for `--json`."""
 
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, message: str, code: int, error_class: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.error_class = error_class or (USAGE_ERROR if code == 2 else "refused")
+
+    @classmethod
+    def of(cls, exc: BastionError) -> Exit:
+        """Bastion's error as an exit: a configuration error exits 2, any other refusal 1 (named by its class)."""
+        if isinstance(exc, ConfigError):
+            return cls(f"error: {exc.message}", 2, exc.error_class)
+        return cls(f"error: {exc.error_class}: {exc.message}", 1, exc.error_class)
+
+    def json(self) -> dict[str, Any]:
+        """`{"error": {"class", "message"}}`: what `--json` prints instead of the line."""
+        message = str(self).removeprefix("error: ").removeprefix(f"{self.error_class}: ")
+        return {"error": {"class": self.error_class, "message": message}}
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(__version__, markup=False, highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", "-V", callback=_print_version, is_eager=True, help="Print Bastion's version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Options that come before any command."""
 
 
 def run_async(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
     """Run a command's async body, turning Bastion's errors into exit statuses (config 2, refusals 1)."""
     try:
         return anyio.run(fn, *args)
-    except ConfigError as exc:
-        raise Exit(f"error: {exc.message}", 2) from exc
     except BastionError as exc:
-        raise Exit(f"error: {exc.error_class}: {exc.message}", 1) from exc
+        raise Exit.of(exc) from exc
 
 
 def emit_json(data: Any) -> None:
@@ -87,7 +125,9 @@ def approver_principal() -> str:
     try:
         return f"local:{getpass.getuser()}"
     except (OSError, KeyError) as exc:  # no login name in the environment nor in the user database
-        raise Exit(f"error: cannot tell who you are; set ${PRINCIPAL_ENV_VAR} to name the approver", 2) from exc
+        raise Exit(
+            f"error: cannot tell who you are; set ${PRINCIPAL_ENV_VAR} to name the approver", 2, ConfigError.error_class
+        ) from exc
 
 
 # -- composition ------------------------------------------------------------------------------------
@@ -98,7 +138,7 @@ def load(config_dir: Path | None, *, report: bool = True) -> Config:
     try:
         directory = find_config_dir(config_dir, env=os.environ, cwd=Path.cwd(), home=Path.home())
     except ConfigError as exc:
-        raise Exit(f"error: {exc.message}", 2) from exc
+        raise Exit.of(exc) from exc
     config = load_config(directory)
     if report:
         for issue in config.issues:
@@ -116,6 +156,17 @@ async def open_ledger(config: Config) -> AsyncIterator[SqliteLedger]:
         yield ledger
     finally:
         await ledger.close()
+
+
+async def find_invocation(ledger: SqliteLedger, config: Config, text: str) -> Invocation:
+    """The invocation `text` names (its id or a unique prefix); NotFound names the ledger looked in."""
+    try:
+        invocation = await ledger.get(await resolve_invocation_id(ledger, text))
+    except NotFound as exc:
+        raise NotFound(f"{exc.message} in {config.ledger_url}", invocation_id=text) from exc
+    if invocation is None:
+        raise NotFound(f"no invocation {text!r} in {config.ledger_url}", invocation_id=text)
+    return invocation
 
 
 @asynccontextmanager

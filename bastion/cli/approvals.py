@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from bastion import authority
-from bastion.authority import local_owner
+from bastion.authority import MIN_ID_PREFIX, local_owner
 from bastion.cli.app import (
     ConfigOption,
     Exit,
@@ -23,6 +23,7 @@ from bastion.cli.app import (
     app,
     approver_principal,
     emit_json,
+    find_invocation,
     load,
     open_ledger,
     out,
@@ -32,7 +33,7 @@ from bastion.cli.app import (
 from bastion.cli.inspect import details_table
 from bastion.cli.remote import RemoteApi, TokenOption, UrlOption, remote_api
 from bastion.config import Config
-from bastion.errors import ConfigError, NotFound
+from bastion.errors import ConfigError
 from bastion.models import Invocation, utcnow
 from bastion.views import DEFAULT_LIMIT, expires_in, invocation_json, pending_json
 from bastion.views import pending_invocations as pending_invocations  # re-exported for `approvals watch`
@@ -43,7 +44,11 @@ approvals_app = typer.Typer(
 )
 app.add_typer(approvals_app, name="approvals")
 
-IdArgument = Annotated[str, typer.Argument(help="The pending invocation's id (see `bastion approvals list`).")]
+_ID_FORMS = f"its id, or the first {MIN_ID_PREFIX}+ characters of it"
+
+
+def _id_argument(what: str) -> Any:
+    return typer.Argument(help=f"{what}: {_ID_FORMS} (see `bastion approvals list`).", show_default=False)
 
 
 # -- shared with `approvals watch` ------------------------------------------------------------------
@@ -137,7 +142,7 @@ def approvals_list(
 
 @approvals_app.command("show")
 def approvals_show(
-    invocation_id: IdArgument,
+    invocation_id: Annotated[str, _id_argument("The invocation to show, pending or not")],
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
@@ -155,7 +160,7 @@ def approvals_show(
             data = pending_json(invocation, utcnow())
             data["events"] = detail.get("events", [])
             flags = f" --url {shlex.quote(remote_api.base)}"
-            target = shlex.quote(invocation_id)
+            target = shlex.quote(invocation.id)
             data["commands"] = (
                 {
                     "approve": f"bastion approvals approve {target}{flags}",
@@ -172,12 +177,10 @@ def approvals_show(
 
     async def run() -> dict[str, Any]:
         async with open_ledger(config) as ledger:
-            invocation = await ledger.get(invocation_id)
-            if invocation is None:
-                raise NotFound(f"no invocation {invocation_id!r} in {config.ledger_url}")
+            invocation = await find_invocation(ledger, config, invocation_id)
             data = pending_json(invocation, utcnow())
-            data["events"] = [e.model_dump(mode="json") for e in await ledger.events(invocation_id)]
-            data["commands"] = decide_commands(config, invocation_id) if invocation.status == "pending" else None
+            data["events"] = [e.model_dump(mode="json") for e in await ledger.events(invocation.id)]
+            data["commands"] = decide_commands(config, invocation.id) if invocation.status == "pending" else None
             return data
 
     _show(run_async(run), as_json)
@@ -201,7 +204,7 @@ def _show(data: dict[str, Any], as_json: bool) -> None:
 
 @approvals_app.command("approve")
 def approvals_approve(
-    invocation_id: IdArgument,
+    invocation_id: Annotated[str, _id_argument("The pending invocation to approve")],
     note: Annotated[str | None, typer.Option(help="A note kept in the ledger with your decision.")] = None,
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
@@ -214,7 +217,7 @@ def approvals_approve(
 
 @approvals_app.command("deny")
 def approvals_deny(
-    invocation_id: IdArgument,
+    invocation_id: Annotated[str, _id_argument("The pending invocation to deny")],
     reason: Annotated[str | None, typer.Option(help="Why; the agent is told this reason.")] = None,
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
@@ -239,9 +242,8 @@ def _decide(
 
         async def remotely() -> tuple[Invocation, str]:
             async with remote_api:
-                answer = await remote_api.decide(invocation_id, approve=approve, note=note)
-                detail = await remote_api.invocation(invocation_id)
-            decided = Invocation.model_validate(answer)
+                decided = Invocation.model_validate(await remote_api.decide(invocation_id, approve=approve, note=note))
+                detail = await remote_api.invocation(decided.id)
             by = [e.get("detail", {}).get("by") for e in detail.get("events", []) if e.get("kind") == decided.status]
             return decided, str(by[-1]) if by and by[-1] else "your token"
 
@@ -267,4 +269,4 @@ def _remote(url: str | None, token: str | None) -> RemoteApi | None:
     try:
         return remote_api(url, token)
     except ConfigError as exc:
-        raise Exit(f"error: {exc.message}", 2) from exc
+        raise Exit.of(exc) from exc

@@ -1,9 +1,8 @@
-"""Looking at a configuration and its ledger: `catalog`, `connectors`, `invocations`, `doctor`, `init`, `version`."""
+"""Looking at a configuration and its ledger: `catalog`, `connectors`, `invocations`, `init`, `version`."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,12 +10,14 @@ import typer
 from rich.table import Table
 
 from bastion import __version__
+from bastion.authority import MIN_ID_PREFIX
 from bastion.cli.app import (
     ConfigOption,
     Exit,
     JsonOption,
     app,
     emit_json,
+    find_invocation,
     load,
     open_gateway,
     open_ledger,
@@ -24,8 +25,8 @@ from bastion.cli.app import (
     run_async,
     timestamp,
 )
-from bastion.config import find_config_dir, init_config_dir, load_config
-from bastion.errors import ConfigError, NotFound
+from bastion.config import init_config_dir
+from bastion.errors import ConfigError, ConnectorUnavailable, NotFound
 from bastion.models import STATUSES, CallContext, Invocation, Status
 from bastion.views import invocation_detail_json, invocation_json
 
@@ -77,20 +78,22 @@ def catalog(config_dir: ConfigOption = None, as_json: JsonOption = False) -> Non
 
 @connectors_app.command("list")
 def connectors_list(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
-    """Connect to every connector once and show its status, tool count and last error."""
+    """Start every connector once and show its state, tool count, protocol version and last error."""
     _show_connectors(config_dir, None, as_json)
 
 
 @connectors_app.command("check")
 def connectors_check(
-    source_id: Annotated[str | None, typer.Argument(help="Connector id (default: all).")] = None,
+    source_id: Annotated[str | None, typer.Argument(help="The one connector to check, by id (default: all).")] = None,
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Connect and list; exit 1 when a checked connector is not ready."""
+    """Start the connectors (all, or SOURCE_ID), show their status as `list` does; exit 1 if one is not ready."""
     statuses = _show_connectors(config_dir, source_id, as_json)
     if any(s["state"] != "ready" for s in statuses):
-        raise Exit("error: a connector is not ready; see last_error above", 1)
+        if as_json:
+            raise typer.Exit(1)  # the statuses printed are the whole answer; a second document would break it
+        raise Exit.of(ConnectorUnavailable("a connector is not ready; see its last error above"))
 
 
 def _show_connectors(config_dir: Path | None, only: str | None, as_json: bool) -> list[dict[str, Any]]:
@@ -98,7 +101,7 @@ def _show_connectors(config_dir: Path | None, only: str | None, as_json: bool) -
     if only is not None:
         if only not in {c.id for c in config.connectors}:
             known = ", ".join(sorted(c.id for c in config.connectors)) or "none"
-            raise Exit(f"error: no connector {only!r} (known: {known})", 1)
+            raise Exit.of(NotFound(f"no connector {only!r} (known: {known})"))
         config = config.model_copy(update={"connectors": [c for c in config.connectors if c.id == only]})
 
     async def run() -> list[dict[str, Any]]:
@@ -155,7 +158,13 @@ def _status(value: str | None) -> Status | None:
 
 @invocations_app.command("show")
 def invocations_show(
-    invocation_id: Annotated[str, typer.Argument(help="The invocation id.")],
+    invocation_id: Annotated[
+        str,
+        typer.Argument(
+            help=f"The invocation: its id, or the first {MIN_ID_PREFIX}+ characters of it (see `bastion invocations "
+            "list`)."
+        ),
+    ],
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -164,10 +173,8 @@ def invocations_show(
 
     async def run() -> dict[str, Any]:
         async with open_ledger(config) as ledger:
-            invocation = await ledger.get(invocation_id)
-            if invocation is None:
-                raise NotFound(f"no invocation {invocation_id!r} in {config.ledger_url}")
-            return invocation_detail_json(invocation, await ledger.events(invocation_id))
+            invocation = await find_invocation(ledger, config, invocation_id)
+            return invocation_detail_json(invocation, await ledger.events(invocation.id))
 
     data = run_async(run)
     if as_json:
@@ -192,28 +199,7 @@ def details_table(data: dict[str, Any]) -> Table:
     return table
 
 
-# -- doctor, init and version -----------------------------------------------------------------------
-
-
-@app.command()
-def doctor(config_dir: ConfigOption = None) -> None:
-    """Validate the configuration: every problem with file:line, exit 2 if there is any."""
-    try:
-        directory = find_config_dir(config_dir, env=os.environ, cwd=Path.cwd(), home=Path.home())
-    except ConfigError as exc:
-        raise Exit(f"error: {exc.message}", 2) from exc
-    config = load_config(directory)
-    where = str(directory) if directory else "embedded default configuration"
-    for issue in config.issues:
-        out.print(f"error: {issue}", markup=False, highlight=False)
-    if config.issues:
-        raise Exit(f"{len(config.issues)} problem(s) in {where}", 2)
-    out.print(
-        f"ok: {where}: {len(config.connectors)} connector(s), "
-        f"{len(config.policy.modes)} org mode(s), {len(config.policy.profiles)} profile(s); ledger {config.ledger_url}",
-        markup=False,
-        highlight=False,
-    )
+# -- init and version -----------------------------------------------------------------------
 
 
 @app.command()
@@ -222,7 +208,7 @@ def init(directory: Annotated[Path, typer.Argument(help="Where to write a starte
     try:
         written = init_config_dir(directory)
     except ConfigError as exc:
-        raise Exit(f"error: {exc.message}", 2) from exc
+        raise Exit.of(exc) from exc
     for path in written:
         out.print(f"wrote {path}", markup=False, highlight=False)
     out.print(f"next: bastion doctor --config {directory}  then  bastion serve --config {directory}", highlight=False)

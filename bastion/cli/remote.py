@@ -14,6 +14,7 @@ import httpx2
 import typer
 
 from bastion.errors import (
+    AmbiguousId,
     ApprovalExpired,
     BastionError,
     ConfigError,
@@ -42,6 +43,7 @@ TokenOption = Annotated[
 _ERRORS: dict[str, type[BastionError]] = {
     cls.error_class: cls
     for cls in (
+        AmbiguousId,
         NotFound,
         Conflict,
         ApprovalExpired,

@@ -21,8 +21,6 @@ from bastion.models import ROLES, Role, TokenInfo, utcnow
 tokens_app = typer.Typer(help="Bearer tokens for the HTTP surface: create, list, revoke.", no_args_is_help=True)
 app.add_typer(tokens_app, name="tokens")
 
-NameArgument = Annotated[str, typer.Argument(help="The token's name, recorded as the principal of what it does.")]
-
 
 def token_json(token: TokenInfo) -> dict[str, Any]:
     """A token as scripts see it: name, role, profile, created_at, revoked_at and `active`; never a secret."""
@@ -33,7 +31,7 @@ def token_json(token: TokenInfo) -> dict[str, Any]:
 
 @tokens_app.command("create")
 def tokens_create(
-    name: NameArgument,
+    name: Annotated[str, typer.Argument(help="The new token's name, recorded as the principal of what it does.")],
     role: Annotated[Role, typer.Option("--role", help=f"What the token may do: {', '.join(ROLES)}.")],
     profile: Annotated[
         str | None, typer.Option("--profile", help="Agent tokens only: the profile their sessions use.")
@@ -53,7 +51,7 @@ def tokens_create(
         try:
             validate_profile(config, profile)
         except ConfigError as exc:
-            raise Exit(f"error: {exc.message}", 2) from exc
+            raise Exit.of(exc) from exc
     now = utcnow()
 
     async def run() -> str:
@@ -103,7 +101,11 @@ def tokens_list(config_dir: ConfigOption = None, as_json: JsonOption = False) ->
 
 
 @tokens_app.command("revoke")
-def tokens_revoke(name: NameArgument, config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
+def tokens_revoke(
+    name: Annotated[str, typer.Argument(help="The active token to revoke, by name (see `bastion tokens list`).")],
+    config_dir: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
     """Revoke the active token NAME: requests presenting it are refused from now on."""
     config = load(config_dir, report=False)
     now = utcnow()
