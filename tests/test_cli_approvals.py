@@ -330,3 +330,32 @@ def test_every_id_argument_takes_a_unique_prefix_and_refuses_an_ambiguous_one(tm
     approved = cli(config, env, "approvals", "approve", "0190abcdef01", "--json")
     assert json.loads(approved.stdout)["id"] == first.id
     assert stored(config, first.id)[0].status == "approved"
+
+
+# -- narrow terminals ---------------------------------------------------------------------------------
+
+LONG_TOOL = "a_connector_with_a_long_name__and_a_tool_whose_name_is_long_too"
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_tables_keep_ids_whole_on_one_line_and_cut_long_text_at_narrow_widths(tmp_path: Path, columns: int) -> None:
+    env = bastion_env(tmp_path / "home", COLUMNS=str(columns))
+    config = make_config(tmp_path)
+    long_ids = [f"0190abcdef{n:02d}{'9' * 12}" for n in range(3)]
+    seed(
+        config,
+        *(
+            make_invocation(n, id=invocation_id, tool=LONG_TOOL, session_id="s" * 40, principal="agent:" + "p" * 40)
+            for n, invocation_id in enumerate(long_ids)
+        ),
+        make_invocation(9, id="0190abcdef09" + "8" * 12, status="completed", error_class="upstream_error"),
+    )
+    for command in (("approvals", "list"), ("invocations", "list")):
+        table = cli(config, env, *command)
+        assert table.returncode == 0, table.stderr
+        lines = table.stdout.splitlines()
+        for invocation_id in long_ids:
+            assert any(invocation_id in line for line in lines), (command, table.stdout)
+        assert LONG_TOOL not in table.stdout
+        assert "…" in table.stdout
+        assert max(len(line) for line in lines) <= columns, table.stdout

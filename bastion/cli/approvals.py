@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 from rich.table import Table
@@ -32,6 +32,7 @@ from bastion.cli.app import (
 )
 from bastion.cli.inspect import details_table
 from bastion.cli.remote import RemoteApi, TokenOption, UrlOption, remote_api
+from bastion.cli.tables import Column, fitted_table
 from bastion.config import Config
 from bastion.errors import ConfigError
 from bastion.models import Invocation, utcnow
@@ -67,18 +68,21 @@ def format_seconds(seconds: int | None) -> str:
     return f"{minutes}m {rest:02d}s" if minutes else f"{rest}s"
 
 
-def pending_table(pending: list[Invocation], now: datetime, *, selected: str | None = None) -> Table:
-    """The pending invocations as a table; the `selected` one is highlighted."""
-    table = Table(title=f"{len(pending)} pending")
-    table.add_column("id", no_wrap=True)
-    table.add_column("created")
-    table.add_column("tool", overflow="fold")
-    table.add_column("session", overflow="fold")
-    table.add_column("principal", overflow="fold")
-    table.add_column("expires in", no_wrap=True)
-    table.add_column("drift")
-    for invocation in pending:
-        table.add_row(
+PENDING_COLUMNS: Final = (
+    Column("id", "id"),
+    Column("created", "time", optional=True),
+    Column("tool"),
+    Column("session", optional=True),
+    Column("principal", optional=True),
+    Column("expires in", "word"),
+    Column("drift", "word"),
+)
+
+
+def pending_table(pending: list[Invocation], now: datetime, *, width: int, selected: str | None = None) -> Table:
+    """The pending invocations as a table `width` columns wide; the `selected` one is highlighted."""
+    rows = [
+        (
             invocation.id,
             timestamp(invocation.created_at),
             invocation.tool,
@@ -86,9 +90,11 @@ def pending_table(pending: list[Invocation], now: datetime, *, selected: str | N
             invocation.principal or "",
             format_seconds(expires_in(invocation, now)),
             "drifted" if invocation.drift is not None else "",
-            style="reverse" if invocation.id == selected else None,
         )
-    return table
+        for invocation in pending
+    ]
+    styles = ["reverse" if invocation.id == selected else None for invocation in pending]
+    return fitted_table(PENDING_COLUMNS, rows, width=width, title=f"{len(pending)} pending", row_styles=styles)
 
 
 def decide_commands(config: Config, invocation_id: str) -> dict[str, str]:
@@ -135,9 +141,9 @@ def approvals_list(
     if as_json:
         emit_json([pending_json(i, now) for i in pending])
         return
-    out.print(pending_table(pending, now))
+    out.print(pending_table(pending, now, width=out.width))
     if pending:
-        out.print("decide with: bastion approvals show ID | approve ID | deny ID", highlight=False)
+        out.print("decide with: bastion approvals show|approve|deny ID", highlight=False)
 
 
 @approvals_app.command("show")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 from rich.table import Table
@@ -25,6 +25,7 @@ from bastion.cli.app import (
     run_async,
     timestamp,
 )
+from bastion.cli.tables import Column, fitted_table
 from bastion.config import init_config_dir
 from bastion.errors import ConfigError, ConnectorUnavailable, NotFound
 from bastion.models import STATUSES, CallContext, Invocation, Status
@@ -37,6 +38,32 @@ app.add_typer(invocations_app, name="invocations")
 
 
 # -- catalog and connectors -------------------------------------------------------------------------
+
+CATALOG_COLUMNS: Final = (
+    Column("tool"),
+    Column("source", "word"),
+    Column("risk", "word"),
+    Column("mode", "word"),
+    Column("mode source", optional=True),
+    Column("drift", "word", optional=True),
+    Column("hidden", "word", optional=True),
+)
+CONNECTOR_COLUMNS: Final = (
+    Column("connector", "id"),
+    Column("state", "word"),
+    Column("tools", "word"),
+    Column("protocol", "word", optional=True),
+    Column("last error"),
+)
+INVOCATION_COLUMNS: Final = (
+    Column("id", "id"),
+    Column("created", "time", optional=True),
+    Column("tool"),
+    Column("status", "word"),
+    Column("mode", "word", optional=True),
+    Column("mode source", optional=True),
+    Column("error"),
+)
 
 
 @app.command()
@@ -68,12 +95,19 @@ def catalog(config_dir: ConfigOption = None, as_json: JsonOption = False) -> Non
     if as_json:
         emit_json(rows)
         return
-    table = Table("tool", "source", "risk", "mode", "mode source", "drift", "hidden", title=f"{len(rows)} tools")
-    for r in rows:
-        drift = "drifted" if r["drift"] else ""
-        hidden = "yes" if r["hidden"] else ""
-        table.add_row(r["tool"], r["source_id"], r["risk"], r["mode"], r["mode_source"], drift, hidden)
-    out.print(table)
+    cells = [
+        (
+            r["tool"],
+            r["source_id"],
+            r["risk"],
+            r["mode"],
+            r["mode_source"],
+            "drifted" if r["drift"] else "",
+            "yes" if r["hidden"] else "",
+        )
+        for r in rows
+    ]
+    out.print(fitted_table(CATALOG_COLUMNS, cells, width=out.width, title=f"{len(rows)} tools"))
 
 
 @connectors_app.command("list")
@@ -112,10 +146,14 @@ def _show_connectors(config_dir: Path | None, only: str | None, as_json: bool) -
     if as_json:
         emit_json(statuses)
         return statuses
-    table = Table("connector", "state", "tools", "protocol", "last error")
+    rows = [
+        (s["source_id"], s["state"], str(s["tools"]), s["protocol_version"] or "", s["last_error"] or "")
+        for s in statuses
+    ]
+    out.print(fitted_table(CONNECTOR_COLUMNS, rows, width=out.width))
     for s in statuses:
-        table.add_row(s["source_id"], s["state"], str(s["tools"]), s["protocol_version"] or "", s["last_error"] or "")
-    out.print(table)
+        if s["last_error"]:  # whole here: the table may have cut it
+            out.print(f"{s['source_id']}: {s['last_error']}", markup=False, highlight=False)
     return statuses
 
 
@@ -143,10 +181,10 @@ def invocations_list(
     if as_json:
         emit_json([invocation_json(i) for i in found])
         return
-    table = Table("id", "created", "tool", "status", "mode", "mode source", "error", title=f"{len(found)} invocations")
-    for i in found:
-        table.add_row(i.id, timestamp(i.created_at), i.tool, i.status, i.mode, i.mode_source, i.error_class or "")
-    out.print(table)
+    rows = [
+        (i.id, timestamp(i.created_at), i.tool, i.status, i.mode, i.mode_source, i.error_class or "") for i in found
+    ]
+    out.print(fitted_table(INVOCATION_COLUMNS, rows, width=out.width, title=f"{len(found)} invocations"))
 
 
 def _status(value: str | None) -> Status | None:

@@ -7,12 +7,12 @@ a new one.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
-from rich.table import Table
 
 from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, load, open_ledger, out, run_async, timestamp
+from bastion.cli.tables import Column, fitted_table
 from bastion.config import validate_profile
 from bastion.errors import ConfigError
 from bastion.ledger.tokens import validate_token_name
@@ -20,6 +20,14 @@ from bastion.models import ROLES, Role, TokenInfo, utcnow
 
 tokens_app = typer.Typer(help="Bearer tokens for the HTTP surface: create, list, revoke.", no_args_is_help=True)
 app.add_typer(tokens_app, name="tokens")
+
+TOKEN_COLUMNS: Final = (
+    Column("name", "id"),
+    Column("role", "word"),
+    Column("profile"),
+    Column("created", "time"),
+    Column("revoked", "time", optional=True),
+)
 
 
 def token_json(token: TokenInfo) -> dict[str, Any]:
@@ -88,16 +96,18 @@ def tokens_list(config_dir: ConfigOption = None, as_json: JsonOption = False) ->
         emit_json([token_json(token) for token in tokens])
         return
     active = sum(token.active for token in tokens)
-    table = Table(title=f"{len(tokens)} tokens ({active} active)")
-    table.add_column("name", overflow="fold")
-    table.add_column("role")
-    table.add_column("profile", overflow="fold")
-    table.add_column("created", no_wrap=True)
-    table.add_column("revoked", no_wrap=True)
-    for token in tokens:
-        revoked = timestamp(token.revoked_at) if token.revoked_at is not None else ""
-        table.add_row(token.name, token.role, token.profile or "", timestamp(token.created_at), revoked)
-    out.print(table)
+    rows = [
+        (
+            token.name,
+            token.role,
+            token.profile or "",
+            timestamp(token.created_at),
+            timestamp(token.revoked_at) if token.revoked_at is not None else "",
+        )
+        for token in tokens
+    ]
+    title = f"{len(tokens)} tokens ({active} active)"
+    out.print(fitted_table(TOKEN_COLUMNS, rows, width=out.width, title=title))
 
 
 @tokens_app.command("revoke")

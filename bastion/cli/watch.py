@@ -125,7 +125,7 @@ class WatchView:
     def render(self) -> RenderableType:
         now = utcnow()
         header = Text(f"Bastion approvals: {self.where}   {now:%H:%M:%S} UTC", style="bold")
-        body: RenderableType = pending_table(self.pending, now, selected=self.selected)
+        body: RenderableType = pending_table(self.pending, now, width=120, selected=self.selected)
         if not self.pending:
             body = Text("no pending invocations; waiting for the next one")
         return Group(header, body, Text(self.status or " "), Text(HELP, style="dim"))
