@@ -56,7 +56,7 @@ def test_a_wide_terminal_shows_everything_on_one_line_per_row() -> None:
     assert any("s" * 50 in line for line in lines)
 
 
-def test_a_narrow_terminal_stacks_times_and_leaves_optional_columns_out() -> None:
+def test_a_narrow_terminal_leaves_optional_columns_out_then_stacks_times() -> None:
     lines = render(80)
     assert not any("session" in line for line in lines)
     row = lines.index(next(line for line in lines if IDS[0] in line))

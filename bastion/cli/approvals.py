@@ -79,8 +79,11 @@ PENDING_COLUMNS: Final = (
 )
 
 
-def pending_table(pending: list[Invocation], now: datetime, *, width: int, selected: str | None = None) -> Table:
-    """The pending invocations as a table `width` columns wide; the `selected` one is highlighted."""
+def pending_table(
+    pending: list[Invocation], now: datetime, *, width: int, selected: str | None = None, total: int | None = None
+) -> Table:
+    """The pending invocations as a table `width` columns wide; the `selected` one is highlighted. `total`: how
+    many are pending in all, when the table shows only some of them."""
     rows = [
         (
             invocation.id,
@@ -94,7 +97,8 @@ def pending_table(pending: list[Invocation], now: datetime, *, width: int, selec
         for invocation in pending
     ]
     styles = ["reverse" if invocation.id == selected else None for invocation in pending]
-    return fitted_table(PENDING_COLUMNS, rows, width=width, title=f"{len(pending)} pending", row_styles=styles)
+    title = f"{len(pending) if total is None else total} pending"
+    return fitted_table(PENDING_COLUMNS, rows, width=width, title=title, row_styles=styles)
 
 
 def decide_commands(config: Config, invocation_id: str) -> dict[str, str]:

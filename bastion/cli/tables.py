@@ -2,9 +2,9 @@
 
 An id (an invocation id, a policy key, a connector or token name) is printed whole on one line at any width,
 so that it can be copied into the next command; short fixed words (statuses, modes, risks) stay whole too; long
-text (tool names, errors, sessions) is cut to one line with an ellipsis; a timestamp puts its time under its
-date. When even that does not fit, the columns marked optional are left out, the last one first. Rows have no
-borders, so a copied line holds only the values.
+text (tool names, errors, sessions) is cut to one line with an ellipsis. When that does not fit, the columns
+marked optional are left out, the last one first; then timestamps put their time under their date. Rows have
+no borders, so a copied line holds only the values.
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ def fitted_table(
         for i, c in enumerate(columns)
     ]
     shown = list(range(len(columns)))
-    stacked = _needed(columns, natural, shown, stacked=False) > width
-    while _needed(columns, natural, shown, stacked=stacked) > width:
+    while _needed(columns, natural, shown, stacked=False) > width:
         optional = [i for i in shown if columns[i].optional]
         if not optional:
             break
         shown.remove(optional[-1])
+    stacked = _needed(columns, natural, shown, stacked=False) > width
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for i in shown:
         kind = columns[i].kind
