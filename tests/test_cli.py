@@ -7,13 +7,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
+import pytest
 import typer
 import typer.core
 import typer.main
+from mcp import Client
 
 from bastion import __version__
 from bastion.cli import app
-from tests.processes import bastion_env, run_cli, write_config
+from tests.processes import bastion_env, bastion_http, run_cli, write_config
 
 INVOCATION_KEYS = {
     "id", "status", "policy_key", "tool", "source_id", "risk", "mode", "mode_source",
@@ -224,3 +227,28 @@ def test_doctor_checks_each_stdio_command_and_reports_as_json_with_file_and_line
     clean = run_cli("doctor", "--json", "--config", str(config), env=env)
     assert clean.returncode == 0, clean.stdout
     assert json.loads(clean.stdout)["problems"] == []
+
+
+@pytest.mark.anyio
+async def test_serve_counts_what_tools_list_answers_and_healthz_is_degraded_while_a_source_is_down(
+    tmp_path: Path,
+) -> None:
+    env = bastion_env(tmp_path / "home")
+    config = write_config(
+        tmp_path / "config",
+        notes_file=tmp_path / "notes.json",
+        time_server=False,
+        policy='[sources]\ndisabled = ["off"]\n',
+        extra_connectors={"gone": 'command = "/nonexistent/server"\n', "off": 'command = "/nonexistent/too"\n'},
+    )
+    async with bastion_http(["--config", str(config)], env=env) as bastion:
+        async with httpx2.AsyncClient() as http:
+            health = await http.get(f"{bastion.base_url}/healthz")
+        async with Client(bastion.mcp_url, cache=None) as client:
+            tools = (await client.list_tools()).tools
+    assert health.status_code == 200
+    body = health.json()
+    assert body["status"] == "degraded"
+    assert {s["id"]: s["state"] for s in body["sources"]} == {"notes": "ready", "gone": "down", "off": "disabled"}
+    assert body["tools"] == len(tools) == 5  # the demo's four and bastion__invocation
+    assert any(f"serving {len(tools)} tools" in line for line in bastion.stderr), bastion.stderr

@@ -48,7 +48,7 @@ def serve(
                 tokens = await gateway.ledger.has_tokens()
 
                 def ready(base_url: str) -> None:
-                    _print_connect_help(config, base_url, len(gateway.catalog.tools), tokens=tokens)
+                    _print_connect_help(config, base_url, len(gateway.tools), tokens=tokens)
 
                 await serve_http(FrontDoor(gateway, profile=profile), host=host, port=port, on_ready=ready)
 
