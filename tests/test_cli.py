@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 import typer
@@ -16,7 +19,7 @@ from mcp import Client
 
 from bastion import __version__
 from bastion.cli import app
-from tests.processes import bastion_env, bastion_http, run_cli, write_config
+from tests.processes import bastion_command, bastion_env, bastion_http, run_cli, stop, write_config
 
 INVOCATION_KEYS = {
     "id", "status", "policy_key", "tool", "source_id", "risk", "mode", "mode_source",
@@ -252,3 +255,61 @@ async def test_serve_counts_what_tools_list_answers_and_healthz_is_degraded_whil
     assert {s["id"]: s["state"] for s in body["sources"]} == {"notes": "ready", "gone": "down", "off": "disabled"}
     assert body["tools"] == len(tools) == 5  # the demo's four and bastion__invocation
     assert any(f"serving {len(tools)} tools" in line for line in bastion.stderr), bastion.stderr
+
+
+async def _with_stderr_on_a_terminal(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    """Run a command with stderr on a pseudo-terminal (stdout a pipe): (status, stdout, what the terminal got)."""
+    master, slave = os.openpty()
+    try:
+        process = await anyio.open_process(
+            bastion_command(*args), stdin=subprocess.DEVNULL, stderr=slave, env=env, start_new_session=True
+        )
+    finally:
+        os.close(slave)
+    output = {"stdout": b"", "terminal": b""}
+
+    async def read_stdout() -> None:
+        assert process.stdout is not None
+        output["stdout"] = b"".join([chunk async for chunk in process.stdout])
+
+    async def read_terminal() -> None:
+        while True:
+            await anyio.wait_readable(master)
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the program closed its side
+                return
+            if not data:
+                return
+            output["terminal"] += data
+
+    try:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read_stdout)
+                tg.start_soon(read_terminal)
+            status = await process.wait()
+    finally:
+        await stop(process)
+        os.close(master)
+    return status, output["stdout"].decode(), output["terminal"].decode(errors="replace")
+
+
+@pytest.mark.anyio
+async def test_a_spinner_on_a_terminal_tells_how_connectors_start_and_never_in_json_or_a_pipe(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home", TERM="xterm-256color")
+    config = write_config(tmp_path / "config", notes_file=tmp_path / "notes.json", time_server=False)
+    for command in (("connectors", "check"), ("catalog",)):
+        status, stdout, terminal = await _with_stderr_on_a_terminal(*command, "--config", str(config), env=env)
+        assert status == 0, terminal
+        assert "starting 1 connector(s)" in terminal
+        assert "starting" not in stdout
+        status, stdout, terminal = await _with_stderr_on_a_terminal(
+            *command, "--json", "--config", str(config), env=env
+        )
+        assert status == 0, terminal
+        assert "starting" not in terminal
+        json.loads(stdout)
+    piped = run_cli("connectors", "check", "--config", str(config), env=env)
+    assert piped.returncode == 0
+    assert "starting" not in piped.stderr

@@ -11,8 +11,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Final, TypeVar
@@ -20,6 +20,9 @@ from typing import Annotated, Any, Final, TypeVar
 import anyio
 import typer
 from rich.console import Console
+from rich.live import Live
+from rich.spinner import Spinner
+from rich.text import Text
 
 from bastion import __version__
 from bastion.authority import resolve_invocation_id
@@ -169,13 +172,41 @@ async def find_invocation(ledger: SqliteLedger, config: Config, text: str) -> In
     return invocation
 
 
+class StartupProgress:
+    """What the spinner says while connectors start: how many are ready or down, and which are still starting.
+
+    Rendered afresh at every refresh of the spinner (from its thread), so it needs no updates of its own.
+    """
+
+    def __init__(self, sources: Sequence[McpConnector]) -> None:
+        self.sources = sources
+
+    def __rich__(self) -> Text:
+        states = [source.status.state for source in self.sources]
+        waiting = [source.source_id for source in self.sources if source.status.state == "starting"]
+        line = f"starting {len(states)} connector(s): {states.count('ready')} ready, {states.count('down')} down"
+        return Text(line + (f"; waiting for {', '.join(waiting)}" if waiting else ""))
+
+
+@contextmanager
+def startup_spinner(sources: Sequence[McpConnector], *, show: bool) -> Iterator[None]:
+    """A spinner on stderr while `sources` start, when `show` and stderr is a terminal; erased when done."""
+    if not (show and sources and err.is_terminal):
+        yield
+        return
+    with Live(Spinner("dots", text=StartupProgress(sources)), console=err, transient=True, refresh_per_second=10):
+        yield
+
+
 @asynccontextmanager
-async def open_gateway(config: Config) -> AsyncIterator[Gateway]:
-    """A running gateway over every enabled connector and the configured ledger."""
+async def open_gateway(config: Config, *, progress: bool = False) -> AsyncIterator[Gateway]:
+    """A running gateway over every enabled connector and the configured ledger. With `progress`, a spinner
+    on stderr (a terminal only) says how the connectors are starting."""
     disabled = set(config.policy.sources.disabled)
     list_timeout = config.settings.limits.list_timeout_seconds
     sources = [McpConnector(c, list_timeout=list_timeout) for c in config.connectors if c.id not in disabled]
-    async with open_ledger(config) as ledger:
+    async with open_ledger(config) as ledger, AsyncExitStack() as running:
         gateway = Gateway(config, ledger, sources)
-        async with gateway.running():
-            yield gateway
+        with startup_spinner(sources, show=progress):
+            await running.enter_async_context(gateway.running())
+        yield gateway

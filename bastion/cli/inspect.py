@@ -72,7 +72,7 @@ def catalog(config_dir: ConfigOption = None, as_json: JsonOption = False) -> Non
     config = load(config_dir)
 
     async def run() -> list[dict[str, Any]]:
-        async with open_gateway(config) as gateway:
+        async with open_gateway(config, progress=not as_json) as gateway:
             rows = []
             for entry in gateway.catalog.entries.values():
                 decision = gateway.decide(entry, CallContext(session_id="cli"))
@@ -139,7 +139,7 @@ def _show_connectors(config_dir: Path | None, only: str | None, as_json: bool) -
         config = config.model_copy(update={"connectors": [c for c in config.connectors if c.id == only]})
 
     async def run() -> list[dict[str, Any]]:
-        async with open_gateway(config) as gateway:
+        async with open_gateway(config, progress=not as_json) as gateway:
             return [s.model_dump(mode="json") for s in gateway.statuses()]
 
     statuses = run_async(run)
