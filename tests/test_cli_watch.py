@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import io
+import json
 import os
 import struct
 import subprocess
@@ -179,7 +180,7 @@ async def test_watch_decides_on_a_remote_bastion_through_its_api(tmp_path: Path)
     config = make_config(tmp_path)
     made = run_cli("tokens", "create", "alice", "--role", "admin", "--json", "--config", str(config), env=env)
     assert made.returncode == 0, made.stderr
-    token = made.stdout.split('"token": "')[1].split('"')[0]
+    token = json.loads(made.stdout)["token"]
     waiting = make_invocation(1)
     await record(config, waiting)
 
@@ -188,6 +189,9 @@ async def test_watch_decides_on_a_remote_bastion_through_its_api(tmp_path: Path)
             bastion_command("approvals", "watch", "--url", bastion.base_url), env=env, check=False
         )
         assert wrong.returncode == 2  # --url without --token: named before any terminal is needed
+        remote = ("--url", bastion.base_url, "--token", token, "--json")
+        shown = await anyio.run_process(bastion_command("approvals", "show", waiting.id[:6], *remote), env=env)
+        assert json.loads(shown.stdout)["id"] == waiting.id  # the API resolves an id prefix too
 
         remote_env = env | {"BASTION_URL": bastion.base_url, "BASTION_TOKEN": token}
         async with watching([], remote_env) as (terminal, process):
