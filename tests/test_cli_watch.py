@@ -140,7 +140,7 @@ async def test_watch_details_the_selected_call_and_decides_only_after_a_reason_a
             terminal.press("not tod\x7fday ☂".encode())
             await terminal.wait_for("reason (required): not today ☂")
             terminal.press(b"\r")
-            await terminal.wait_for(f'deny {older.id} (notes__write_note) with reason "not today \\u2602"? [y/n]')
+            await terminal.wait_for(f'deny {older.id} (notes__write_note) with reason "not today ☂"? [y/n]')
             assert await status_of(config, older.id) == "pending"
             terminal.press(b"y")
             denied = await wait_for_status(config, older.id, "denied")

@@ -158,7 +158,11 @@ class Prompt:
         target = f"{self.invocation.id} ({self.invocation.tool})"
         verb = "approve" if self.approve else "deny"
         if self.confirming:
-            said = f" with {'note' if self.approve else 'reason'} {json.dumps(self.text)}" if self.text else ""
+            said = (
+                f" with {'note' if self.approve else 'reason'} {json.dumps(self.text, ensure_ascii=False)}"
+                if self.text
+                else ""
+            )
             return f"{verb} {target}{said}? [y/n]"
         asked = "note (optional)" if self.approve else "reason (required)"
         return f"{verb} {target}: {asked}: {self.text}"
