@@ -92,6 +92,13 @@ class Conflict(BastionError):
     http_status = 409
 
 
+class AmbiguousId(BastionError):
+    """An id prefix that starts more than one id: the message names them and asks for more characters."""
+
+    error_class = "ambiguous_id"
+    http_status = 422
+
+
 class ConfigError(BastionError):
     """The configuration cannot be used; the message names the file, line and fix."""
 

@@ -527,3 +527,31 @@ async def test_an_agent_call_waits_until_an_admin_approves_it_through_the_api(tm
         (result,) = results
         assert not result.is_error
         assert await status_of(live.ledger, waiting["id"]) == "completed"
+
+
+async def test_an_id_prefix_names_one_invocation_among_those_the_token_may_see(tmp_path: Path) -> None:
+    async with live_bastion(tmp_path) as live:
+        agent = await live.token("ci-agent", "agent")
+        admin = await live.token("alice", "admin")
+        mine, theirs = invocation(1, id="abcdef-mine"), invocation(2, id="abcdef-theirs", principal="other-agent")
+        await seed(live.ledger, mine, theirs)
+
+        own = await live.http.get("/api/invocations/abcdef", headers=agent)
+        assert own.status_code == 200
+        assert own.json()["id"] == mine.id
+        assert [e["kind"] for e in own.json()["events"]] == ["planned", "pending"]
+        ambiguous = await live.http.get("/api/invocations/abcdef", headers=admin)
+        assert ambiguous.status_code == 422
+        assert error_class(ambiguous) == "ambiguous_id"
+        message = ambiguous.json()["error"]["message"]
+        assert mine.id in message
+        assert theirs.id in message
+        hidden = await live.http.get("/api/invocations/abcdef-t", headers=agent)
+        assert hidden.status_code == 404
+        assert theirs.id not in hidden.text
+        assert (await live.http.get("/api/invocations/abcde", headers=admin)).status_code == 404  # too short
+
+        approved = await live.http.post("/api/approvals/abcdef-th/approve", headers=admin)
+        assert approved.status_code == 200
+        assert approved.json()["id"] == theirs.id
+        assert await status_of(live.ledger, theirs.id) == "approved"

@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from tests.processes import bastion_env, run_cli, write_config
+import anyio
+import httpx2
+import pytest
+import typer
+import typer.core
+import typer.main
+from mcp import Client
+
+from bastion import __version__
+from bastion.cli import app
+from tests.processes import bastion_command, bastion_env, bastion_http, run_cli, stop, write_config
 
 INVOCATION_KEYS = {
     "id", "status", "policy_key", "tool", "source_id", "risk", "mode", "mode_source",
@@ -70,3 +84,232 @@ def test_connectors_list_and_check_report_each_source(tmp_path: Path) -> None:
     assert run_cli("connectors", "check", "notes", "--config", str(config), env=env).returncode == 0
     assert run_cli("connectors", "check", "gone", "--config", str(config), env=env).returncode == 1
     assert run_cli("connectors", "check", "nope", "--config", str(config), env=env).returncode == 1
+
+
+def test_a_deeply_nested_file_is_reported_by_doctor_and_skipped_by_every_command(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home")
+    deep = "bad = " + "[" * 5000 + "]" * 5000 + "\n"
+    config = write_config(
+        tmp_path / "config",
+        notes_file=tmp_path / "notes.json",
+        time_server=False,
+        policy='[modes]\n"notes:*" = "allow"\n',
+        extra_connectors={"deep": 'command = "npx"\n' + deep},
+    )
+    (config / "policies" / "deep.toml").write_text("# nests too deep\n" + deep)
+
+    doctor = run_cli("doctor", "--config", str(config), env=env)
+    assert doctor.returncode == 2
+    assert f"{config / 'connectors' / 'deep.toml'}:2:" in doctor.stdout
+    assert f"{config / 'policies' / 'deep.toml'}:2:" in doctor.stdout
+    listed = run_cli("connectors", "list", "--json", "--config", str(config), env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert [s["source_id"] for s in json.loads(listed.stdout)] == ["notes"]
+    assert "deep.toml:2:" in listed.stderr
+    for result in (doctor, listed):
+        assert "Traceback" not in result.stdout + result.stderr
+
+
+def _commands(command: Any, path: tuple[str, ...], parent: typer.Context | None) -> Iterator[tuple[str, Any]]:
+    """Every command under `command` (itself included) with its full path, as `bastion -h` walks them."""
+    context = typer.Context(command, parent=parent, info_name=path[-1])
+    yield " ".join(path), command
+    if isinstance(command, typer.core.TyperGroup):
+        for name in command.list_commands(context):
+            yield from _commands(command.get_command(context, name), (*path, name), context)
+
+
+def test_every_command_and_option_has_its_own_help() -> None:
+    commands = dict(_commands(typer.main.get_command(app), ("bastion",), None))
+    summaries: dict[str, list[str]] = {}
+    helps: dict[str, set[str]] = {}
+    for path, command in commands.items():
+        assert command.help, f"{path} has no help"
+        summaries.setdefault(command.help.split("\n")[0], []).append(path)
+        for param in command.params:
+            text = getattr(param, "help", None)
+            assert text, f"{path} {param.name} has no help"
+            # An option shared by many commands (--config, --json) says the same everywhere; an argument is
+            # each command's own, so its help names what that command does with it.
+            owner = "/".join(param.opts) if param.param_type_name == "option" else f"{path} {param.name}"
+            helps.setdefault(text, set()).add(owner)
+    assert {text: paths for text, paths in summaries.items() if len(paths) > 1} == {}
+    assert {text: owners for text, owners in helps.items() if len(owners) > 1} == {}
+
+
+def test_version_and_short_help_flags(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home")
+    for flag in ("--version", "-V"):
+        shown = run_cli(flag, env=env)
+        assert (shown.returncode, shown.stdout) == (0, f"{__version__}\n")
+    short = run_cli("approvals", "deny", "-h", env=env)
+    assert short.returncode == 0
+    assert short.stdout == run_cli("approvals", "deny", "--help", env=env).stdout
+    assert "--reason" in short.stdout
+
+
+def test_shell_completion_scripts_complete_commands(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home")
+    script = run_cli("--show-completion", "bash", env=env)
+    assert script.returncode == 0, script.stderr
+    assert "_BASTION_COMPLETE" in script.stdout
+    completing = bastion_env(
+        tmp_path / "home", _BASTION_COMPLETE="complete_bash", COMP_WORDS="bastion appr", COMP_CWORD="1"
+    )
+    completed = run_cli(env=completing)
+    assert completed.stdout.split() == ["approvals"]
+
+
+def test_under_json_every_error_is_a_json_document_on_stdout_with_the_usual_status(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home")
+    config = write_config(tmp_path / "config", notes_file=tmp_path / "notes.json", time_server=False)
+    cases = [
+        (("approvals", "approve", "--json"), 2, "usage_error"),  # no id: typer's own usage error
+        (("invocations", "list", "--status", "bogus", "--json", "--config", str(config)), 2, "usage_error"),
+        (("doctor", "--config", str(tmp_path / "absent"), "--json"), 2, "config_error"),
+        (("invocations", "show", "0123456789ab", "--json", "--config", str(config)), 1, "not_found"),
+        (("connectors", "check", "nope", "--json", "--config", str(config)), 1, "not_found"),
+        (("pins", "accept", "notes:write_note", "--json", "--config", str(config)), 1, "not_found"),
+        (("tokens", "create", "alice", "--role", "admin", "--json", "--config", str(config)), 1, "conflict"),
+    ]
+    assert run_cli("tokens", "create", "alice", "--role", "admin", "--config", str(config), env=env).returncode == 0
+    for args, status, error_class in cases:
+        result = run_cli(*args, env=env)
+        assert result.returncode == status, (args, result.stdout, result.stderr)
+        body = json.loads(result.stdout)
+        assert set(body) == {"error"}, args
+        assert body["error"]["class"] == error_class, args
+        assert body["error"]["message"], args
+        text = run_cli(*[a for a in args if a != "--json"], env=env)
+        assert text.returncode == status, args
+        assert text.stdout == ""
+        assert text.stderr.strip()
+
+
+def test_doctor_checks_each_stdio_command_and_reports_as_json_with_file_and_line(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "my-server").write_text("#!/bin/sh\n")
+    (bin_dir / "my-server").chmod(0o755)
+    (bin_dir / "not-executable").write_text("#!/bin/sh\n")
+    config = write_config(
+        tmp_path / "config",
+        notes_file=tmp_path / "notes.json",
+        time_server=False,
+        policy='[sources]\ndisabled = ["off"]\n',
+        extra_connectors={
+            "missing": '# not installed\ncommand = "no-such-mcp-server"\n',
+            "on_its_path": f'command = "my-server"\nenv = {{ PATH = "{bin_dir}" }}\n',
+            "plain_file": f'command = "{bin_dir / "not-executable"}"\n',
+            "off": 'command = "also-not-installed"\n',
+            "remote": 'transport = "http"\nurl = "http://127.0.0.1:9/mcp"\n',
+        },
+    )
+    doctor = run_cli("doctor", "--json", "--config", str(config), env=env)
+    assert doctor.returncode == 2, doctor.stderr
+    report = json.loads(doctor.stdout)
+    assert report["ok"] is False
+    assert report["config_dir"] == str(config.resolve())
+    commands = {c["subject"]: c["ok"] for c in report["checks"] if c["check"] == "command"}
+    assert commands == {"notes": True, "missing": False, "on_its_path": True, "plain_file": False}
+    connectors = config.resolve() / "connectors"
+    assert [(p["file"], p["line"]) for p in report["problems"]] == [
+        (str(connectors / "missing.toml"), 2),
+        (str(connectors / "plain_file.toml"), 1),
+    ]
+    assert "PATH" in report["problems"][0]["message"]
+
+    text = run_cli("doctor", "--config", str(config), env=env)
+    assert text.returncode == 2
+    assert f"{connectors / 'missing.toml'}:2: connector missing:" in text.stdout
+    assert "2 problem(s)" in text.stderr
+
+    for name in ("missing.toml", "plain_file.toml"):
+        (connectors / name).unlink()
+    clean = run_cli("doctor", "--json", "--config", str(config), env=env)
+    assert clean.returncode == 0, clean.stdout
+    assert json.loads(clean.stdout)["problems"] == []
+
+
+@pytest.mark.anyio
+async def test_serve_counts_what_tools_list_answers_and_healthz_is_degraded_while_a_source_is_down(
+    tmp_path: Path,
+) -> None:
+    env = bastion_env(tmp_path / "home")
+    config = write_config(
+        tmp_path / "config",
+        notes_file=tmp_path / "notes.json",
+        time_server=False,
+        policy='[sources]\ndisabled = ["off"]\n',
+        extra_connectors={"gone": 'command = "/nonexistent/server"\n', "off": 'command = "/nonexistent/too"\n'},
+    )
+    async with bastion_http(["--config", str(config)], env=env) as bastion:
+        async with httpx2.AsyncClient() as http:
+            health = await http.get(f"{bastion.base_url}/healthz")
+        async with Client(bastion.mcp_url, cache=None) as client:
+            tools = (await client.list_tools()).tools
+    assert health.status_code == 200
+    body = health.json()
+    assert body["status"] == "degraded"
+    assert {s["id"]: s["state"] for s in body["sources"]} == {"notes": "ready", "gone": "down", "off": "disabled"}
+    assert body["tools"] == len(tools) == 5  # the demo's four and bastion__invocation
+    assert any(f"serving {len(tools)} tools" in line for line in bastion.stderr), bastion.stderr
+
+
+async def _with_stderr_on_a_terminal(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    """Run a command with stderr on a pseudo-terminal (stdout a pipe): (status, stdout, what the terminal got)."""
+    master, slave = os.openpty()
+    try:
+        process = await anyio.open_process(
+            bastion_command(*args), stdin=subprocess.DEVNULL, stderr=slave, env=env, start_new_session=True
+        )
+    finally:
+        os.close(slave)
+    output = {"stdout": b"", "terminal": b""}
+
+    async def read_stdout() -> None:
+        assert process.stdout is not None
+        output["stdout"] = b"".join([chunk async for chunk in process.stdout])
+
+    async def read_terminal() -> None:
+        while True:
+            await anyio.wait_readable(master)
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the program closed its side
+                return
+            if not data:
+                return
+            output["terminal"] += data
+
+    try:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read_stdout)
+                tg.start_soon(read_terminal)
+            status = await process.wait()
+    finally:
+        await stop(process)
+        os.close(master)
+    return status, output["stdout"].decode(), output["terminal"].decode(errors="replace")
+
+
+@pytest.mark.anyio
+async def test_a_spinner_on_a_terminal_tells_how_connectors_start_and_never_in_json_or_a_pipe(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home", TERM="xterm-256color")
+    config = write_config(tmp_path / "config", notes_file=tmp_path / "notes.json", time_server=False)
+    for command in (("connectors", "check"), ("catalog",)):
+        status, stdout, terminal = await _with_stderr_on_a_terminal(*command, "--config", str(config), env=env)
+        assert status == 0, terminal
+        assert "starting 1 connector(s)" in terminal
+        assert "starting" not in stdout
+        status, stdout, terminal = await _with_stderr_on_a_terminal(
+            *command, "--json", "--config", str(config), env=env
+        )
+        assert status == 0, terminal
+        assert "starting" not in terminal
+        json.loads(stdout)
+    piped = run_cli("connectors", "check", "--config", str(config), env=env)
+    assert piped.returncode == 0
+    assert "starting" not in piped.stderr

@@ -167,7 +167,7 @@ def test_show_of_a_decided_invocation_offers_no_commands_and_a_missing_one_exits
     assert json.loads(shown.stdout)["commands"] is None
     missing = cli(config, env, "approvals", "show", "inv-9999", "--json")
     assert missing.returncode == 1
-    assert "not_found" in missing.stderr
+    assert json.loads(missing.stdout)["error"]["class"] == "not_found"
 
 
 # -- decisions --------------------------------------------------------------------------------------
@@ -297,3 +297,66 @@ async def test_two_racing_decisions_exactly_one_wins_the_other_gets_conflict(tmp
     invocation, events = await read_back(config, "inv-0001")
     assert invocation.status == ("approved" if winners == ["approve"] else "denied")
     assert [e.kind for e in events if e.kind in ("approved", "denied")] == [invocation.status]
+
+
+# -- id prefixes --------------------------------------------------------------------------------------
+
+
+def test_every_id_argument_takes_a_unique_prefix_and_refuses_an_ambiguous_one(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home")
+    config = make_config(tmp_path)
+    first, second = make_invocation(1, id="0190abcdef01aaaa"), make_invocation(2, id="0190abcdef02bbbb")
+    seed(config, first, second)
+
+    shown = cli(config, env, "approvals", "show", "0190abcdef01", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["id"] == first.id
+    assert first.id in json.loads(shown.stdout)["commands"]["approve"]
+    detail = cli(config, env, "invocations", "show", "0190abcdef02", "--json")
+    assert json.loads(detail.stdout)["id"] == second.id
+
+    ambiguous = cli(config, env, "approvals", "approve", "0190abcdef0")
+    assert ambiguous.returncode == 1
+    assert ambiguous.stderr.startswith("error: ambiguous_id:")
+    assert first.id in ambiguous.stderr
+    assert second.id in ambiguous.stderr
+    too_short = cli(config, env, "invocations", "show", "0190a", "--json")
+    assert too_short.returncode == 1
+    assert json.loads(too_short.stdout)["error"]["class"] == "not_found"
+    assert stored(config, first.id)[0].status == stored(config, second.id)[0].status == "pending"
+
+    denied = cli(config, env, "approvals", "deny", "0190abcdef02", "--reason", "no")
+    assert denied.returncode == 0, denied.stderr
+    assert denied.stdout.startswith(f"denied {second.id}")
+    approved = cli(config, env, "approvals", "approve", "0190abcdef01", "--json")
+    assert json.loads(approved.stdout)["id"] == first.id
+    assert stored(config, first.id)[0].status == "approved"
+
+
+# -- narrow terminals ---------------------------------------------------------------------------------
+
+LONG_TOOL = "a_connector_with_a_long_name__and_a_tool_whose_name_is_long_too"
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_tables_keep_ids_whole_on_one_line_and_cut_long_text_at_narrow_widths(tmp_path: Path, columns: int) -> None:
+    env = bastion_env(tmp_path / "home", COLUMNS=str(columns))
+    config = make_config(tmp_path)
+    long_ids = [f"0190abcdef{n:02d}{'9' * 12}" for n in range(3)]
+    seed(
+        config,
+        *(
+            make_invocation(n, id=invocation_id, tool=LONG_TOOL, session_id="s" * 40, principal="agent:" + "p" * 40)
+            for n, invocation_id in enumerate(long_ids)
+        ),
+        make_invocation(9, id="0190abcdef09" + "8" * 12, status="completed", error_class="upstream_error"),
+    )
+    for command in (("approvals", "list"), ("invocations", "list")):
+        table = cli(config, env, *command)
+        assert table.returncode == 0, table.stderr
+        lines = table.stdout.splitlines()
+        for invocation_id in long_ids:
+            assert any(invocation_id in line for line in lines), (command, table.stdout)
+        assert LONG_TOOL not in table.stdout
+        assert "…" in table.stdout
+        assert max(len(line) for line in lines) <= columns, table.stdout

@@ -22,7 +22,7 @@ from bastion.config import (
     sqlite_path,
     validate_profile,
 )
-from bastion.config.tomlpos import KeyIndex, KeyPath, describe_syntax_error
+from bastion.config.tomlpos import MAX_NESTING, KeyIndex, KeyPath, describe_syntax_error
 from bastion.errors import ConfigError
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -286,6 +286,52 @@ def test_invalid_settings_fall_back_one_key_at_a_time(root: Path) -> None:
     assert config.settings.approvals.heartbeat_seconds == 2
     assert config.settings.limits.invocations_per_minute == 60
     assert config.settings.limits.call_timeout_seconds == 9
+
+
+_DEEP = 5000
+DEEP_NESTING = {
+    "arrays": "bad = " + "[" * _DEEP + "]" * _DEEP,
+    "unclosed arrays": "bad = " + "[" * _DEEP,
+    "inline tables": "bad = " + "{ a = " * _DEEP + "1" + " }" * _DEEP,
+    "a dotted key": "bad." + ".".join(["a"] * _DEEP) + " = 1",
+    "a table header": "[bad." + ".".join(["a"] * _DEEP) + "]\nx = 1",
+    "an array of tables": "[[bad." + ".".join(["a"] * _DEEP) + "]]\nx = 1",
+}
+
+
+@pytest.mark.parametrize("shape", list(DEEP_NESTING))
+@pytest.mark.parametrize(
+    ("name", "prefix"),
+    [
+        ("bastion.toml", "[limits]\ncall_timeout_seconds = 9\n"),
+        ("connectors/deep.toml", 'command = "npx"\n# the next line nests too deep\n'),
+        ("policies/deep.toml", '[modes]\n"fs:*" = "deny"\n'),
+    ],
+)
+def test_deep_nesting_is_an_issue_at_its_line_and_the_other_files_still_load(
+    root: Path, shape: str, name: str, prefix: str
+) -> None:
+    path = write(root, name, prefix + DEEP_NESTING[shape] + "\n")
+    write(root, "connectors/fine.toml", 'command = "npx"\n')
+    write(root, "policies/fine.toml", '[modes]\n"fine:*" = "allow"\n')
+    config = load(root)
+    [(line, message)] = issues_of(config, path)
+    assert line == 3
+    assert str(MAX_NESTING) in message
+    assert [issue.file for issue in config.issues] == [path]
+    assert [connector.id for connector in config.connectors] == ["fine"]
+    assert config.policy.modes == {"fine:*": "allow"}
+    assert config.settings.limits.call_timeout_seconds == 30
+
+
+def test_nesting_up_to_the_limit_loads_and_one_level_more_does_not(root: Path) -> None:
+    arrays = MAX_NESTING  # `args` is level 1 and each array inside it one more
+    path = write(root, "connectors/edge.toml", f'command = "npx"\nargs = {"[" * arrays}{"]" * arrays}\n')
+    assert [line for line, _ in issues_of(load(root), path)] == [2]  # a list, not strings: a validation issue
+    path.write_text(f'command = "npx"\nargs = {"[" * (arrays + 1)}{"]" * (arrays + 1)}\n')
+    [(line, message)] = issues_of(load(root), path)
+    assert line == 2
+    assert str(MAX_NESTING) in message
 
 
 def test_issues_print_as_file_line_message(root: Path) -> None:
@@ -661,6 +707,14 @@ def test_the_locator_falls_back_to_the_table_then_to_line_one() -> None:
 def test_the_locator_never_fails_on_broken_text() -> None:
     for text in ['a = "unterminated\n[b', "[[", "x = [1, {", 'k = """never closed', "= = ="]:
         KeyIndex(text).line_of(("a", "b"))
+
+
+def test_the_locator_stops_at_the_first_line_nesting_too_deep() -> None:
+    text = "a = 1\nb = " + "[\n" * (MAX_NESTING + 1) + "]\n" * (MAX_NESTING + 1)  # level n on line n + 1
+    index = KeyIndex(text)
+    assert index.too_deep == MAX_NESTING + 2
+    assert index.line_of(("a",)) == 1
+    assert KeyIndex("b = " + "[" * MAX_NESTING).too_deep is None
 
 
 def test_a_syntax_error_at_end_of_document_points_at_the_last_line() -> None:

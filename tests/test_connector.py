@@ -25,6 +25,7 @@ from bastion.connectors.mcp import CORRELATION_META_KEY
 from bastion.errors import CallTimeout, ConnectorUnavailable, UnknownOutcome, UpstreamError
 from tests.downstream import FAILURE_CODE, FixtureServer, StreamTarget, default_tools
 from tests.harness import harness
+from tests.test_gateway import error_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WAIT = 10.0
@@ -213,8 +214,8 @@ async def test_through_the_gateway_a_result_off_its_output_schema_is_recorded_fa
     fixture.shapes_output = {"area": "large"}
     async with harness(tmp_path, fixture=fixture, modes={"fx:shapes": "allow"}) as h:
         result = await h.call("fx__shapes", {"at": [1, 2]})
-        assert result.is_error and result.structured_content is not None
-        error = result.structured_content["error"]
+        assert result.is_error
+        error = error_of(result)
         assert (error["class"], error["retriable"]) == ("upstream_error", False)
         invocation = await h.only_invocation()
         assert (invocation.status, invocation.error_class) == ("failed", "upstream_error")

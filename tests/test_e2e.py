@@ -24,6 +24,7 @@ from mcp.client.sse import sse_client
 
 from tests.processes import bastion_command, bastion_env, bastion_http, run_cli, stop, write_config
 from tests.test_cli import INVOCATION_KEYS
+from tests.test_gateway import error_of
 
 pytestmark = pytest.mark.anyio
 
@@ -87,8 +88,7 @@ def ledger_rows(config_dir: Path) -> list[dict[str, Any]]:
 
 def error_class(result: types.CallToolResult) -> str:
     assert result.is_error, result
-    assert result.structured_content is not None
-    return str(result.structured_content["error"]["class"])
+    return str(error_of(result)["class"])
 
 
 async def exercise_catalog(client: Client, notes_file: Path) -> None:

@@ -19,6 +19,7 @@ from mcp import Client, StdioServerParameters
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import Invocation, Status
 from tests.processes import bastion_command, bastion_env, bastion_http, write_config
+from tests.test_gateway import error_of
 
 pytestmark = pytest.mark.anyio
 T = TypeVar("T")
@@ -150,9 +151,8 @@ async def test_a_denial_from_another_process_reaches_the_blocked_host(
         await reaches(ledger, pending, "denied")
     (result,) = outcome
     assert result.is_error
-    assert result.structured_content is not None
-    assert result.structured_content["error"]["class"] == "approval_denied"
-    assert "no thanks" in result.structured_content["error"]["message"]
+    assert error_of(result)["class"] == "approval_denied"
+    assert "no thanks" in error_of(result)["message"]
     assert "x" not in json.loads(notes.read_text())
 
 
@@ -166,9 +166,8 @@ async def test_an_undecided_call_expires_for_the_host(configured: tuple[Path, Pa
     async with Client(params, cache=None) as client:
         with anyio.fail_after(30):
             result = await client.call_tool("notes__write_note", {"name": "x", "text": "y"})
-    assert result.structured_content is not None
-    assert result.structured_content["error"]["class"] == "approval_expired"
-    invocation_id = result.structured_content["error"]["invocation_id"]
+    assert error_of(result)["class"] == "approval_expired"
+    invocation_id = error_of(result)["invocation_id"]
     async with watching(config) as ledger:
         assert await kinds(ledger, invocation_id) == ["planned", "pending", "expired"]
 

@@ -14,6 +14,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.processes import bastion_command, bastion_env, bastion_http, run_cli, write_config
 from tests.test_e2e_approvals import one, reaches, watching
+from tests.test_gateway import error_of
 
 pytestmark = pytest.mark.anyio
 
@@ -99,7 +100,6 @@ async def test_an_agent_token_with_a_profile_binds_its_sessions_to_that_profile(
             async with client:
                 result = await client.call_tool("notes__read_note", {"name": "a"})
         assert result.is_error
-        assert result.structured_content is not None
-        assert result.structured_content["error"]["class"] == "policy_denied"
+        assert error_of(result)["class"] == "policy_denied"
         denied = await one(ledger, "denied")
         assert (denied.profile, denied.mode_source, denied.principal) == ("nightly", "profile", "night-agent")

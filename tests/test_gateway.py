@@ -21,9 +21,13 @@ pytestmark = pytest.mark.anyio
 
 
 def error_of(result: types.CallToolResult) -> dict[str, Any]:
+    """The error of a refusal: in `_meta` always, and in `structuredContent` too unless the tool declares an
+    outputSchema (which the error would break)."""
     assert result.is_error
-    assert result.structured_content is not None
-    error: dict[str, Any] = result.structured_content["error"]
+    assert result.meta is not None
+    error: dict[str, Any] = result.meta["io.bastion/error"]
+    if result.structured_content is not None:
+        assert result.structured_content["error"] == error
     return error
 
 

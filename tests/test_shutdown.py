@@ -27,6 +27,7 @@ from mcp.client.sse import sse_client
 from mcp.shared.message import SessionMessage
 
 from tests.processes import READY, bastion_command, bastion_env, write_config
+from tests.test_gateway import error_of
 
 pytestmark = pytest.mark.anyio
 
@@ -166,12 +167,6 @@ def statuses(config: Path) -> dict[str, str]:
         check=True,
     )
     return {row["tool"]: row["status"] for row in json.loads(listed.stdout)}
-
-
-def error_of(result: types.CallToolResult) -> dict[str, Any]:
-    assert result.is_error and result.structured_content is not None, result
-    error: dict[str, Any] = result.structured_content["error"]
-    return error
 
 
 @pytest.mark.parametrize(("transport", "signum"), [("http", signal.SIGTERM), ("stdio", signal.SIGINT)])

@@ -1,7 +1,7 @@
 """`bastion`: the command line and the composition root (config -> ledger -> sources -> gateway -> server).
 
 `app` holds the typer application and what commands share; each other module registers one command
-group on it when imported: `serve`, `inspect` (catalog, connectors, invocations, doctor, init),
+group on it when imported: `serve`, `inspect` (catalog, connectors, invocations, init), `doctor`,
 `approvals` (+ `watch`), `pins` and `tokens`. Exit statuses: 0 success, 1 a refused operation, 2 a usage or
 config error.
 """
@@ -9,30 +9,46 @@ config error.
 from __future__ import annotations
 
 import os
+import sys
 
 # Each module registers its commands on `app` when imported; this order is the order of `bastion --help`.
 # isort: off
-from bastion.cli import serve, inspect, approvals, watch, pins, tokens
+from bastion.cli import serve, inspect, doctor, approvals, watch, pins, tokens
 
 # isort: on
-from bastion.cli.app import Exit, app, err
+import typer
+
+from bastion.cli.app import JSON_FLAG, USAGE_ERROR, Exit, app, emit_json, err
 from bastion.cli.logs import LOG_LEVEL_ENV_VAR, configure_logging, parse_level
 
 __all__ = ["app", "main"]
 
-COMMAND_GROUPS = (serve, inspect, approvals, watch, pins, tokens)
+COMMAND_GROUPS = (serve, inspect, doctor, approvals, watch, pins, tokens)
+PROG_NAME = "bastion"
 
 
 def main() -> None:
-    """Console entry point."""
+    """Console entry point: errors as `error: ...` lines on stderr, or under `--json` as JSON on stdout."""
+    as_json = JSON_FLAG in sys.argv[1:]
     try:
         level = parse_level(os.environ.get(LOG_LEVEL_ENV_VAR))
     except ValueError as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False)
+        if as_json:
+            emit_json({"error": {"class": USAGE_ERROR, "message": str(exc)}})
+        else:
+            err.print(f"error: {exc}", markup=False, highlight=False)
         raise SystemExit(2) from None
     configure_logging(level)
     try:
-        app()
+        # Under --json, typer hands usage errors back (not standalone) so that they are printed as JSON too.
+        status = app(prog_name=PROG_NAME, standalone_mode=not as_json)
     except Exit as exc:
-        err.print(str(exc), markup=False, highlight=False)
+        if as_json:
+            emit_json(exc.json())
+        else:
+            err.print(str(exc), markup=False, highlight=False)
         raise SystemExit(exc.code) from None
+    except typer.TyperException as exc:  # --json only: a usage error found while parsing the command line
+        emit_json({"error": {"class": USAGE_ERROR, "message": exc.format_message()}})
+        raise SystemExit(exc.exit_code) from None
+    raise SystemExit(status if isinstance(status, int) else 0)

@@ -11,8 +11,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Final, TypeVar
@@ -20,20 +20,30 @@ from typing import Annotated, Any, Final, TypeVar
 import anyio
 import typer
 from rich.console import Console
+from rich.live import Live
+from rich.spinner import Spinner
+from rich.text import Text
 
+from bastion import __version__
 from bastion.cli.logs import use_redactor
 from bastion.config import Config, find_config_dir, load_config
 from bastion.connectors import McpConnector
-from bastion.errors import BastionError, ConfigError
+from bastion.errors import BastionError, ConfigError, NotFound
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
+from bastion.models import Invocation
+from bastion.pipeline.authority import resolve_invocation_id
 from bastion.pipeline.gateway import Gateway
+
+USAGE_ERROR: Final = "usage_error"
+"""The error class of a command line used wrongly (exit 2), in `--json` error output."""
+JSON_FLAG: Final = "--json"
 
 app = typer.Typer(
     help="Bastion: one policy-gated, audited MCP gateway for your agents' side effects.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 out = Console(soft_wrap=True)
@@ -46,7 +56,9 @@ ConfigOption = Annotated[
         "--config", "-c", help="Configuration directory (else $BASTION_CONFIG, ./bastion.toml, ~/.config/bastion)."
     ),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON instead of a table.")]
+JsonOption = Annotated[
+    bool, typer.Option(JSON_FLAG, help='Print JSON for scripts instead of text; errors too, as {"error": ...}.')
+]
 T = TypeVar("T")
 
 PRINCIPAL_ENV_VAR: Final = "BASTION_PRINCIPAL"
@@ -54,21 +66,50 @@ TIME_FORMAT: Final = "%Y-%m-%d %H:%M:%S"
 
 
 class Exit(Exception):
-    """A clean stop with a message and an exit status."""
+    """A clean stop: the line people see (`error: ...`), the exit status, and the error class for `--json`."""
 
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, message: str, code: int, error_class: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.error_class = error_class or (USAGE_ERROR if code == 2 else "refused")
+
+    @classmethod
+    def of(cls, exc: BastionError) -> Exit:
+        """Bastion's error as an exit: a configuration error exits 2, any other refusal 1 (named by its class)."""
+        if isinstance(exc, ConfigError):
+            return cls(f"error: {exc.message}", 2, exc.error_class)
+        return cls(f"error: {exc.error_class}: {exc.message}", 1, exc.error_class)
+
+    def json(self) -> dict[str, Any]:
+        """`{"error": {"class", "message"}}`: what `--json` prints instead of the line."""
+        message = str(self).removeprefix("error: ").removeprefix(f"{self.error_class}: ")
+        return {"error": {"class": self.error_class, "message": message}}
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(__version__, markup=False, highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", "-V", callback=_print_version, is_eager=True, help="Print Bastion's version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Options that come before any command."""
 
 
 def run_async(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
     """Run a command's async body, turning Bastion's errors into exit statuses (config 2, refusals 1)."""
     try:
         return anyio.run(fn, *args)
-    except ConfigError as exc:
-        raise Exit(f"error: {exc.message}", 2) from exc
     except BastionError as exc:
-        raise Exit(f"error: {exc.error_class}: {exc.message}", 1) from exc
+        raise Exit.of(exc) from exc
 
 
 def emit_json(data: Any) -> None:
@@ -89,7 +130,9 @@ def approver_principal() -> str:
     try:
         return f"local:{getpass.getuser()}"
     except (OSError, KeyError) as exc:  # no login name in the environment nor in the user database
-        raise Exit(f"error: cannot tell who you are; set ${PRINCIPAL_ENV_VAR} to name the approver", 2) from exc
+        raise Exit(
+            f"error: cannot tell who you are; set ${PRINCIPAL_ENV_VAR} to name the approver", 2, ConfigError.error_class
+        ) from exc
 
 
 # -- composition ------------------------------------------------------------------------------------
@@ -100,7 +143,7 @@ def load(config_dir: Path | None, *, report: bool = True) -> Config:
     try:
         directory = find_config_dir(config_dir, env=os.environ, cwd=Path.cwd(), home=Path.home())
     except ConfigError as exc:
-        raise Exit(f"error: {exc.message}", 2) from exc
+        raise Exit.of(exc) from exc
     config = load_config(directory)
     if report:
         for issue in config.issues:
@@ -118,12 +161,52 @@ async def open_ledger(config: Config) -> AsyncIterator[OpenLedger]:
         yield ledger
 
 
+async def find_invocation(ledger: OpenLedger, config: Config, text: str) -> Invocation:
+    """The invocation `text` names (its id or a unique prefix); NotFound names the ledger looked in."""
+    try:
+        invocation = await ledger.invocations.get(await resolve_invocation_id(ledger.invocations, text))
+    except NotFound as exc:
+        raise NotFound(f"{exc.message} in {config.ledger_url}", invocation_id=text) from exc
+    if invocation is None:
+        raise NotFound(f"no invocation {text!r} in {config.ledger_url}", invocation_id=text)
+    return invocation
+
+
+class StartupProgress:
+    """What the spinner says while connectors start: how many are ready or down, and which are still starting.
+
+    Rendered afresh at every refresh of the spinner (from its thread), so it needs no updates of its own.
+    """
+
+    def __init__(self, sources: Sequence[McpConnector]) -> None:
+        self.sources = sources
+
+    def __rich__(self) -> Text:
+        states = [source.status.state for source in self.sources]
+        waiting = [source.source_id for source in self.sources if source.status.state == "starting"]
+        line = f"starting {len(states)} connector(s): {states.count('ready')} ready, {states.count('down')} down"
+        return Text(line + (f"; waiting for {', '.join(waiting)}" if waiting else ""))
+
+
+@contextmanager
+def startup_spinner(sources: Sequence[McpConnector], *, show: bool) -> Iterator[None]:
+    """A spinner on stderr while `sources` start, when `show` and stderr is a terminal; erased when done."""
+    if not (show and sources and err.is_terminal):
+        yield
+        return
+    with Live(Spinner("dots", text=StartupProgress(sources)), console=err, transient=True, refresh_per_second=10):
+        yield
+
+
 @asynccontextmanager
-async def open_gateway(config: Config) -> AsyncIterator[Gateway]:
-    """A running gateway over every configured connector (the disabled ones are not started) and the ledger."""
+async def open_gateway(config: Config, *, progress: bool = False) -> AsyncIterator[Gateway]:
+    """A running gateway over every configured connector (the disabled ones are not started) and the ledger.
+    With `progress`, a spinner on stderr (a terminal only) says how the connectors are starting."""
     list_timeout = config.settings.limits.list_timeout_seconds
     sources = [McpConnector(c, list_timeout=list_timeout) for c in config.connectors]
-    async with open_ledger(config) as ledger:
+    async with open_ledger(config) as ledger, AsyncExitStack() as running:
         gateway = Gateway(config, ledger, sources)
-        async with gateway.running():
-            yield gateway
+        disabled = set(config.policy.sources.disabled)
+        with startup_spinner([s for s in sources if s.source_id not in disabled], show=progress):
+            await running.enter_async_context(gateway.running())
+        yield gateway

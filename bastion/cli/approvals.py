@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 from rich.table import Table
@@ -21,6 +21,7 @@ from bastion.cli.app import (
     app,
     approver_principal,
     emit_json,
+    find_invocation,
     load,
     open_ledger,
     out,
@@ -29,11 +30,12 @@ from bastion.cli.app import (
 )
 from bastion.cli.inspect import details_table
 from bastion.cli.remote import RemoteApi, TokenOption, UrlOption, remote_api
+from bastion.cli.tables import Column, fitted_table
 from bastion.config import Config
-from bastion.errors import ConfigError, NotFound
+from bastion.errors import ConfigError
 from bastion.models import Invocation, utcnow
 from bastion.pipeline import authority
-from bastion.pipeline.authority import local_owner
+from bastion.pipeline.authority import MIN_ID_PREFIX, local_owner
 from bastion.pipeline.views import DEFAULT_LIMIT, expires_in, invocation_json, pending_json
 from bastion.pipeline.views import pending_invocations as pending_invocations  # re-exported for `approvals watch`
 
@@ -43,7 +45,11 @@ approvals_app = typer.Typer(
 )
 app.add_typer(approvals_app, name="approvals")
 
-IdArgument = Annotated[str, typer.Argument(help="The pending invocation's id (see `bastion approvals list`).")]
+_ID_FORMS = f"its id, or the first {MIN_ID_PREFIX}+ characters of it"
+
+
+def _id_argument(what: str) -> Any:
+    return typer.Argument(help=f"{what}: {_ID_FORMS} (see `bastion approvals list`).", show_default=False)
 
 
 # -- shared with `approvals watch` ------------------------------------------------------------------
@@ -62,18 +68,24 @@ def format_seconds(seconds: int | None) -> str:
     return f"{minutes}m {rest:02d}s" if minutes else f"{rest}s"
 
 
-def pending_table(pending: list[Invocation], now: datetime, *, selected: str | None = None) -> Table:
-    """The pending invocations as a table; the `selected` one is highlighted."""
-    table = Table(title=f"{len(pending)} pending")
-    table.add_column("id", no_wrap=True)
-    table.add_column("created")
-    table.add_column("tool", overflow="fold")
-    table.add_column("session", overflow="fold")
-    table.add_column("principal", overflow="fold")
-    table.add_column("expires in", no_wrap=True)
-    table.add_column("drift")
-    for invocation in pending:
-        table.add_row(
+PENDING_COLUMNS: Final = (
+    Column("id", "id"),
+    Column("created", "time", optional=True),
+    Column("tool"),
+    Column("session", optional=True),
+    Column("principal", optional=True),
+    Column("expires in", "word"),
+    Column("drift", "word"),
+)
+
+
+def pending_table(
+    pending: list[Invocation], now: datetime, *, width: int, selected: str | None = None, total: int | None = None
+) -> Table:
+    """The pending invocations as a table `width` columns wide; the `selected` one is highlighted. `total`: how
+    many are pending in all, when the table shows only some of them."""
+    rows = [
+        (
             invocation.id,
             timestamp(invocation.created_at),
             invocation.tool,
@@ -81,9 +93,12 @@ def pending_table(pending: list[Invocation], now: datetime, *, selected: str | N
             invocation.principal or "",
             format_seconds(expires_in(invocation, now)),
             "drifted" if invocation.drift is not None else "",
-            style="reverse" if invocation.id == selected else None,
         )
-    return table
+        for invocation in pending
+    ]
+    styles = ["reverse" if invocation.id == selected else None for invocation in pending]
+    title = f"{len(pending) if total is None else total} pending"
+    return fitted_table(PENDING_COLUMNS, rows, width=width, title=title, row_styles=styles)
 
 
 def decide_commands(config: Config, invocation_id: str) -> dict[str, str]:
@@ -130,14 +145,14 @@ def approvals_list(
     if as_json:
         emit_json([pending_json(i, now) for i in pending])
         return
-    out.print(pending_table(pending, now))
+    out.print(pending_table(pending, now, width=out.width))
     if pending:
-        out.print("decide with: bastion approvals show ID | approve ID | deny ID", highlight=False)
+        out.print("decide with: bastion approvals show|approve|deny ID", highlight=False)
 
 
 @approvals_app.command("show")
 def approvals_show(
-    invocation_id: IdArgument,
+    invocation_id: Annotated[str, _id_argument("The invocation to show, pending or not")],
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
@@ -155,7 +170,7 @@ def approvals_show(
             data = pending_json(invocation, utcnow())
             data["events"] = detail.get("events", [])
             flags = f" --url {shlex.quote(remote_api.base)}"
-            target = shlex.quote(invocation_id)
+            target = shlex.quote(invocation.id)
             data["commands"] = (
                 {
                     "approve": f"bastion approvals approve {target}{flags}",
@@ -172,12 +187,10 @@ def approvals_show(
 
     async def run() -> dict[str, Any]:
         async with open_ledger(config) as ledger:
-            invocation = await ledger.invocations.get(invocation_id)
-            if invocation is None:
-                raise NotFound(f"no invocation {invocation_id!r} in {config.ledger_url}")
+            invocation = await find_invocation(ledger, config, invocation_id)
             data = pending_json(invocation, utcnow())
-            data["events"] = [e.model_dump(mode="json") for e in await ledger.invocations.events(invocation_id)]
-            data["commands"] = decide_commands(config, invocation_id) if invocation.status == "pending" else None
+            data["events"] = [e.model_dump(mode="json") for e in await ledger.invocations.events(invocation.id)]
+            data["commands"] = decide_commands(config, invocation.id) if invocation.status == "pending" else None
             return data
 
     _show(run_async(run), as_json)
@@ -201,7 +214,7 @@ def _show(data: dict[str, Any], as_json: bool) -> None:
 
 @approvals_app.command("approve")
 def approvals_approve(
-    invocation_id: IdArgument,
+    invocation_id: Annotated[str, _id_argument("The pending invocation to approve")],
     note: Annotated[str | None, typer.Option(help="A note kept in the ledger with your decision.")] = None,
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
@@ -214,7 +227,7 @@ def approvals_approve(
 
 @approvals_app.command("deny")
 def approvals_deny(
-    invocation_id: IdArgument,
+    invocation_id: Annotated[str, _id_argument("The pending invocation to deny")],
     reason: Annotated[str | None, typer.Option(help="Why; the agent is told this reason.")] = None,
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
@@ -239,9 +252,8 @@ def _decide(
 
         async def remotely() -> tuple[Invocation, str]:
             async with remote_api:
-                answer = await remote_api.decide(invocation_id, approve=approve, note=note)
-                detail = await remote_api.invocation(invocation_id)
-            decided = Invocation.model_validate(answer)
+                decided = Invocation.model_validate(await remote_api.decide(invocation_id, approve=approve, note=note))
+                detail = await remote_api.invocation(decided.id)
             by = [e.get("detail", {}).get("by") for e in detail.get("events", []) if e.get("kind") == decided.status]
             return decided, str(by[-1]) if by and by[-1] else "your token"
 
@@ -267,4 +279,4 @@ def _remote(url: str | None, token: str | None) -> RemoteApi | None:
     try:
         return remote_api(url, token)
     except ConfigError as exc:
-        raise Exit(f"error: {exc.message}", 2) from exc
+        raise Exit.of(exc) from exc

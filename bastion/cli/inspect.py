@@ -1,11 +1,10 @@
-"""Looking at a configuration and its ledger: `catalog`, `connectors`, `invocations`, `doctor`, `init`, `version`."""
+"""Looking at a configuration and its ledger: `catalog`, `connectors`, `invocations`, `init`, `version`."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 from rich.table import Table
@@ -17,6 +16,7 @@ from bastion.cli.app import (
     JsonOption,
     app,
     emit_json,
+    find_invocation,
     load,
     open_gateway,
     open_ledger,
@@ -24,9 +24,11 @@ from bastion.cli.app import (
     run_async,
     timestamp,
 )
-from bastion.config import find_config_dir, init_config_dir, load_config
-from bastion.errors import ConfigError, NotFound
+from bastion.cli.tables import Column, fitted_table
+from bastion.config import init_config_dir
+from bastion.errors import ConfigError, ConnectorUnavailable, NotFound
 from bastion.models import STATUSES, CallContext, Invocation, Status
+from bastion.pipeline.authority import MIN_ID_PREFIX
 from bastion.pipeline.views import invocation_detail_json, invocation_json
 
 connectors_app = typer.Typer(help="Downstream MCP servers: status and checks.", no_args_is_help=True)
@@ -37,6 +39,32 @@ app.add_typer(invocations_app, name="invocations")
 
 # -- catalog and connectors -------------------------------------------------------------------------
 
+CATALOG_COLUMNS: Final = (
+    Column("tool"),
+    Column("source", "word"),
+    Column("risk", "word"),
+    Column("mode", "word"),
+    Column("mode source", optional=True),
+    Column("drift", "word", optional=True),
+    Column("hidden", "word", optional=True),
+)
+CONNECTOR_COLUMNS: Final = (
+    Column("connector", "id"),
+    Column("state", "word"),
+    Column("tools", "word"),
+    Column("protocol", "word", optional=True),
+    Column("last error"),
+)
+INVOCATION_COLUMNS: Final = (
+    Column("id", "id"),
+    Column("created", "time", optional=True),
+    Column("tool"),
+    Column("status", "word"),
+    Column("mode", "word", optional=True),
+    Column("mode source", optional=True),
+    Column("error"),
+)
+
 
 @app.command()
 def catalog(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
@@ -44,7 +72,7 @@ def catalog(config_dir: ConfigOption = None, as_json: JsonOption = False) -> Non
     config = load(config_dir)
 
     async def run() -> list[dict[str, Any]]:
-        async with open_gateway(config) as gateway:
+        async with open_gateway(config, progress=not as_json) as gateway:
             rows = []
             for entry in gateway.catalog.entries.values():
                 decision = gateway.decide(entry, CallContext(session_id="cli"))
@@ -67,30 +95,39 @@ def catalog(config_dir: ConfigOption = None, as_json: JsonOption = False) -> Non
     if as_json:
         emit_json(rows)
         return
-    table = Table("tool", "source", "risk", "mode", "mode source", "drift", "hidden", title=f"{len(rows)} tools")
-    for r in rows:
-        drift = "drifted" if r["drift"] else ""
-        hidden = "yes" if r["hidden"] else ""
-        table.add_row(r["tool"], r["source_id"], r["risk"], r["mode"], r["mode_source"], drift, hidden)
-    out.print(table)
+    cells = [
+        (
+            r["tool"],
+            r["source_id"],
+            r["risk"],
+            r["mode"],
+            r["mode_source"],
+            "drifted" if r["drift"] else "",
+            "yes" if r["hidden"] else "",
+        )
+        for r in rows
+    ]
+    out.print(fitted_table(CATALOG_COLUMNS, cells, width=out.width, title=f"{len(rows)} tools"))
 
 
 @connectors_app.command("list")
 def connectors_list(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
-    """Connect to every connector once and show its status, tool count and last error."""
+    """Start every connector once and show its state, tool count, protocol version and last error."""
     _show_connectors(config_dir, None, as_json)
 
 
 @connectors_app.command("check")
 def connectors_check(
-    source_id: Annotated[str | None, typer.Argument(help="Connector id (default: all).")] = None,
+    source_id: Annotated[str | None, typer.Argument(help="The one connector to check, by id (default: all).")] = None,
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Connect and list; exit 1 when a checked connector is not ready."""
+    """Start the connectors (all, or SOURCE_ID), show their status as `list` does; exit 1 if one is not ready."""
     statuses = _show_connectors(config_dir, source_id, as_json)
     if any(s["state"] != "ready" for s in statuses):
-        raise Exit("error: a connector is not ready; see last_error above", 1)
+        if as_json:
+            raise typer.Exit(1)  # the statuses printed are the whole answer; a second document would break it
+        raise Exit.of(ConnectorUnavailable("a connector is not ready; see its last error above"))
 
 
 def _show_connectors(config_dir: Path | None, only: str | None, as_json: bool) -> list[dict[str, Any]]:
@@ -98,21 +135,25 @@ def _show_connectors(config_dir: Path | None, only: str | None, as_json: bool) -
     if only is not None:
         if only not in {c.id for c in config.connectors}:
             known = ", ".join(sorted(c.id for c in config.connectors)) or "none"
-            raise Exit(f"error: no connector {only!r} (known: {known})", 1)
+            raise Exit.of(NotFound(f"no connector {only!r} (known: {known})"))
         config = config.model_copy(update={"connectors": [c for c in config.connectors if c.id == only]})
 
     async def run() -> list[dict[str, Any]]:
-        async with open_gateway(config) as gateway:
+        async with open_gateway(config, progress=not as_json) as gateway:
             return [s.model_dump(mode="json") for s in gateway.statuses()]
 
     statuses = run_async(run)
     if as_json:
         emit_json(statuses)
         return statuses
-    table = Table("connector", "state", "tools", "protocol", "last error")
+    rows = [
+        (s["source_id"], s["state"], str(s["tools"]), s["protocol_version"] or "", s["last_error"] or "")
+        for s in statuses
+    ]
+    out.print(fitted_table(CONNECTOR_COLUMNS, rows, width=out.width))
     for s in statuses:
-        table.add_row(s["source_id"], s["state"], str(s["tools"]), s["protocol_version"] or "", s["last_error"] or "")
-    out.print(table)
+        if s["last_error"]:  # whole here: the table may have cut it
+            out.print(f"{s['source_id']}: {s['last_error']}", markup=False, highlight=False)
     return statuses
 
 
@@ -140,10 +181,10 @@ def invocations_list(
     if as_json:
         emit_json([invocation_json(i) for i in found])
         return
-    table = Table("id", "created", "tool", "status", "mode", "mode source", "error", title=f"{len(found)} invocations")
-    for i in found:
-        table.add_row(i.id, timestamp(i.created_at), i.tool, i.status, i.mode, i.mode_source, i.error_class or "")
-    out.print(table)
+    rows = [
+        (i.id, timestamp(i.created_at), i.tool, i.status, i.mode, i.mode_source, i.error_class or "") for i in found
+    ]
+    out.print(fitted_table(INVOCATION_COLUMNS, rows, width=out.width, title=f"{len(found)} invocations"))
 
 
 def _status(value: str | None) -> Status | None:
@@ -155,7 +196,13 @@ def _status(value: str | None) -> Status | None:
 
 @invocations_app.command("show")
 def invocations_show(
-    invocation_id: Annotated[str, typer.Argument(help="The invocation id.")],
+    invocation_id: Annotated[
+        str,
+        typer.Argument(
+            help=f"The invocation: its id, or the first {MIN_ID_PREFIX}+ characters of it (see `bastion invocations "
+            "list`)."
+        ),
+    ],
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -164,10 +211,8 @@ def invocations_show(
 
     async def run() -> dict[str, Any]:
         async with open_ledger(config) as ledger:
-            invocation = await ledger.invocations.get(invocation_id)
-            if invocation is None:
-                raise NotFound(f"no invocation {invocation_id!r} in {config.ledger_url}")
-            return invocation_detail_json(invocation, await ledger.invocations.events(invocation_id))
+            invocation = await find_invocation(ledger, config, invocation_id)
+            return invocation_detail_json(invocation, await ledger.invocations.events(invocation.id))
 
     data = run_async(run)
     if as_json:
@@ -192,28 +237,7 @@ def details_table(data: dict[str, Any]) -> Table:
     return table
 
 
-# -- doctor, init and version -----------------------------------------------------------------------
-
-
-@app.command()
-def doctor(config_dir: ConfigOption = None) -> None:
-    """Validate the configuration: every problem with file:line, exit 2 if there is any."""
-    try:
-        directory = find_config_dir(config_dir, env=os.environ, cwd=Path.cwd(), home=Path.home())
-    except ConfigError as exc:
-        raise Exit(f"error: {exc.message}", 2) from exc
-    config = load_config(directory)
-    where = str(directory) if directory else "embedded default configuration"
-    for issue in config.issues:
-        out.print(f"error: {issue}", markup=False, highlight=False)
-    if config.issues:
-        raise Exit(f"{len(config.issues)} problem(s) in {where}", 2)
-    out.print(
-        f"ok: {where}: {len(config.connectors)} connector(s), "
-        f"{len(config.policy.modes)} org mode(s), {len(config.policy.profiles)} profile(s); ledger {config.ledger_url}",
-        markup=False,
-        highlight=False,
-    )
+# -- init and version -----------------------------------------------------------------------
 
 
 @app.command()
@@ -222,7 +246,7 @@ def init(directory: Annotated[Path, typer.Argument(help="Where to write a starte
     try:
         written = init_config_dir(directory)
     except ConfigError as exc:
-        raise Exit(f"error: {exc.message}", 2) from exc
+        raise Exit.of(exc) from exc
     for path in written:
         out.print(f"wrote {path}", markup=False, highlight=False)
     out.print(f"next: bastion doctor --config {directory}  then  bastion serve --config {directory}", highlight=False)

@@ -5,10 +5,9 @@ Drift never clears by itself: only an approver accepts a drifted definition, whi
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Final
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from bastion.cli.app import (
@@ -24,6 +23,7 @@ from bastion.cli.app import (
     run_async,
     timestamp,
 )
+from bastion.cli.tables import Column, fitted_table
 from bastion.errors import Conflict, NotFound
 from bastion.models import Pin
 from bastion.pipeline.authority import accept_pins, local_owner
@@ -35,6 +35,13 @@ pins_app = typer.Typer(
 app.add_typer(pins_app, name="pins")
 
 FINGERPRINT_PREFIX = 12
+PIN_COLUMNS: Final = (
+    Column("key", "id"),
+    Column("pinned by", optional=True),
+    Column("pinned at", "time", optional=True),
+    Column("fingerprint", "word"),
+    Column("drift", "word"),
+)
 _DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("+", "green"), ("-", "red"))
 
 
@@ -65,22 +72,18 @@ def pins_list(
     if as_json:
         emit_json([pin_json(pin) for pin in pins])
         return
-    title = f"{len(pins)} {'drifted ' if drifted else ''}pins"
-    table = Table(title=title)
-    table.add_column("key", overflow="fold")
-    table.add_column("pinned by", overflow="fold")
-    table.add_column("pinned at")
-    table.add_column("fingerprint", no_wrap=True)
-    table.add_column("drift")
-    for pin in pins:
-        table.add_row(
+    rows = [
+        (
             pin.key,
             pin.pinned_by or "",
             timestamp(pin.pinned.seen_at),
             pin.pinned.fingerprint[:FINGERPRINT_PREFIX],
             "drifted" if pin.drift is not None else "",
         )
-    out.print(table)
+        for pin in pins
+    ]
+    title = f"{len(pins)} {'drifted ' if drifted else ''}pins"
+    out.print(fitted_table(PIN_COLUMNS, rows, width=out.width, title=title))
     for pin in pins:
         diff = drift_diff(pin)
         if pin.drift is None or diff is None:

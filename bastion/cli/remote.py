@@ -14,18 +14,9 @@ import httpx2
 import typer
 
 from bastion.errors import (
-    ApprovalExpired,
-    BastionError,
     ConfigError,
-    Conflict,
-    Forbidden,
-    InvalidArguments,
-    NotFound,
-    PendingLimit,
-    RateLimited,
-    Unauthenticated,
-    UpstreamError,
 )
+from bastion.server.errors import from_http
 
 URL_ENV_VAR = "BASTION_URL"
 TOKEN_ENV_VAR = "BASTION_TOKEN"
@@ -38,21 +29,6 @@ TokenOption = Annotated[
     str | None,
     typer.Option("--token", help=f"An owner or admin token for the remote Bastion (or ${TOKEN_ENV_VAR})."),
 ]
-
-_ERRORS: dict[str, type[BastionError]] = {
-    cls.error_class: cls
-    for cls in (
-        NotFound,
-        Conflict,
-        ApprovalExpired,
-        Forbidden,
-        Unauthenticated,
-        InvalidArguments,
-        PendingLimit,
-        RateLimited,
-        UpstreamError,
-    )
-}
 
 
 class RemoteApi:
@@ -94,13 +70,12 @@ class RemoteApi:
             body = None
         if response.is_success and isinstance(body, dict):
             return body
-        error = body.get("error") if isinstance(body, dict) else None
-        if not isinstance(error, dict):
+        refusal = from_http(response.status_code, body)
+        if refusal is None:
             raise ConfigError(
                 f"{self.base} answered {response.status_code} without a Bastion error body; is it a Bastion API?"
             )
-        cls = _ERRORS.get(str(error.get("class")), UpstreamError)
-        raise cls(str(error.get("message")), invocation_id=error.get("invocation_id"))
+        raise refusal
 
 
 def remote_api(url: str | None, token: str | None) -> RemoteApi | None:

@@ -76,7 +76,7 @@ def serve(
                         tokens = await gateway.ledger.tokens.has_tokens()
 
                         def ready(base_url: str) -> None:
-                            _print_connect_help(config, base_url, len(gateway.catalog.tools), tokens=tokens)
+                            _print_connect_help(config, base_url, len(gateway.tools), tokens=tokens)
 
                         front = shutdown.serving(FrontDoor(gateway, profile=profile))
                         await serve_http(

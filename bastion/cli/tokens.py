@@ -7,12 +7,12 @@ a new one.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
-from rich.table import Table
 
 from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, load, open_ledger, out, run_async, timestamp
+from bastion.cli.tables import Column, fitted_table
 from bastion.config import validate_profile
 from bastion.errors import ConfigError
 from bastion.ledger.tokens import validate_token_name
@@ -21,7 +21,13 @@ from bastion.models import ROLES, Role, TokenInfo, utcnow
 tokens_app = typer.Typer(help="Bearer tokens for the HTTP surface: create, list, revoke.", no_args_is_help=True)
 app.add_typer(tokens_app, name="tokens")
 
-NameArgument = Annotated[str, typer.Argument(help="The token's name, recorded as the principal of what it does.")]
+TOKEN_COLUMNS: Final = (
+    Column("name", "id"),
+    Column("role", "word"),
+    Column("profile"),
+    Column("created", "time"),
+    Column("revoked", "time", optional=True),
+)
 
 
 def token_json(token: TokenInfo) -> dict[str, Any]:
@@ -33,7 +39,7 @@ def token_json(token: TokenInfo) -> dict[str, Any]:
 
 @tokens_app.command("create")
 def tokens_create(
-    name: NameArgument,
+    name: Annotated[str, typer.Argument(help="The new token's name, recorded as the principal of what it does.")],
     role: Annotated[Role, typer.Option("--role", help=f"What the token may do: {', '.join(ROLES)}.")],
     profile: Annotated[
         str | None, typer.Option("--profile", help="Agent tokens only: the profile their sessions use.")
@@ -53,7 +59,7 @@ def tokens_create(
         try:
             validate_profile(config, profile)
         except ConfigError as exc:
-            raise Exit(f"error: {exc.message}", 2) from exc
+            raise Exit.of(exc) from exc
     now = utcnow()
 
     async def run() -> str:
@@ -90,20 +96,26 @@ def tokens_list(config_dir: ConfigOption = None, as_json: JsonOption = False) ->
         emit_json([token_json(token) for token in tokens])
         return
     active = sum(token.active for token in tokens)
-    table = Table(title=f"{len(tokens)} tokens ({active} active)")
-    table.add_column("name", overflow="fold")
-    table.add_column("role")
-    table.add_column("profile", overflow="fold")
-    table.add_column("created", no_wrap=True)
-    table.add_column("revoked", no_wrap=True)
-    for token in tokens:
-        revoked = timestamp(token.revoked_at) if token.revoked_at is not None else ""
-        table.add_row(token.name, token.role, token.profile or "", timestamp(token.created_at), revoked)
-    out.print(table)
+    rows = [
+        (
+            token.name,
+            token.role,
+            token.profile or "",
+            timestamp(token.created_at),
+            timestamp(token.revoked_at) if token.revoked_at is not None else "",
+        )
+        for token in tokens
+    ]
+    title = f"{len(tokens)} tokens ({active} active)"
+    out.print(fitted_table(TOKEN_COLUMNS, rows, width=out.width, title=title))
 
 
 @tokens_app.command("revoke")
-def tokens_revoke(name: NameArgument, config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
+def tokens_revoke(
+    name: Annotated[str, typer.Argument(help="The active token to revoke, by name (see `bastion tokens list`).")],
+    config_dir: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
     """Revoke the active token NAME: requests presenting it are refused from now on."""
     config = load(config_dir, report=False)
     now = utcnow()

@@ -1,79 +1,109 @@
-"""`bastion approvals watch`: a live view of pending invocations, decided with single key presses.
+"""`bastion approvals watch`: a live view of pending invocations, decided with key presses.
 
-The view redraws whenever the ledger changes (in this or any other process) and once a second so the
-expiry countdown moves. Keys are read in cbreak mode; the terminal's mode is restored on every exit.
+The view lists the pending calls and shows the selected one in detail: what it is, who asked, the time left,
+its redacted args and its drift diff. `a` asks for an optional note and `d` for a reason, then each asks for
+confirmation before anything is decided. Locally the view redraws whenever the ledger changes (in any
+process); with `--url` it asks the remote Bastion's API; and once a second anyway, so the countdowns move.
+Keys are read in cbreak mode; the terminal's mode is restored on every exit.
 """
 
 from __future__ import annotations
 
+import codecs
+import json
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Final
+from datetime import datetime
+from typing import Final, Protocol
 
 import anyio
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.table import Table
 from rich.text import Text
 
-from bastion.cli.app import ConfigOption, Exit, approver_principal, load, open_ledger, run_async
-from bastion.cli.approvals import approvals_app, pending_invocations, pending_table
-from bastion.config import Config
-from bastion.errors import BastionError, ChangesLost
+from bastion.cli.app import ConfigOption, Exit, approver_principal, load, open_ledger, run_async, timestamp
+from bastion.cli.approvals import approvals_app, format_seconds, pending_invocations, pending_table
+from bastion.cli.pins import diff_text
+from bastion.cli.remote import RemoteApi, TokenOption, UrlOption, remote_api
+from bastion.errors import BastionError, ChangesLost, ConfigError
 from bastion.ledger import OpenLedger
-from bastion.models import Invocation, utcnow
+from bastion.models import Invocation, Principal, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.authority import local_owner
+from bastion.pipeline.views import DEFAULT_LIMIT, expires_in
 
 if sys.platform != "win32":
     import termios
     import tty
 
-DENY_REASON: Final = "denied from bastion approvals watch"
-HELP: Final = "up/down or j/k select   a approve   d deny   q quit"
+BROWSE_HELP: Final = "up/down or j/k select   a approve   d deny   q quit"
+TYPING_HELP: Final = "type, Backspace erases, Enter continues, Esc cancels"
+CONFIRM_HELP: Final = "y confirms, n or Esc cancels"
+
+# -- keys ---------------------------------------------------------------------------------------------
 
 # Arrow keys arrive as escape sequences: `ESC [ A` normally, `ESC O A` in application cursor mode.
-_SEQUENCES: Final = (
-    (b"\x1b[A", "up"),
-    (b"\x1bOA", "up"),
-    (b"\x1b[B", "down"),
-    (b"\x1bOB", "down"),
-    (b"k", "up"),
-    (b"j", "down"),
-    (b"a", "approve"),
-    (b"d", "deny"),
-    (b"q", "quit"),
-    (b"Q", "quit"),
-    (b"\x03", "quit"),  # Ctrl-C, should the terminal deliver it as a byte rather than as SIGINT
-    (b"\x04", "quit"),  # Ctrl-D
-)
+_SEQUENCES: Final = ((b"\x1b[A", "up"), (b"\x1bOA", "up"), (b"\x1b[B", "down"), (b"\x1bOB", "down"))
+_CONTROLS: Final = {
+    0x03: "interrupt",  # Ctrl-C, should the terminal deliver it as a byte rather than as SIGINT
+    0x04: "eof",  # Ctrl-D
+    0x0A: "enter",
+    0x0D: "enter",
+    0x08: "backspace",
+    0x7F: "backspace",
+    0x1B: "escape",
+}
 
 
-def parse_keys(data: bytes) -> list[str]:
-    """The key names in a chunk read from the terminal; other keys and escape sequences are skipped."""
-    keys: list[str] = []
-    i = 0
-    while i < len(data):
-        for sequence, name in _SEQUENCES:
-            if data.startswith(sequence, i):
-                keys.append(name)
-                i += len(sequence)
-                break
-        else:
-            i = _skip_escape(data, i) if data[i] == 0x1B else i + 1
-    return keys
+class KeyReader:
+    """Turns what the terminal sends into keys: a special key's name (`up`, `enter`, ...) or one typed character.
+
+    Typed text is decoded as UTF-8 across reads; other control bytes and escape sequences are skipped.
+    """
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def keys(self, data: bytes) -> list[str]:
+        keys: list[str] = []
+        typed = bytearray()
+
+        def flush() -> None:
+            keys.extend(self._decoder.decode(bytes(typed)))
+            typed.clear()
+
+        i = 0
+        while i < len(data):
+            sequence = next((s for s in _SEQUENCES if data.startswith(s[0], i)), None)
+            if sequence is not None:
+                flush()
+                keys.append(sequence[1])
+                i += len(sequence[0])
+            elif data[i] == 0x1B and i + 1 < len(data) and data[i + 1] in b"[O":
+                flush()
+                i = _skip_escape(data, i)
+            elif data[i] in _CONTROLS:
+                flush()
+                keys.append(_CONTROLS[data[i]])
+                i += 1
+            else:
+                if data[i] >= 0x20:
+                    typed.append(data[i])
+                i += 1
+        flush()
+        return keys
 
 
 def _skip_escape(data: bytes, i: int) -> int:
-    """The index after the escape sequence starting at `i` (CSI and SS3 end at a byte in 0x40-0x7e)."""
-    if i + 1 < len(data) and data[i + 1] in b"[O":
-        for j in range(i + 2, len(data)):
-            if 0x40 <= data[j] <= 0x7E:
-                return j + 1
-        return len(data)
-    return i + 1
+    """The index after the CSI or SS3 escape sequence starting at `i` (it ends at a byte in 0x40-0x7e)."""
+    for j in range(i + 2, len(data)):
+        if 0x40 <= data[j] <= 0x7E:
+            return j + 1
+    return len(data)
 
 
 @contextmanager
@@ -85,6 +115,181 @@ def cbreak(fd: int) -> Iterator[None]:
         yield
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+async def read_keys(fd: int, on_key: Callable[[str], Awaitable[bool]]) -> None:
+    """Hand each key to `on_key` until it answers True (quit) or input ends."""
+    reader = KeyReader()
+    while True:
+        await anyio.wait_readable(fd)
+        data = os.read(fd, 1024)
+        if not data:
+            return
+        for key in reader.keys(data):
+            if await on_key(key):
+                return
+
+
+# -- what the view shows and how keys change it -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the approver confirmed: approve or deny this invocation, with this note or reason."""
+
+    invocation: Invocation
+    approve: bool
+    note: str | None
+
+
+QUIT: Final = "quit"
+
+
+@dataclass
+class Prompt:
+    """A decision being prepared: the note or reason typed so far, then the confirmation."""
+
+    invocation: Invocation
+    approve: bool
+    text: str = ""
+    confirming: bool = False
+
+    def line(self) -> str:
+        target = f"{self.invocation.id} ({self.invocation.tool})"
+        verb = "approve" if self.approve else "deny"
+        if self.confirming:
+            said = (
+                f" with {'note' if self.approve else 'reason'} {json.dumps(self.text, ensure_ascii=False)}"
+                if self.text
+                else ""
+            )
+            return f"{verb} {target}{said}? [y/n]"
+        asked = "note (optional)" if self.approve else "reason (required)"
+        return f"{verb} {target}: {asked}: {self.text}"
+
+
+@dataclass
+class WatchView:
+    """The screen's state: the pending invocations, the selected one, a decision being prepared, the last outcome."""
+
+    where: str
+    pending: list[Invocation] = field(default_factory=list)
+    selected: str | None = None
+    status: str = ""
+    prompt: Prompt | None = None
+    _index: int = field(default=0, init=False, repr=False)
+
+    def update(self, pending: list[Invocation]) -> None:
+        """Take a fresh list; the selection follows its invocation, or stays at its row when it left."""
+        self.pending = pending
+        ids = [i.id for i in pending]
+        if self.selected in ids:
+            self._index = ids.index(self.selected)
+        self._index = max(0, min(self._index, len(ids) - 1))
+        self.selected = ids[self._index] if ids else None
+
+    def move(self, step: int) -> None:
+        self._index = max(0, min(self._index + step, len(self.pending) - 1))
+        self.selected = self.pending[self._index].id if self.pending else None
+
+    def handle(self, key: str) -> Decision | str | None:
+        """Apply one key: a confirmed Decision to carry out, QUIT, or None (the view changed, or nothing did)."""
+        if self.prompt is None:
+            return self._browse(key)
+        if self.prompt.confirming:
+            return self._confirm(self.prompt, key)
+        self._type(self.prompt, key)
+        return None
+
+    def _browse(self, key: str) -> str | None:
+        if key in ("q", "Q", "eof", "interrupt"):
+            return QUIT
+        if key in ("up", "k", "down", "j"):
+            self.move(-1 if key in ("up", "k") else 1)
+        elif key in ("a", "d"):
+            chosen = next((i for i in self.pending if i.id == self.selected), None)
+            if chosen is None:
+                self.status = "nothing to decide: no pending invocation is selected"
+            else:
+                self.prompt = Prompt(chosen, approve=key == "a")
+                self.status = ""
+        return None
+
+    def _type(self, prompt: Prompt, key: str) -> None:
+        if key in ("escape", "eof", "interrupt"):
+            self._cancel()
+        elif key == "backspace":
+            prompt.text = prompt.text[:-1]
+        elif key == "enter":
+            prompt.text = prompt.text.strip()
+            if not prompt.approve and not prompt.text:
+                self.status = "a reason is required to deny: the agent is told it (Esc cancels)"
+            else:
+                prompt.confirming = True
+                self.status = ""
+        elif len(key) == 1:
+            prompt.text += key
+
+    def _confirm(self, prompt: Prompt, key: str) -> Decision | None:
+        if key in ("y", "Y"):
+            self.prompt = None
+            return Decision(prompt.invocation, prompt.approve, prompt.text or None)
+        if key in ("n", "N", "escape", "eof", "interrupt"):
+            self._cancel()
+        return None
+
+    def _cancel(self) -> None:
+        self.prompt = None
+        self.status = "cancelled: nothing was decided"
+
+    def render(self, now: datetime, *, width: int, height: int) -> RenderableType:
+        # The prompt and the status sit at the top: whatever does not fit the terminal is cut from the bottom.
+        top = [Text(f"Bastion approvals: {self.where}   {now:%H:%M:%S} UTC", style="bold")]
+        if self.prompt is not None:
+            top.append(Text(self.prompt.line(), style="bold"))
+        top.append(Text(self.status or " "))
+        help_text = BROWSE_HELP if self.prompt is None else CONFIRM_HELP if self.prompt.confirming else TYPING_HELP
+        if not self.pending:
+            return Group(*top, Text("no pending invocations; waiting for the next one"), Text(help_text, style="dim"))
+        rows = max(3, (height - 12) // 3)
+        first = max(0, min(self._index - rows // 2, len(self.pending) - rows))
+        shown = self.pending[first : first + rows]
+        table = pending_table(shown, now, width=width, selected=self.selected, total=len(self.pending))
+        if len(shown) < len(self.pending):
+            table.caption = f"{first + 1}-{first + len(shown)} of {len(self.pending)}"
+        selected = self.pending[self._index]
+        room = max(4, height - len(shown) - 13)
+        return Group(*top, table, detail_pane(selected, now, room), Text(help_text, style="dim"))
+
+
+def detail_pane(invocation: Invocation, now: datetime, room: int) -> Table:
+    """The selected invocation in detail, its args and drift diff cut to about `room` lines."""
+    grid = Table(show_header=False, box=None, pad_edge=False)
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    mode = f"{invocation.mode} (from {invocation.mode_source})"
+    grid.add_row("call", Text(f"{invocation.id}   {invocation.tool}   key {invocation.policy_key}"))
+    grid.add_row("policy", Text(f"risk {invocation.risk}   mode {mode}"))
+    who = f"{invocation.principal or 'anonymous'} in session {invocation.session_id}"
+    grid.add_row("asked by", Text(f"{who}, {timestamp(invocation.created_at)} UTC"))
+    grid.add_row("expires in", Text(format_seconds(expires_in(invocation, now))))
+    more = f"bastion approvals show {invocation.id}"
+    args = json.dumps(invocation.args, indent=2, ensure_ascii=False).splitlines()
+    drift = invocation.drift or []
+    args_room = max(2, room // 2) if drift else room
+    grid.add_row("args", Text("\n".join(_cut(args, args_room, more))))
+    if drift:
+        grid.add_row("drift", diff_text(_cut(drift, max(2, room - args_room), more)))
+    return grid
+
+
+def _cut(lines: list[str], room: int, more: str) -> list[str]:
+    if len(lines) <= room:
+        return lines
+    return [*lines[: room - 1], f"... {len(lines) - room + 1} more lines: {more}"]
+
+
+# -- where the invocations come from ------------------------------------------------------------------
 
 
 class Wakeup:
@@ -101,117 +306,148 @@ class Wakeup:
         self._event = anyio.Event()
 
 
-@dataclass
-class WatchView:
-    """What the screen shows: the pending invocations, the selected one and the last action's outcome."""
+class Feed(Protocol):
+    """Where the pending invocations come from and where decisions go: the local ledger, or a remote API."""
 
     where: str
-    pending: list[Invocation] = field(default_factory=list)
-    selected: str | None = None
-    status: str = ""
-    _index: int = field(default=0, init=False, repr=False)
+    actor: str
+    """Who the decisions are recorded as, for the status line."""
 
-    def update(self, pending: list[Invocation]) -> None:
-        """Take a fresh list; the selection follows its invocation, or stays at its row when it left."""
-        self.pending = pending
-        ids = [i.id for i in pending]
-        if self.selected in ids:
-            self._index = ids.index(self.selected)
-        self._index = max(0, min(self._index, len(ids) - 1))
-        self.selected = ids[self._index] if ids else None
+    async def pending(self) -> list[Invocation]: ...
 
-    def move(self, step: int) -> None:
-        self._index = max(0, min(self._index + step, len(self.pending) - 1))
-        self.selected = self.pending[self._index].id if self.pending else None
+    async def decide(self, invocation_id: str, *, approve: bool, note: str | None) -> Invocation: ...
 
-    def render(self) -> RenderableType:
-        now = utcnow()
-        header = Text(f"Bastion approvals: {self.where}   {now:%H:%M:%S} UTC", style="bold")
-        body: RenderableType = pending_table(self.pending, now, selected=self.selected)
-        if not self.pending:
-            body = Text("no pending invocations; waiting for the next one")
-        return Group(header, body, Text(self.status or " "), Text(HELP, style="dim"))
+    async def follow(self, wake: Wakeup) -> None:
+        """Until cancelled, `wake.set()` whenever the pending invocations may have changed."""
+        ...
 
 
-async def watch_approvals(config: Config, principal: str, fd: int, console: Console) -> None:
-    """Run the live view until `q`, Ctrl-D or the end of input."""
-    view = WatchView(where=str(config.ledger_url))
-    wake = Wakeup()
-    async with open_ledger(config) as ledger, anyio.create_task_group() as tg:
+class LedgerFeed:
+    """The local ledger; decisions as the local approver, through the same authority checks as everywhere."""
 
-        async def follow_ledger() -> None:
-            cursor = ledger.changes.cursor
+    def __init__(self, ledger: OpenLedger, principal: Principal, where: str) -> None:
+        self.ledger = ledger
+        self.principal = principal
+        self.where = where
+        self.actor = principal.name
+
+    async def pending(self) -> list[Invocation]:
+        return await pending_invocations(self.ledger.invocations, utcnow())
+
+    async def decide(self, invocation_id: str, *, approve: bool, note: str | None) -> Invocation:
+        return await authority.decide(
+            self.ledger, invocation_id, approve=approve, principal=self.principal, note=note, now=utcnow()
+        )
+
+    async def follow(self, wake: Wakeup) -> None:
+        feed = self.ledger.changes
+        async with anyio.create_task_group() as tg:
+            await tg.start(feed.run)
+            cursor = feed.cursor
             while True:
                 try:
-                    cursor = (await ledger.changes.next(cursor))[-1].id
+                    cursor = (await feed.next(cursor))[-1].id
                 except ChangesLost:
-                    cursor = ledger.changes.cursor
+                    cursor = feed.cursor
                 wake.set()
 
-        async def on_key(key: str) -> None:
-            if key in ("up", "down"):
-                view.move(-1 if key == "up" else 1)
-            elif key in ("approve", "deny"):
-                view.status = await _decide(ledger, view.selected, approve=key == "approve", principal=principal)
+
+class ApiFeed:
+    """A remote Bastion's REST API; it has no change feed, so the view's once-a-second redraw asks again."""
+
+    def __init__(self, api: RemoteApi) -> None:
+        self.api = api
+        self.where = api.base
+        self.actor = "your token"
+
+    async def pending(self) -> list[Invocation]:
+        return [Invocation.model_validate(row) for row in await self.api.pending(DEFAULT_LIMIT)]
+
+    async def decide(self, invocation_id: str, *, approve: bool, note: str | None) -> Invocation:
+        return Invocation.model_validate(await self.api.decide(invocation_id, approve=approve, note=note))
+
+    async def follow(self, wake: Wakeup) -> None:
+        await anyio.sleep_forever()
+
+
+# -- the live view ------------------------------------------------------------------------------------
+
+
+async def watch_approvals(feed: Feed, fd: int, console: Console) -> None:
+    """Run the live view until `q`, Ctrl-D or the end of input; a failure to fetch is shown, then retried."""
+    view = WatchView(where=feed.where)
+    view.update(await feed.pending())  # a wrong URL or token fails here, before the screen is taken
+    wake = Wakeup()
+    async with anyio.create_task_group() as tg:
+
+        async def on_key(key: str) -> bool:
+            action = view.handle(key)
+            if isinstance(action, Decision):
+                view.status = await _carry_out(feed, action)
             wake.set()
+            return action == QUIT
 
         async def keys_then_quit() -> None:
             await read_keys(fd, on_key)
             tg.cancel_scope.cancel()
 
-        await tg.start(ledger.changes.run)
-        tg.start_soon(follow_ledger)
-        with Live(console=console, auto_refresh=False, transient=False) as live:
+        tg.start_soon(feed.follow, wake)
+        with Live(console=console, auto_refresh=False, transient=False, vertical_overflow="crop") as live:
             tg.start_soon(keys_then_quit)
             while True:
-                view.update(await pending_invocations(ledger.invocations, utcnow()))
-                live.update(view.render(), refresh=True)
+                try:
+                    view.update(await feed.pending())
+                except BastionError as exc:
+                    view.status = f"{exc.error_class}: {exc.message} (retrying)"
+                now = utcnow()
+                live.update(view.render(now, width=console.width, height=console.height), refresh=True)
                 # Redraw on the next change, or at the next whole second for the countdown.
-                with anyio.move_on_after(1 - utcnow().microsecond / 1_000_000):
+                with anyio.move_on_after(1 - now.microsecond / 1_000_000):
                     await wake.wait()
 
 
-async def read_keys(fd: int, on_key: Callable[[str], Awaitable[None]]) -> None:
-    """Hand each key press to `on_key` until a quit key or the end of input."""
-    while True:
-        await anyio.wait_readable(fd)
-        data = os.read(fd, 1024)
-        if not data:
-            return
-        for key in parse_keys(data):
-            if key == "quit":
-                return
-            await on_key(key)
-
-
-async def _decide(ledger: OpenLedger, invocation_id: str | None, *, approve: bool, principal: str) -> str:
-    """Decide the selected invocation; the status line it leaves (the error class when refused)."""
-    if invocation_id is None:
-        return "nothing to decide: no pending invocation is selected"
-    note = None if approve else DENY_REASON
+async def _carry_out(feed: Feed, decision: Decision) -> str:
+    """Send a confirmed decision; the status line it leaves (the error class when refused)."""
     try:
-        decided = await authority.decide(
-            ledger, invocation_id, approve=approve, principal=local_owner(principal), note=note, now=utcnow()
-        )
+        decided = await feed.decide(decision.invocation.id, approve=decision.approve, note=decision.note)
     except BastionError as exc:
         return f"{exc.error_class}: {exc.message}"
-    return f"{decided.status} {decided.id} ({decided.tool}) as {principal}"
+    return f"{decided.status} {decided.id} ({decided.tool}) as {feed.actor}"
 
 
 @approvals_app.command("watch")
-def approvals_watch(config_dir: ConfigOption = None) -> None:
-    """A live view of pending invocations: select with up/down, `a` approve, `d` deny, `q` quit."""
+def approvals_watch(config_dir: ConfigOption = None, url: UrlOption = None, token: TokenOption = None) -> None:
+    """A live view of pending calls and the selected one in detail; approve or deny each with confirmation."""
     if sys.platform == "win32" or not sys.stdin.isatty():
         raise Exit(
             "error: approvals watch needs a terminal to read keys from (stdin is not a TTY); run it in a "
             "terminal, or decide from scripts with `bastion approvals approve ID` / `bastion approvals deny ID`",
             2,
         )
-    config = load(config_dir, report=False)
-    principal = approver_principal()
+    try:
+        api = remote_api(url, token)
+    except ConfigError as exc:
+        raise Exit.of(exc) from exc
     fd = sys.stdin.fileno()
+    if api is not None:
+        client = api
+
+        async def remotely() -> None:
+            async with client:
+                await watch_approvals(ApiFeed(client), fd, Console())
+
+        run = remotely
+    else:
+        config = load(config_dir, report=False)
+        principal = local_owner(approver_principal())
+
+        async def locally() -> None:
+            async with open_ledger(config) as ledger:
+                await watch_approvals(LedgerFeed(ledger, principal, config.ledger_url), fd, Console())
+
+        run = locally
     try:
         with cbreak(fd):
-            run_async(watch_approvals, config, principal, fd, Console())
+            run_async(run)
     except KeyboardInterrupt:
         pass  # Ctrl-C quits, like `q`

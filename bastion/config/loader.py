@@ -31,6 +31,7 @@ from bastion.config.models import (
     SourcesPolicy,
 )
 from bastion.config.tomlpos import (
+    MAX_NESTING,
     KeyIndex,
     KeyPath,
     describe_error,
@@ -55,6 +56,10 @@ _ENV_REFERENCE: Final = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_START: Final = "${env:"
 _SOURCE_ID: Final = re.compile(r"^[a-z0-9_-]+$")
 _POLICY_KEY: Final = re.compile(r"^[a-z0-9_-]+:(\*|[^\s*]+)$")
+_TOO_DEEP: Final = (
+    f"values nest deeper than {MAX_NESTING} levels here (tables, arrays and dotted keys count alike); "
+    "flatten them (this file is ignored until then)"
+)
 _STRICTNESS: Final = {"allow": 0, "require_approval": 1, "deny": 3}
 """Mode strictness for merging; an unknown value ranks just below deny, since it resolves to deny (§4)."""
 
@@ -149,6 +154,7 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
         connectors=connectors,
         policy=policy,
         issues=issues,
+        command_lines={c.id: loader.command_lines[c.id] for c in connectors if c.id in loader.command_lines},
         ledger_url=ledger_url,
     )
 
@@ -200,6 +206,7 @@ class _Loader:
         self.directory = directory
         self.env = env
         self.issues: list[ConfigIssue] = []
+        self.command_lines: dict[str, tuple[Path, int]] = {}
 
     def report(self, file: Path, line: int, message: str) -> None:
         self.issues.append(ConfigIssue(file=file, line=line, message=message))
@@ -228,13 +235,20 @@ class _Loader:
         except OSError as exc:
             self.report(path, 1, f"the file cannot be read ({exc.strerror}); check its permissions")
             return None
+        index = KeyIndex(text)
+        if index.too_deep is not None:
+            self.report(path, index.too_deep, _TOO_DEEP)
+            return None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             line, message = describe_syntax_error(exc, text)
             self.report(path, line, f"{message} (this file is ignored until then)")
             return None
-        file = _TomlFile(path, text, data, KeyIndex(text))
+        except RecursionError:  # nesting the index did not see (it is lenient on broken text)
+            self.report(path, 1, _TOO_DEEP)
+            return None
+        file = _TomlFile(path, text, data, index)
         problems: list[tuple[KeyPath, str | None]] = []
         file.data = _substitute_env(data, self.env, (), problems)
         for key_path, variable in problems:
@@ -338,6 +352,7 @@ class _Loader:
             updates["command"] = sys.executable
         if connector.cwd is not None:
             updates["cwd"] = str(self.directory / connector.cwd)
+        self.command_lines.setdefault(connector.id, (path, file.index.line_of(("command",))))
         return connector.model_copy(update=updates), file.index.line_of(("id",))
 
     def policy(self) -> PolicyConfig:

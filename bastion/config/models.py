@@ -136,6 +136,8 @@ class Config(BaseModel):
     connectors: list[ConnectorConfig]
     policy: PolicyConfig
     issues: list[ConfigIssue] = Field(default_factory=list)
+    command_lines: dict[str, tuple[Path, int]] = Field(default_factory=dict)
+    """Where each loaded connector's `command` is set (file, line), by connector id: for `bastion doctor`."""
     ledger_url: str
     """The ledger URL with relative SQLite paths resolved against the config directory."""
 

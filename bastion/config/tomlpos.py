@@ -4,8 +4,10 @@
 every key path, in the shape of a pydantic error location: `("tools", "write_file", "risk")`, with
 integer indices for array elements and `[[array]]` tables. It handles table and array-of-tables headers,
 dotted and quoted keys, inline tables and multi-line strings. It expects text that `tomllib` accepts and
-is lenient (never raises, always terminates) on anything else. `describe_error` words a pydantic
-validation error in the terms of the file (`tools.write_file.risk`), with a fix.
+is lenient (never raises, always terminates) on anything else. It also finds the first line where the
+nesting goes deeper than `MAX_NESTING` (arrays, tables and dotted keys alike): `tomllib` and every
+recursive step after it would otherwise fail with `RecursionError` on such a file. `describe_error` words
+a pydantic validation error in the terms of the file (`tools.write_file.risk`), with a fix.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from typing import Any, Final
 
 KeyPath = tuple[str | int, ...]
 
+MAX_NESTING: Final = 32
+"""How deep a configuration value may nest (tables, arrays and dotted keys count alike); no configuration
+needs more than a handful of levels, and `tomllib` itself overflows Python's stack at a few hundred."""
+
 _BARE_KEY_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _SCALAR_END: Final = frozenset(",]}\n#")
 _SYNTAX_LINE: Final = re.compile(r"at line (\d+)")
@@ -31,7 +37,10 @@ class KeyIndex:
     """The line of every key path of one TOML document."""
 
     def __init__(self, text: str) -> None:
-        self.lines: dict[KeyPath, int] = _Scanner(text).scan()
+        scanner = _Scanner(text)
+        self.lines: dict[KeyPath, int] = scanner.scan()
+        self.too_deep: int | None = scanner.too_deep
+        """The first line where the nesting goes deeper than MAX_NESTING (the index stops there), else None."""
 
     def line_of(self, path: KeyPath) -> int:
         """The line of the most specific key of `path` that the text defines (its table's, at worst), else 1."""
@@ -138,6 +147,10 @@ def _decode_quoted_key(raw: str) -> str:
     return value if isinstance(value, str) else raw[1:-1]
 
 
+class _TooDeep(Exception):
+    """Stops the scan at the first key path deeper than MAX_NESTING (so its recursion stays shallow)."""
+
+
 class _Scanner:
     """A single pass over TOML text that records key lines; values are skipped, never decoded."""
 
@@ -148,19 +161,28 @@ class _Scanner:
         self.lines: dict[KeyPath, int] = {}
         self.table: KeyPath = ()
         self.array_table_counts: dict[KeyPath, int] = {}
+        self.too_deep: int | None = None
 
     def scan(self) -> dict[KeyPath, int]:
-        while True:
-            self._skip_blank(newlines=True)
-            if self.pos >= len(self.text):
-                return self.lines
-            start = self.pos
-            if self._peek() == "[":
-                self._header()
-            else:
-                self._key_value(self.table)
-            if self.pos == start:
-                self._advance(1)
+        try:
+            while True:
+                self._skip_blank(newlines=True)
+                if self.pos >= len(self.text):
+                    return self.lines
+                start = self.pos
+                if self._peek() == "[":
+                    self._header()
+                else:
+                    self._key_value(self.table)
+                if self.pos == start:
+                    self._advance(1)
+        except _TooDeep:
+            return self.lines
+
+    def _check_depth(self, depth: int, line: int) -> None:
+        if depth > MAX_NESTING:
+            self.too_deep = line
+            raise _TooDeep
 
     # -- characters
 
@@ -191,6 +213,7 @@ class _Scanner:
         is_array = self.text.startswith("[[", self.pos)
         self._advance(2 if is_array else 1)
         parts = self._key()
+        self._check_depth(len(parts), line)
         self._skip_blank(newlines=False)
         self._advance(2 if is_array and self.text.startswith("]]", self.pos) else 1)
         path: KeyPath = ()
@@ -204,6 +227,7 @@ class _Scanner:
             elif path in self.array_table_counts:
                 # `[a.b]` after `[[a]]` belongs to the last element of the array `a`.
                 path = (*path, self.array_table_counts[path] - 1)
+        self._check_depth(len(path), line)
         self.lines[path] = line
         self.table = path
 
@@ -213,6 +237,7 @@ class _Scanner:
         if not parts:
             return
         path = (*base, *parts)
+        self._check_depth(len(path), line)
         for end in range(len(base) + 1, len(path)):
             self.lines.setdefault(path[:end], line)
         self.lines[path] = line
@@ -267,6 +292,7 @@ class _Scanner:
                 self._advance(1)
                 continue
             start = self.pos
+            self._check_depth(len(path) + 1, self.line)
             self.lines[(*path, index)] = self.line
             self._value((*path, index))
             index += 1

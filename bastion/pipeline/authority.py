@@ -6,10 +6,34 @@ Every way of deciding — the REST API, the local CLI, a remote CLI — goes thr
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Final
 
-from bastion.errors import Forbidden, NotFound
+from bastion.errors import AmbiguousId, Forbidden, NotFound
 from bastion.models import Invocation, Pin, Principal
-from bastion.pipeline.seams import Ledger
+from bastion.pipeline.seams import InvocationStore, Ledger
+
+MIN_ID_PREFIX: Final = 6
+"""The fewest characters of an invocation id that name it (when no other id starts with them)."""
+_CANDIDATES_SHOWN: Final = 5
+
+
+async def resolve_invocation_id(store: InvocationStore, text: str, principal: Principal | None = None) -> str:
+    """The whole invocation id `text` names: itself, or the one id it starts (at least MIN_ID_PREFIX characters).
+
+    Only the invocations `principal` may see count (None: all of them), so an agent never learns of another's
+    ids. NotFound when none matches; AmbiguousId, naming the candidates, when more than one does.
+    """
+    own = None if principal is None or principal.may_decide else principal.name
+    found = await store.find(text, principal=own, limit=_CANDIDATES_SHOWN + 1)
+    if found[:1] == [text]:
+        return text
+    if len(text) < MIN_ID_PREFIX or not found:
+        hint = f"; give the whole id or at least {MIN_ID_PREFIX} of its first characters" if found else ""
+        raise NotFound(f"no invocation {text!r}{hint}", invocation_id=text)
+    if len(found) == 1:
+        return found[0]
+    shown = ", ".join(found[:_CANDIDATES_SHOWN]) + (", ..." if len(found) > _CANDIDATES_SHOWN else "")
+    raise AmbiguousId(f"{text!r} starts more than one invocation id ({shown}); give more of the id")
 
 
 def local_owner(name: str) -> Principal:
@@ -23,8 +47,9 @@ def may_see(principal: Principal, invocation: Invocation) -> bool:
 
 
 async def visible_invocation(ledger: Ledger, principal: Principal, invocation_id: str) -> Invocation:
-    """The invocation if this principal may see it; NotFound otherwise (never revealing which)."""
-    invocation = await ledger.invocations.get(invocation_id)
+    """The invocation (by id or unique prefix) if this principal may see it; NotFound otherwise (never revealing
+    which)."""
+    invocation = await ledger.invocations.get(await resolve_invocation_id(ledger.invocations, invocation_id, principal))
     if invocation is None or not may_see(principal, invocation):
         raise NotFound(f"no invocation {invocation_id!r}", invocation_id=invocation_id)
     return invocation
@@ -33,12 +58,14 @@ async def visible_invocation(ledger: Ledger, principal: Principal, invocation_id
 async def decide(
     ledger: Ledger, invocation_id: str, *, approve: bool, principal: Principal, note: str | None, now: datetime
 ) -> Invocation:
-    """An approver's decision, refused for agents and for the principal that made the call."""
+    """An approver's decision (by id or unique prefix), refused for agents and for the principal that made the
+    call."""
     if not principal.may_decide:
         raise Forbidden(
             f"{principal.name} has the {principal.role} role; only owner and admin tokens may decide",
             invocation_id=invocation_id,
         )
+    invocation_id = await resolve_invocation_id(ledger.invocations, invocation_id, principal)
     invocation = await ledger.invocations.get(invocation_id)
     if invocation is None:
         raise NotFound(f"no invocation {invocation_id!r}", invocation_id=invocation_id)

@@ -26,7 +26,7 @@ from starlette.routing import Route
 from bastion import __version__
 from bastion.errors import BastionError, Conflict, InvalidArguments, NotFound, Unauthenticated
 from bastion.models import STATUSES, Invocation, Principal, utcnow
-from bastion.pipeline.authority import accept_pins, decide, visible_invocation
+from bastion.pipeline.authority import MIN_ID_PREFIX, accept_pins, decide, visible_invocation
 from bastion.pipeline.seams import Ledger
 from bastion.pipeline.views import (
     DEFAULT_LIMIT,
@@ -39,7 +39,8 @@ from bastion.pipeline.views import (
     pending_json,
     pin_json,
 )
-from bastion.server.auth import API_PREFIX, error_body, error_response, principal_of
+from bastion.server.auth import API_PREFIX, principal_of
+from bastion.server.errors import error_body, http_response
 
 logger = logging.getLogger(__name__)
 
@@ -217,9 +218,8 @@ async def list_invocations(call: Call) -> dict[str, Any]:
 
 
 async def get_invocation(call: Call) -> dict[str, Any]:
-    invocation_id = call.path["invocation_id"]
-    invocation = await visible_invocation(call.ledger, call.principal, invocation_id)
-    return invocation_detail_json(invocation, await call.ledger.invocations.events(invocation_id))
+    invocation = await visible_invocation(call.ledger, call.principal, call.path["invocation_id"])
+    return invocation_detail_json(invocation, await call.ledger.invocations.events(invocation.id))
 
 
 async def list_approvals(call: Call) -> dict[str, Any]:
@@ -372,7 +372,7 @@ def _endpoint(op: Operation, ledger: Ledger) -> Callable[[Request], Awaitable[Re
             )
             return JSONResponse(await op.handler(call))
         except BastionError as exc:
-            return error_response(exc)
+            return http_response(exc)
         except Exception:  # the HTTP boundary translator: a bug still answers with the error body
             logger.exception("%s %s failed unexpectedly", op.method, request.url.path)
             return JSONResponse(error_body("internal", "internal error; see the server log"), status_code=500)
@@ -439,8 +439,15 @@ _REFUSALS: Final = {
     404: "No such invocation (or one this token may not see), or no such pin.",
     409: "Already decided, or nothing to accept: the message names the current state.",
     410: "The invocation expired before a decision; it is now marked expired.",
-    422: "Invalid request: bad JSON, wrong types, unknown fields or query parameters, bad query values.",
+    422: "Invalid request: bad JSON, wrong types, unknown fields or query parameters, bad query values; or an id "
+    "prefix that starts more than one invocation id (`ambiguous_id`).",
     500: "A bug in Bastion; the server log has the details.",
+}
+
+
+_PATH_PARAMS: Final = {
+    "invocation_id": f"An invocation id, or the first {MIN_ID_PREFIX} or more characters of one (when they start no "
+    "other id: else 422 `ambiguous_id`, naming them).",
 }
 
 
@@ -490,7 +497,13 @@ def _operation_object(op: Operation, refs: Mapping[tuple[Any, JsonSchemaMode], d
             }
         responses[str(status)] = response
     parameters = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "description": _PATH_PARAMS[name],
+            "schema": {"type": "string", "minLength": 1},
+        }
         for name in op.path_params
     ]
     parameters += [

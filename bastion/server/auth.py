@@ -4,24 +4,24 @@
 wrong or revoked token learns nothing about what it asked for. The principal it finds is left in the
 request scope for the API and the MCP front door (`principal_of`).
 
-Also the one translation of a `BastionError` into an HTTP answer, shared by this middleware and the API
-so that every refusal of the HTTP surface has the same body.
+Refusals are answered by `bastion.server.errors`, as every refusal of the HTTP surface is.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Final
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from bastion.errors import BastionError, Unauthenticated
+from bastion.errors import Unauthenticated
 from bastion.models import Principal
 from bastion.pipeline.seams import TokenStore
+from bastion.server.errors import error_body, http_response
 
 logger = logging.getLogger(__name__)
 
@@ -31,22 +31,6 @@ PRINCIPAL_KEY: Final = "bastion.principal"
 OPEN_PATHS: Final = frozenset({"/healthz"})
 API_PREFIX: Final = "/api"
 
-STATUS_OF_CLASS: Final[Mapping[str, int]] = {
-    "unauthenticated": 401,
-    "forbidden": 403,
-    "not_found": 404,
-    "conflict": 409,
-    "approval_expired": 410,
-    "invalid_arguments": 422,
-    "pending_limit": 429,
-    "rate_limited": 429,
-    "upstream_error": 502,
-    "connector_unavailable": 502,
-    "timeout": 502,
-    "unknown_outcome": 502,
-}
-"""DESIGN.md §7: the HTTP status of each error class; any other class is a bug of ours, answered 500."""
-
 TOKENS_RECHECK_SECONDS: Final = 1.0
 """How long the answer to "does any token exist?" is reused for anonymous requests. Asking costs about
 70 µs of CPU (one query through aiosqlite's thread) on every anonymous MCP request of a local, token-less
@@ -55,22 +39,6 @@ token is always checked at once, so a revocation takes effect immediately."""
 
 _INVALID_TOKEN: Final = 'Bearer realm="bastion", error="invalid_token"'
 _NO_TOKEN: Final = 'Bearer realm="bastion"'
-
-
-def http_status(exc: BastionError) -> int:
-    return STATUS_OF_CLASS.get(exc.error_class, 500)
-
-
-def error_body(error_class: str, message: str, invocation_id: str | None = None) -> dict[str, Any]:
-    """The body of every refusal of the HTTP surface."""
-    return {"error": {"class": error_class, "message": message, "invocation_id": invocation_id}}
-
-
-def error_response(exc: BastionError, *, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    """The HTTP boundary's translator: a Bastion error as a status and the error body."""
-    return JSONResponse(
-        error_body(exc.error_class, exc.message, exc.invocation_id), status_code=http_status(exc), headers=headers
-    )
 
 
 def principal_of(scope: Scope) -> Principal | None:
@@ -123,7 +91,7 @@ class BearerAuth:
             )
             return
         if refusal is not None:
-            await error_response(refusal, headers={"WWW-Authenticate": challenge})(scope, receive, send)
+            await http_response(refusal, headers={"WWW-Authenticate": challenge})(scope, receive, send)
             return
         scope.setdefault("state", {})[PRINCIPAL_KEY] = principal
         await self.app(scope, receive, send)

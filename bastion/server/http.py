@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bastion import __version__
 from bastion.errors import ConfigError
+from bastion.models import SourceStatus
 from bastion.server.api import build_api, routing_error
 from bastion.server.auth import BearerAuth
 from bastion.server.mcp import FrontDoor
@@ -95,6 +96,16 @@ class _SseEndpoint:
             await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
+def health(statuses: Iterable[SourceStatus]) -> str:
+    """`ok` when every enabled source is ready, `degraded` when one is starting or down.
+
+    Degraded is still HTTP 200: Bastion serves the ready sources' tools and every approval, and a load
+    balancer that took it out of rotation would cut those off without helping (the other instances have the
+    same connectors). Monitoring reads `status`, and `sources` says which one is not ready.
+    """
+    return "degraded" if any(s.state not in ("ready", "disabled") for s in statuses) else "ok"
+
+
 def build_app(front: FrontDoor, *, allowed_hosts: Iterable[str], non_loopback: bool = False) -> ASGIApp:
     """The Starlette application behind `bastion serve --transport http`.
 
@@ -106,12 +117,12 @@ def build_app(front: FrontDoor, *, allowed_hosts: Iterable[str], non_loopback: b
     sse = SseServerTransport("/messages/")
 
     async def healthz(request: Request) -> Response:
+        """200 while Bastion serves: `ok` when every enabled source is ready, else `degraded` (see `health`)."""
         gateway = front.gateway
-        sources: list[dict[str, Any]] = [
-            {"id": s.source_id, "state": s.state, "tools": s.tools} for s in gateway.statuses()
-        ]
+        statuses = gateway.statuses()
+        sources: list[dict[str, Any]] = [{"id": s.source_id, "state": s.state, "tools": s.tools} for s in statuses]
         return JSONResponse(
-            {"status": "ok", "version": __version__, "tools": len(gateway.catalog.tools), "sources": sources}
+            {"status": health(statuses), "version": __version__, "tools": len(gateway.tools), "sources": sources}
         )
 
     @asynccontextmanager

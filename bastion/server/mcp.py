@@ -37,6 +37,7 @@ from bastion.pipeline.seams import ProgressFn, Relay
 from bastion.server import inline
 from bastion.server.auth import principal_of
 from bastion.server.content import ContentHandlers
+from bastion.server.errors import tool_result
 from bastion.server.pages import Pager, page_cursor
 from bastion.server.relay import CallRelays, background
 from bastion.server.stdio import stdio_streams
@@ -198,10 +199,16 @@ class FrontDoor:
         except AwaitingInput as waiting:
             return inline.input_required(waiting.invocation, arguments)
         except BastionError as exc:
-            return error_result(exc)
+            return tool_result(exc, output_schema=self._declares_output(params.name))
         except Exception as exc:  # the MCP boundary translator: a bug must still answer the host
             logger.exception("tools/call %s failed unexpectedly", params.name)
-            return error_result(BastionError(f"internal error: {exc}"))
+            return tool_result(BastionError(f"internal error: {exc}"), output_schema=self._declares_output(params.name))
+
+    def _declares_output(self, name: str) -> bool:
+        """Whether the tool the host called declares an outputSchema (its error results must then not carry
+        structuredContent that breaks it)."""
+        entry = self.gateway.catalog.get(name)
+        return entry is not None and entry.tool.output_schema is not None
 
     def _context(self, ctx: ServerRequestContext[Any]) -> CallContext:
         """Who calls: the token's principal on HTTP (and its profile, for agent tokens), else this door's."""
@@ -246,21 +253,6 @@ class FrontDoor:
                     await session.send_prompt_list_changed()
             except Exception:  # one broken host connection must not stop the others from hearing
                 logger.exception("could not notify a host of the catalog change")
-
-
-def error_result(exc: BastionError) -> types.CallToolResult:
-    """The one translation of a refusal into what the host sees (DESIGN.md §7)."""
-    error: dict[str, Any] = {
-        "class": exc.error_class,
-        "message": exc.message,
-        "invocation_id": exc.invocation_id,
-        "retriable": exc.retriable,
-    }
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=f"{exc.error_class}: {exc.message}")],
-        structured_content={"error": error},
-        is_error=True,
-    )
 
 
 def _connection(ctx: ServerRequestContext[Any]) -> Connection:

@@ -1,0 +1,120 @@
+"""`bastion doctor`: check a configuration without starting anything; every problem with file:line and its fix.
+
+Besides what loading finds (syntax, unknown keys, bad values: `Config.issues`), it checks that each enabled stdio
+connector's `command` can be started: an absolute or relative path must be an executable file, a bare name must
+be found on the PATH the connector will get (its own `env` PATH, else Bastion's).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, out
+from bastion.config import Config, ConfigIssue, ConnectorConfig, find_config_dir, load_config
+from bastion.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check `doctor` made: what (`check`), on what (`subject`), whether it passed, and what it found."""
+
+    check: str
+    subject: str
+    ok: bool
+    detail: str
+
+
+def find_command(connector: ConnectorConfig, environ: Mapping[str, str], cwd: Path) -> tuple[str | None, str]:
+    """Where the connector's command is (None when it cannot be started) and what was found, or the problem.
+
+    The child process resolves a bare name on its own PATH: the connector's `env` PATH when set, else the
+    one Bastion runs with. A name with a slash is a path, relative to the connector's `cwd` (else `cwd`).
+    """
+    command = connector.command or ""
+    if "/" in command:
+        path = Path(connector.cwd or cwd) / command
+        if not path.exists():
+            return None, f'command "{command}" does not exist ({path}); install it or fix `command`'
+        if not path.is_file() or not os.access(path, os.X_OK):
+            return None, f'command "{command}" is not an executable file ({path}); chmod +x it or fix `command`'
+        return str(path), str(path)
+    if "PATH" in connector.env:
+        search, origin = connector.env["PATH"], "its env PATH"
+    else:
+        search, origin = environ.get("PATH", os.defpath), "Bastion's PATH"
+    found = shutil.which(command, path=search)
+    if found is None:
+        return None, (
+            f'command "{command}" is not found on {origin} ({search}); install it, write its absolute path, '
+            "or set PATH in the connector's env"
+        )
+    return found, found
+
+
+def examine(config: Config, environ: Mapping[str, str], cwd: Path) -> tuple[list[Check], list[ConfigIssue]]:
+    """Every check on a loaded configuration, and every problem found (the loader's first, then the commands')."""
+    where = str(config.directory) if config.directory else "embedded default configuration"
+    problems = list(config.issues)
+    checks = [Check("configuration", where, not problems, f"{len(problems)} problem(s)" if problems else "loaded")]
+    disabled = set(config.policy.sources.disabled)
+    for connector in config.connectors:
+        if connector.transport != "stdio" or connector.id in disabled:
+            continue
+        found, detail = find_command(connector, environ, cwd)
+        checks.append(Check("command", connector.id, found is not None, detail))
+        if found is None:
+            file, line = config.command_lines.get(connector.id, (Path(where), 1))
+            problems.append(ConfigIssue(file=file, line=line, message=f"connector {connector.id}: {detail}"))
+    return checks, problems
+
+
+@app.command()
+def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
+    """Check the configuration and each stdio connector's command; every problem with file:line, exit 2 if any."""
+    try:
+        directory = find_config_dir(config_dir, env=os.environ, cwd=Path.cwd(), home=Path.home())
+    except ConfigError as exc:
+        raise Exit.of(exc) from exc
+    config = load_config(directory)
+    checks, problems = examine(config, os.environ, Path.cwd())
+    if as_json:
+        emit_json(report_json(config, checks, problems))
+        if problems:
+            raise typer.Exit(2)  # the report is the whole answer, problems included
+        return
+    where = checks[0].subject
+    for problem in problems:
+        out.print(f"error: {problem}", markup=False, highlight=False)
+    if problems:
+        raise Exit(f"error: {len(problems)} problem(s) in {where}", 2, ConfigError.error_class)
+    out.print(
+        f"ok: {where}: {len(config.connectors)} connector(s), "
+        f"{len(config.policy.modes)} org mode(s), {len(config.policy.profiles)} profile(s); ledger {config.ledger_url}",
+        markup=False,
+        highlight=False,
+    )
+    for check in checks[1:]:
+        out.print(f"ok: connector {check.subject} runs {check.detail}", markup=False, highlight=False)
+
+
+def report_json(config: Config, checks: list[Check], problems: list[ConfigIssue]) -> dict[str, Any]:
+    """`doctor --json`: whether all is well, what was checked, and every problem with file and line."""
+    return {
+        "ok": not problems,
+        "config_dir": str(config.directory) if config.directory else None,
+        "ledger": config.ledger_url,
+        "counts": {
+            "connectors": len(config.connectors),
+            "org_modes": len(config.policy.modes),
+            "profiles": len(config.policy.profiles),
+        },
+        "checks": [asdict(check) for check in checks],
+        "problems": [{"file": str(p.file), "line": p.line, "message": p.message} for p in problems],
+    }
