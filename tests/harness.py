@@ -38,6 +38,8 @@ class Harness:
     fixture: FixtureServer
     ledger: OpenLedger
     gateway: Gateway
+    target: Any
+    """How Bastion reaches the fixture: `StreamTarget` (kill, revive) for the "streams" downstreams."""
 
     async def call(
         self, name: str, arguments: dict[str, Any] | None = None, *, progress: ProgressFnT | None = None
@@ -124,4 +126,4 @@ async def harness(
                 message_handler=messages,
             )
             async with client:
-                yield Harness(client, fixture, ledger, gateway)
+                yield Harness(client, fixture, ledger, gateway, target)

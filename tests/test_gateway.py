@@ -15,6 +15,9 @@ import pytest
 
 from bastion.config import Profile, ToolOverride
 from bastion.connectors.mcp import CORRELATION_META_KEY
+from bastion.errors import InvalidArguments
+from bastion.models import CallContext
+from tests.downstream import FixtureServer
 from tests.harness import harness
 
 pytestmark = pytest.mark.anyio
@@ -153,3 +156,52 @@ async def test_a_downstream_list_changed_reaches_the_host_catalog(tmp_path: Path
         with anyio.fail_after(10):
             await changed.wait()
         assert "fx__fresh" in {t.name for t in (await h.client.list_tools()).tools}
+
+
+async def test_a_tool_of_a_connector_that_is_down_is_connector_unavailable_not_not_found(tmp_path: Path) -> None:
+    async with harness(tmp_path, downstream="streams") as h:
+        assert not (await h.call("fx__echo", {"text": "up"})).is_error
+        changed = anyio.Event()
+
+        async def on_change() -> None:
+            if "fx__echo" not in h.gateway.catalog.entries:
+                changed.set()
+
+        h.gateway.on_catalog_changed(on_change)
+        h.target.kill()
+        with anyio.fail_after(10):
+            await changed.wait()
+        down = error_of(await h.call("fx__echo", {"text": "down"}))
+        assert (down["class"], down["retriable"]) == ("connector_unavailable", True)
+        assert error_of(await h.call("fx__never_listed"))["class"] == "connector_unavailable"
+        assert error_of(await h.call("elsewhere__echo"))["class"] == "not_found"
+        statuses = [i.status for i in await h.ledger.invocations.list()]
+        assert statuses == ["completed"], "nothing is recorded for a call that cannot be made"
+
+
+async def test_a_result_nested_too_deep_for_any_parser_is_still_returned_and_recorded_completed(
+    tmp_path: Path,
+) -> None:
+    nested = "[" * 600 + "]" * 600
+    async with harness(tmp_path) as h:
+        result = await h.call("fx__echo", {"text": nested})
+        assert not result.is_error
+        assert isinstance(result.content[0], types.TextContent) and result.content[0].text == nested
+        invocation = await h.only_invocation()
+        assert invocation.status == "completed"
+        assert [e.kind for e in await h.ledger.invocations.events(invocation.id)][-1] == "completed"
+
+
+async def test_arguments_nested_deeper_than_can_be_hashed_are_invalid_before_anything_is_recorded(
+    tmp_path: Path,
+) -> None:
+    fixture = FixtureServer()
+    fixture.tools.append(types.Tool(name="anything", input_schema={"type": "object"}))
+    deep: Any = "bottom"
+    for _ in range(2000):
+        deep = [deep]
+    async with harness(tmp_path, fixture=fixture, modes={"fx:anything": "allow"}) as h:
+        with pytest.raises(InvalidArguments, match="nested"):
+            await h.gateway.call("fx__anything", {"value": deep}, CallContext(session_id="s"))
+        assert await h.ledger.invocations.list() == []
+        assert fixture.calls == []

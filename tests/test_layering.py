@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.content": 6,  # relayed resources, templates and prompts: naming, routing, relaying
     "bastion.pipeline.pinning": 6,
     "bastion.pipeline.instances": 6,  # this instance's lease, and who else is alive
+    "bastion.pipeline.observer": 5,  # the hook observers of invocations register on
     "bastion.pipeline.approvals": 6,
     "bastion.pipeline.authority": 6,
     "bastion.pipeline.views": 6,  # the JSON shapes the CLI prints and the API answers
@@ -55,6 +56,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.content": {"mcp_types", "mcp", "anyio"},  # mcp.shared.uri_template: RFC 6570 matching
     "bastion.pipeline.pinning": set(),
     "bastion.pipeline.instances": {"anyio"},
+    "bastion.pipeline.observer": set(),
     "bastion.pipeline.approvals": {"mcp_types", "anyio"},
     "bastion.pipeline.authority": set(),
     "bastion.pipeline.views": {"pydantic"},
@@ -136,3 +138,24 @@ def test_nothing_imports_the_composition_root_or_the_demo() -> None:
         and not module.startswith(("bastion.__main__", "bastion.demo", "bastion.cli"))
     ]
     assert not offenders, "\n".join(offenders)
+
+
+AUTHORITY = "bastion.pipeline.authority"
+DECIDING = ("decide", "accept_drift")
+"""Store methods that decide a pending call or re-pin a drifted action: only the authority module calls them."""
+
+
+def test_only_the_authority_module_decides_or_re_pins() -> None:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(p for p in path.relative_to(PACKAGE.parent).with_suffix("").parts if p != "__init__")
+        if module == AUTHORITY or module.startswith("bastion.ledger"):
+            continue  # the store itself (and the Recorder above its backends) defines them
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in DECIDING:
+                target = ast.unparse(node.func.value)
+                # A store is reached as `<ledger>.invocations`, `<ledger>.pins` or a `store` of the pipeline; other
+                # `decide`s are the remote API's (the server decides through authority) and views over it.
+                if target.endswith(("invocations", "pins", "store")) or node.func.attr == "accept_drift":
+                    offenders.append(f"{module}:{node.lineno} calls {target}.{node.func.attr}")
+    assert not offenders, "decisions and re-pins must go through bastion.pipeline.authority:\n" + "\n".join(offenders)

@@ -22,7 +22,8 @@ from mcp.client.subscriptions import PromptsListChanged, ResourcesListChanged, R
 
 from bastion.connectors import McpConnector
 from bastion.connectors.inflight import InFlightCalls
-from bastion.pipeline.content import ContentCatalog, SourceContent
+from bastion.errors import NotFound
+from bastion.pipeline.content import ContentCatalog, ContentRelay, SourceContent
 from tests.downstream import ContentFixture, StreamTarget
 from tests.harness import Harness, harness
 from tests.test_connector import Changes, config, down, ready, running
@@ -576,3 +577,17 @@ async def test_a_message_read_outside_any_call_goes_to_the_most_recently_started
 def sample_params() -> types.CreateMessageRequestParams:
     message = types.SamplingMessage(role="user", content=types.TextContent(type="text", text="hi"))
     return types.CreateMessageRequestParams(messages=[message], max_tokens=5)
+
+
+async def test_a_uri_nothing_lists_yet_is_subscribed_at_the_only_source_that_offers_resources(tmp_path: Path) -> None:
+    fixture = ContentFixture()
+    later = "later://created/1"  # no listing and no template names it: the server will create it later
+    async with harness(tmp_path, fixture=fixture, mode="legacy", downstream="legacy-streams") as h:
+        await legacy_request(h, types.SubscribeRequest(params=types.SubscribeRequestParams(uri=later)))
+        assert later in fixture.subscribed
+
+
+def test_a_uri_nothing_routes_is_refused_naming_the_candidates() -> None:
+    relay = ContentRelay({}, timeout=1)
+    with pytest.raises(NotFound, match="no source offers resources"):
+        relay._route("later://created/1")

@@ -75,7 +75,7 @@ def catalog(config_dir: ConfigOption = None, as_json: JsonOption = False) -> Non
         async with open_gateway(config, progress=not as_json) as gateway:
             rows = []
             for entry in gateway.catalog.entries.values():
-                decision = gateway.decide(entry, CallContext(session_id="cli"))
+                decision = gateway.mode_of(entry, CallContext(session_id="cli"))
                 rows.append(
                     {
                         "tool": entry.name,

@@ -42,6 +42,7 @@ from bastion.config.tomlpos import (
 )
 from bastion.errors import ConfigError
 from bastion.models import MODES
+from bastion.policies import strictness
 
 # -- discovery
 
@@ -60,8 +61,6 @@ _TOO_DEEP: Final = (
     f"values nest deeper than {MAX_NESTING} levels here (tables, arrays and dotted keys count alike); "
     "flatten them (this file is ignored until then)"
 )
-_STRICTNESS: Final = {"allow": 0, "require_approval": 1, "deny": 3}
-"""Mode strictness for merging; an unknown value ranks just below deny, since it resolves to deny (§4)."""
 
 
 def find_config_dir(explicit: Path | None, *, env: Mapping[str, str], cwd: Path, home: Path) -> Path | None:
@@ -408,7 +407,7 @@ class _Loader:
             if earlier is None:
                 merged[key] = here
                 continue
-            kept = here if _strictness(value) > _strictness(earlier.value) else earlier
+            kept = here if strictness(value) > strictness(earlier.value) else earlier
             merged[key] = kept
             self.report(
                 file.path,
@@ -432,10 +431,6 @@ class _Loader:
                 f"profiles.{profile}.inline_approval is {earlier.value} in {self.name(earlier.file)}:{earlier.line} "
                 f"and {here.value} here; it stays off. Set it in one file only",
             )
-
-
-def _strictness(mode: str) -> int:
-    return _STRICTNESS.get(mode, 2)
 
 
 def _substitute_env(

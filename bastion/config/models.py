@@ -11,16 +11,19 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from bastion.models import RISK_ALIASES, Risk
+from bastion.models import Risk
+from bastion.policies import normalize_risk
 
 
-def _risk_alias(value: Any) -> Any:
-    if isinstance(value, str) and value.upper() in RISK_ALIASES:
-        return RISK_ALIASES[value.upper()]
-    return value
+def _risk(value: Any) -> Any:
+    """A risk or one of seed 000's tiers, in any case; anything else is left for pydantic to refuse."""
+    try:
+        return normalize_risk(value) if isinstance(value, str) else value
+    except ValueError:
+        return value
 
 
-RiskSetting = Annotated[Risk, BeforeValidator(_risk_alias)]
+RiskSetting = Annotated[Risk, BeforeValidator(_risk)]
 
 
 class _Strict(BaseModel):

@@ -32,6 +32,7 @@ from bastion.errors import (
 )
 from bastion.models import Invocation, Status, utcnow
 from bastion.pipeline.catalog import CatalogEntry
+from bastion.pipeline.observer import Observers
 from bastion.pipeline.seams import ChangeFeed, InvocationStore, ProgressFn
 
 logger = logging.getLogger(__name__)
@@ -110,8 +111,10 @@ class ApprovalDesk:
         owner: str,
         liveness: Liveness,
         heartbeat_seconds: float,
+        observers: Observers,
     ) -> None:
         self._store = store
+        self._observers = observers
         self._feed = feed
         self._liveness = liveness
         self._runner = runner
@@ -148,7 +151,9 @@ class ApprovalDesk:
         except BaseException:
             self._held.pop(invocation.id, None)
             raise
-        if pending is not None:
+        if pending is None:
+            await self._observers.planned(invocation)
+        else:
             self._held.pop(invocation.id, None)
             raise PendingLimit(
                 f"session already has {pending} invocations waiting for approval (limit {limit}); "
@@ -222,6 +227,7 @@ class ApprovalDesk:
             current = await self._store.get(invocation_id)
             if current is None or current.status == "pending":
                 continue
+            await self._observers.decided(current)
             if current.status == "approved":
                 held.running = True
                 runs.start_soon(self._run_held, held, name=f"approved:{invocation_id}")
@@ -301,6 +307,7 @@ class ApprovalDesk:
             )
             raise problem
         assert entry is not None
+        await self._observers.executing(claimed)
         return await self._runner(entry, claimed, arguments, progress)
 
     def _cannot_run(self, invocation: Invocation, entry: CatalogEntry | None, arguments: Any) -> BastionError | None:

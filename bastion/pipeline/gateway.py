@@ -42,11 +42,15 @@ from bastion.pipeline.approvals import ApprovalDesk, PendingFn, Progress
 from bastion.pipeline.catalog import Catalog, CatalogEntry, PreparedAction, prepare_actions
 from bastion.pipeline.content import ContentRelay
 from bastion.pipeline.instances import Instance
+from bastion.pipeline.observer import Observers
 from bastion.pipeline.pinning import PinBook
 from bastion.pipeline.seams import ActionSource, ContentSource, Ledger, ProgressFn, Relay
 from bastion.policies import RateLimiter, guard_drift, resolve_mode
 
 logger = logging.getLogger(__name__)
+
+LATE_RECORD_SECONDS = 5.0
+"""How often an outcome the ledger refused is offered to it again."""
 
 ListingKind = Literal["tools", "resources", "prompts"]
 """What a host re-lists after a change notification (resource templates go with resources)."""
@@ -98,6 +102,8 @@ class Gateway:
         self.tools: list[types.Tool] = [INVOCATION_TOOL]
         """What `tools/list` answers: the visible catalog plus the gateway's own tool."""
         self.pins = PinBook(ledger.pins)
+        self.observers = Observers()
+        """Told what happens to every invocation (see bastion.pipeline.observer)."""
         self.desk = ApprovalDesk(
             ledger.invocations,
             ledger.changes,
@@ -106,6 +112,7 @@ class Gateway:
             owner=self.instance_id,
             liveness=self.instance.liveness,
             heartbeat_seconds=config.settings.approvals.heartbeat_seconds,
+            observers=self.observers,
         )
         self._rate = RateLimiter(config.settings.limits.invocations_per_minute)
         self._listeners: list[Callable[[], Awaitable[None]]] = []
@@ -116,9 +123,14 @@ class Gateway:
         )
         """The merged resources, templates and prompts, and the routes back to their sources."""
         self._dirty: set[ListingKind] = set()
+        self._last_seen: dict[str, str] = {}
+        """Host name -> source, for every tool listed since its source was last ready."""
         self._listing_listeners: list[ListingsFn] = []
         self._relays: dict[str, Relay] = {}
         """Invocation id -> the host request its downstream messages go to, while its call() runs."""
+        self._unrecorded: dict[str, tuple[Invocation, dict[str, Any]]] = {}
+        """Outcomes of calls that ran which the ledger refused; `_record_late` retries them."""
+        self._late = anyio.Event()
         self._draining = False
         self._running: set[anyio.CancelScope] = set()
         self._waiting: set[anyio.CancelScope] = set()
@@ -163,6 +175,10 @@ class Gateway:
     def _rebuild(self) -> frozenset[ListingKind]:
         """Rebuild what hosts list; returns the kinds of listing that changed since the last rebuild."""
         self.catalog = Catalog(action for actions in self._prepared.values() for action in actions)
+        # Names stay known while their source is down, so a call of one is `connector_unavailable`, not `not_found`.
+        ready = {sid for sid, source in self._sources.items() if source.status.state == "ready"}
+        self._last_seen = {name: sid for name, sid in self._last_seen.items() if sid not in ready}
+        self._last_seen.update((name, entry.source_id) for name, entry in self.catalog.entries.items())
         self.tools = [*self.catalog.tools, INVOCATION_TOOL]
         self.content.rebuild()
         changed, self._dirty = frozenset(self._dirty), set()
@@ -208,6 +224,7 @@ class Gateway:
             await tg.start(self.ledger.changes.run, name="ledger-changes")
             await tg.start(self.instance.run, name="instance-lease")
             await tg.start(self.desk.run, name="approvals")
+            tg.start_soon(self._record_late, name="late-outcomes")
             try:
                 yield self
             finally:
@@ -215,7 +232,7 @@ class Gateway:
 
     # -- policy ----------------------------------------------------------------------------------
 
-    def decide(self, entry: CatalogEntry, context: CallContext, *, drifted: bool | None = None) -> ModeDecision:
+    def mode_of(self, entry: CatalogEntry, context: CallContext, *, drifted: bool | None = None) -> ModeDecision:
         """The mode of one action for one session (DESIGN.md §4); a drifted one is judged by §5."""
         if drifted is None:
             drifted = self.pins.drift(entry.source_id, entry.action_id) is not None
@@ -269,9 +286,13 @@ class Gateway:
             self._refuse_unknown(name)
         assert entry is not None
         entry.validate_arguments(arguments)
+        try:
+            hashed = self.invocations.hash_args(arguments)
+        except ValueError as exc:  # nested too deep to be hashed (and to be relayed): refused before any record
+            raise InvalidArguments(f"invalid arguments for {name}: {exc}; send arguments nested less deeply") from exc
         drift = await self.pins.current_drift(entry.source_id, entry.action_id)
-        decision = self.decide(entry, context, drifted=drift is not None)
-        invocation = self._new_invocation(entry, arguments, decision, context, drift)
+        decision = self.mode_of(entry, context, drifted=drift is not None)
+        invocation = self._new_invocation(entry, arguments, hashed, decision, context, drift)
         with self._relaying(invocation.id, relay):
             if not self._rate.admit(context.session_id, time.monotonic()):
                 wait = self._rate.retry_after(context.session_id, time.monotonic())
@@ -286,6 +307,9 @@ class Gateway:
             if decision.mode == "require_approval":
                 return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
             await self.invocations.record(invocation, ("planned", "approved", "executing"))
+            await self.observers.planned(invocation)
+            await self.observers.decided(invocation)
+            await self.observers.executing(invocation)
             return await self._run_counted(entry, invocation, arguments, Progress(on_progress) if on_progress else None)
 
     @contextmanager
@@ -301,15 +325,27 @@ class Gateway:
             self._relays.pop(invocation_id, None)
 
     def _refuse_unknown(self, name: str) -> NoReturn:
+        """Why a name is not callable now: its source is disabled, or down (retriable), or nothing offers it."""
         for source_id, source in self._disabled.items():
             if source.namespace and name.startswith(f"{source.namespace}__"):
                 raise SourceDisabled(f"source {source_id!r} is disabled by policy; remove it from [sources] disabled")
+        owner = self._last_seen.get(name) or next(
+            (sid for sid, s in self._sources.items() if s.namespace and name.startswith(f"{s.namespace}__")), None
+        )
+        status = self._sources[owner].status if owner is not None else None
+        if status is not None and status.state != "ready":
+            why = f": {status.last_error}" if status.last_error else ""
+            raise ConnectorUnavailable(
+                f"{name} belongs to source {owner!r}, which is {status.state}{why}; retry once it is back "
+                "(bastion connectors list shows its state)"
+            )
         raise NotFound(f"no tool named {name!r}; list the tools to see what this gateway offers")
 
     def _new_invocation(
         self,
         entry: CatalogEntry,
         arguments: dict[str, Any],
+        args_hash: str,
         decision: ModeDecision,
         context: CallContext,
         drift: list[str] | None,
@@ -330,7 +366,7 @@ class Gateway:
             profile=context.profile,
             principal=context.principal,
             args=arguments,
-            args_hash=self.invocations.hash_args(arguments),
+            args_hash=args_hash,
             owner=self.instance_id,
             drift=drift,
             created_at=now,
@@ -342,6 +378,8 @@ class Gateway:
             update={"status": "denied", "error_class": error.error_class, "error_message": reason, "owner": None}
         )
         await self.invocations.record(refused, ("planned", "denied"), {"reason": reason})
+        await self.observers.planned(refused)
+        await self.observers.decided(refused)
         raise error(reason, invocation_id=invocation.id)
 
     async def _hold(
@@ -430,7 +468,11 @@ class Gateway:
     async def _run(
         self, entry: CatalogEntry, invocation: Invocation, arguments: dict[str, Any], progress: Progress | None
     ) -> types.CallToolResult:
-        """Run an `executing` invocation and record its outcome (durably `planned` before this is reached)."""
+        """Run an `executing` invocation and record its outcome (durably `planned` before this is reached).
+
+        Whatever happens once the call may have been sent ends recorded as `completed`, `failed` or `unknown`,
+        and the host gets the result or a Bastion error class, never an internal error.
+        """
         source = self._sources.get(entry.source_id)
         try:
             if source is None:
@@ -444,36 +486,101 @@ class Gateway:
                 relay=self._relays.get(invocation.id),
             )
         except (CallTimeout, UnknownOutcome) as exc:
-            await self._finish(invocation.id, "unknown", error=exc)
+            await self._finish(invocation, "unknown", error=exc)
             exc.invocation_id = invocation.id
             raise
         except (ConnectorUnavailable, UpstreamError) as exc:
-            await self._finish(invocation.id, "failed", error=exc)
+            await self._finish(invocation, "failed", error=exc)
             exc.invocation_id = invocation.id
             raise
+        except Exception as exc:  # a bug of a source, after the call may have left: its outcome is unknown
+            logger.exception("%s failed unexpectedly while running invocation %s", entry.key, invocation.id)
+            unknown = UnknownOutcome(
+                f"{entry.key} failed inside Bastion while it ran ({type(exc).__name__}); its outcome is unknown: "
+                "check the downstream before retrying",
+                invocation_id=invocation.id,
+            )
+            await self._finish(invocation, "unknown", error=unknown)
+            raise unknown from exc
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self._finish(invocation.id, "unknown", error=UnknownOutcome("the call was interrupted"))
+                await self._finish(invocation, "unknown", error=UnknownOutcome("the call was interrupted"))
             raise
-        wire = result.model_dump(by_alias=True, mode="json", exclude_none=True)
         if result.is_error:
-            await self._finish(invocation.id, "failed", result=wire, error=UpstreamError(_error_text(result)))
+            await self._finish(invocation, "failed", result=result, error=UpstreamError(_error_text(result)))
         else:
-            await self._finish(invocation.id, "completed", result=wire)
+            await self._finish(invocation, "completed", result=result)
         return result
 
     async def _finish(
-        self, invocation_id: str, status: Status, *, result: Any = None, error: BastionError | None = None
+        self,
+        invocation: Invocation,
+        status: Status,
+        *,
+        result: types.CallToolResult | None = None,
+        error: BastionError | None = None,
     ) -> None:
-        finished = await self.invocations.finish(
-            invocation_id,
-            status,
-            result=result,
-            error_class=error.error_class if error is not None else None,
-            error_message=error.message if error is not None else None,
-        )
+        """Record the outcome of a call that was sent, and tell the observers. Never raises: the call already
+        happened, so its host gets its answer even when the outcome cannot be written now. A result that cannot
+        be stored is recorded without it; an outcome the ledger refuses is retried until it takes (`_record_late`)."""
+        outcome = {
+            "status": status,
+            "result": None if result is None else result.model_dump(by_alias=True, mode="json", exclude_none=True),
+            "error_class": error.error_class if error is not None else None,
+            "error_message": error.message if error is not None else None,
+        }
+        try:
+            finished = await self._record_outcome(invocation.id, outcome)
+        except BastionError as exc:
+            logger.error(
+                "the outcome (%s) of invocation %s could not be recorded (%s); retrying",
+                status,
+                invocation.id,
+                exc.message,
+            )
+            self._unrecorded[invocation.id] = (invocation, outcome)
+            self._late.set()
+            return
+        if finished:
+            await self.observers.finished(invocation.model_copy(update=outcome))
+
+    async def _record_outcome(self, invocation_id: str, outcome: dict[str, Any]) -> bool:
+        """executing -> the outcome; False (logged) when it was no longer executing. A result the ledger cannot
+        take is left out, saying why, so the outcome itself is never lost."""
+        status, error_class, error_message = outcome["status"], outcome["error_class"], outcome["error_message"]
+        try:
+            finished = await self.invocations.finish(
+                invocation_id, status, result=outcome["result"], error_class=error_class, error_message=error_message
+            )
+        except BastionError:
+            raise
+        except Exception as exc:  # a result nothing can store (a bug of ours or a pathological value)
+            logger.exception("the result of invocation %s cannot be stored; recording the outcome alone", invocation_id)
+            outcome["result"] = {"_not_stored": f"the result could not be stored ({type(exc).__name__})"}
+            finished = await self.invocations.finish(
+                invocation_id, status, result=outcome["result"], error_class=error_class, error_message=error_message
+            )
         if not finished:
-            logger.warning("invocation %s was no longer executing when its outcome (%s) came", invocation_id, status)
+            logger.warning("invocation %s was no longer executing when its outcome came", invocation_id)
+        return finished
+
+    async def _record_late(self) -> None:
+        """Until cancelled: retry outcomes the ledger refused (a full disk, say), so no call that ran stays
+        `executing`."""
+        while True:
+            await self._late.wait()
+            self._late = anyio.Event()
+            while self._unrecorded:
+                await anyio.sleep(LATE_RECORD_SECONDS)
+                for invocation_id, (invocation, outcome) in list(self._unrecorded.items()):
+                    try:
+                        finished = await self._record_outcome(invocation_id, outcome)
+                    except BastionError:
+                        continue
+                    del self._unrecorded[invocation_id]
+                    logger.warning("the outcome of invocation %s is recorded at last", invocation_id)
+                    if finished:
+                        await self.observers.finished(invocation.model_copy(update=outcome))
 
     async def _invocation_status(self, arguments: dict[str, Any], context: CallContext) -> types.CallToolResult:
         """`bastion__invocation`: an invocation's status and redacted result, for the agent that made it."""

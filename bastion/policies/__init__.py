@@ -14,7 +14,7 @@ from bastion.policies.drift import (
     structural_fingerprint,
 )
 from bastion.policies.limits import RateLimiter
-from bastion.policies.modes import MODE_STRICTNESS, is_mode, resolve_mode, stricter
+from bastion.policies.modes import MODE_STRICTNESS, is_mode, resolve_mode, stricter, strictness
 from bastion.policies.naming import (
     MAX_TOOL_NAME,
     NameAssignment,
@@ -48,6 +48,7 @@ __all__ = [
     "resolve_mode",
     "sanitize",
     "stricter",
+    "strictness",
     "structural_fingerprint",
     "tool_name",
 ]

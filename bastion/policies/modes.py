@@ -18,6 +18,12 @@ def is_mode(value: object) -> TypeGuard[Mode]:
     return isinstance(value, str) and value in MODES
 
 
+def strictness(value: str) -> float:
+    """How strict a configured mode value is: a value that is not a mode ranks just below `deny`, since it
+    resolves to deny (a merge that keeps the stricter value then keeps a real `deny` over a typo)."""
+    return MODE_STRICTNESS[value] if is_mode(value) else MODE_STRICTNESS["deny"] - 0.5
+
+
 def stricter(a: Mode, b: Mode) -> Mode:
     """The stricter of two modes."""
     return a if MODE_STRICTNESS[a] >= MODE_STRICTNESS[b] else b
