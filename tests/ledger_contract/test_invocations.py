@@ -271,6 +271,8 @@ async def test_find_returns_the_ids_that_start_with_a_prefix_in_order_up_to_the_
     assert await ledger.invocations.find("ABC", limit=10) == []  # ids are case-sensitive
     assert await ledger.invocations.find("c", limit=10) == []
     assert await ledger.invocations.find("abc", limit=0) == []
+    with pytest.raises(ValueError, match="limit"):
+        await ledger.invocations.find("abc", limit=-1)
 
 
 async def test_find_of_a_principal_sees_only_its_own_invocations(ledger: OpenLedger) -> None:
@@ -281,3 +283,30 @@ async def test_find_of_a_principal_sees_only_its_own_invocations(ledger: OpenLed
     assert await ledger.invocations.find("abc-2", principal="alice", limit=10) == []
     assert await ledger.invocations.find("abc", principal="carol", limit=10) == []
     assert await ledger.invocations.find("abc", limit=10) == ["abc-1", "abc-2", "abc-3"]
+
+
+@pytest.mark.parametrize("prefix", ["a%", "a_", "a\\", "a*", "a?", "a[", "a'"])
+async def test_find_takes_the_prefix_literally(ledger: OpenLedger, prefix: str) -> None:
+    """Wildcards of LIKE and GLOB, escapes and quotes in a prefix match only themselves."""
+    ids = sorted({"ab-1", "a-1", "a%b", "a_b", "a\\b", "a*b", "a?b", "a[b", "a'b", prefix + "-1"})
+    for number, invocation_id in enumerate(ids, start=1):
+        await ledger.invocations.record(make_invocation(number, id=invocation_id), ["planned"])
+    expected = [invocation_id for invocation_id in ids if invocation_id.startswith(prefix)]
+    assert len(expected) == 2
+    assert await ledger.invocations.find(prefix, limit=10) == expected
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    ["", "a", "a\U0010ffff", "\U0010ffff", "a\ud7ff", "z" * 40],
+    ids=["empty", "letter", "then-last-code-point", "last-code-point", "then-before-surrogates", "long"],
+)
+async def test_find_sees_ids_at_the_very_end_of_the_id_space(ledger: OpenLedger, prefix: str) -> None:
+    """No id that starts with the prefix is missed, however high its next characters (the last code point, the
+    one before the surrogates)."""
+    tails = ["", "0", "\U0010ffff", "\U0010ffff\U0010ffff", "\ud7ff", "\ue000", "~"]
+    ids = sorted({prefix + tail for tail in tails} | {"b", "\U0010ffff"})
+    for number, invocation_id in enumerate(ids, start=1):
+        await ledger.invocations.record(make_invocation(number, id=invocation_id), ["planned"])
+    expected = [invocation_id for invocation_id in ids if invocation_id.startswith(prefix)]
+    assert await ledger.invocations.find(prefix, limit=100) == expected
