@@ -48,6 +48,8 @@ async def test_since_resumes_a_stream_from_any_cursor_in_pages(ledger: OpenLedge
     assert await ledger.changes.since(everything[-1].id) == []
     assert await ledger.changes.since(everything[4].id) == everything[5:]
     assert await ledger.changes.since(start, limit=0) == []
+    with pytest.raises(ValueError, match="limit"):
+        await ledger.changes.since(start, limit=-1)
 
 
 async def test_every_waiter_wakes_when_the_same_ledger_commits(ledger: OpenLedger) -> None:
@@ -150,3 +152,46 @@ async def test_a_new_connection_announces_only_what_follows_its_opening(backend:
         await later.invocations.record(make_invocation(2), ["planned"])
         assert [c.invocation_id for c in await later.changes.next(cursor)] == ["inv-0002"]
         assert [c.invocation_id for c in await later.changes.since(0)] == ["inv-0001", "inv-0001", "inv-0002"]
+
+
+async def test_a_waiter_resuming_from_a_cursor_ahead_of_the_feed_gets_only_what_follows_it(
+    ledger: OpenLedger, another: OpenLedger
+) -> None:
+    """A cursor read from storage (another connection's commits, not yet announced here) is a valid place to
+    resume from: the feed waits until it has caught up and returns what follows the cursor."""
+    start = ledger.changes.cursor
+    await another.invocations.record(make_invocation(1), ["planned", "pending", "approved"])
+    stored = await ledger.changes.since(start)
+    assert [c.kind for c in stored] == ["planned", "pending", "approved"]
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            await group.start(ledger.changes.run)
+            changes = await ledger.changes.next(stored[0].id)
+            group.cancel_scope.cancel()
+    assert list(changes) == stored[1:]
+
+
+async def test_a_cursor_beyond_every_change_of_the_ledger_is_told_to_re_read_instead_of_waiting_forever(
+    ledger: OpenLedger,
+) -> None:
+    """A cursor this ledger never issued (from another ledger, or from this one before it was restored from a
+    backup) would wait for changes that may never come."""
+    await ledger.invocations.record(make_invocation(1), ["planned"])
+    newest = ledger.changes.cursor
+    with anyio.fail_after(10), pytest.raises(ChangesLost):
+        await ledger.changes.next(newest + 1000)
+    await ledger.invocations.record(make_invocation(2), ["planned"])
+    assert [c.invocation_id for c in await ledger.changes.next(newest)] == ["inv-0002"]
+
+
+async def test_what_another_connection_committed_before_the_feed_ran_is_announced_when_it_runs(
+    ledger: OpenLedger, another: OpenLedger
+) -> None:
+    cursor = ledger.changes.cursor
+    await another.invocations.record(make_invocation(1), ["planned", "pending"])
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            await group.start(ledger.changes.run)
+            changes = await ledger.changes.next(cursor)
+            group.cancel_scope.cancel()
+    assert [(c.invocation_id, c.kind) for c in changes] == [("inv-0001", "planned"), ("inv-0001", "pending")]
