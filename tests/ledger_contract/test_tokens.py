@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from datetime import timedelta
 
+import anyio
 import pytest
 
 from bastion.errors import Conflict, NotFound
@@ -72,6 +73,28 @@ async def test_an_active_name_cannot_be_taken_twice_but_a_revoked_one_can(ledger
     assert await ledger.tokens.authenticate(first) is None
     assert await ledger.tokens.authenticate(second) == Principal(name="ci-agent", role="admin")
     assert [(token.role, token.active) for token in await ledger.tokens.tokens()] == [("admin", True), ("agent", False)]
+
+
+async def test_two_connections_creating_a_token_of_one_name_at_once_leave_exactly_one(
+    ledger: OpenLedger, another: OpenLedger
+) -> None:
+    outcomes: list[str | Conflict] = []
+
+    async def create(connection: OpenLedger, role: Role) -> None:
+        try:
+            outcomes.append(await connection.tokens.create_token("ci-agent", role=role, profile=None, now=T0))
+        except Conflict as conflict:
+            outcomes.append(conflict)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as group:
+            group.start_soon(create, ledger, "agent")
+            group.start_soon(create, another, "admin")
+
+    secrets = [outcome for outcome in outcomes if isinstance(outcome, str)]
+    assert (len(secrets), len(outcomes)) == (1, 2)
+    (token,) = await another.tokens.tokens()
+    assert await ledger.tokens.authenticate(secrets[0]) == Principal(name="ci-agent", role=token.role)
 
 
 async def test_tokens_lists_active_and_revoked_newest_first(ledger: OpenLedger) -> None:
