@@ -54,7 +54,17 @@ class SqliteFeed:
 
     async def next(self, after: int) -> Sequence[Change]:
         """The changes after id `after`, oldest first, waiting for the first of them. Raises ChangesLost when
-        some of them are no longer kept."""
+        some of them are no longer kept, or when `after` is beyond every event of the file (a cursor of another
+        ledger, or of this one before a restore: waiting would never end)."""
+        if after > self._cursor:
+            # A cursor read from the file (`since`) may be ahead of what was announced: catch up on the writer,
+            # which sees every commit. Whatever is still ahead was never issued by this ledger.
+            await self._db.read_on_writer(self._read_new)
+            if after > self._cursor:
+                raise ChangesLost(
+                    f"cursor {after} is beyond the newest change of this ledger ({self._cursor}); "
+                    "re-read what you watch and continue from the feed's cursor"
+                )
         while after >= self._cursor:
             await self._arrived.wait()
         oldest = self._recent[0].id if self._recent else self._cursor + 1
@@ -64,14 +74,17 @@ class SqliteFeed:
 
     async def since(self, after: int, *, limit: int = 1000) -> list[Change]:
         """At most `limit` changes after id `after`, read from the file: what a resumed stream of events needs."""
+        if limit < 0:
+            raise ValueError(f"limit must not be negative, got {limit}")
         rows = await self._db.fetchall(_NEWER_PAGE, (after, limit))
         return [Change(id=row[0], invocation_id=row[1], kind=row[2]) for row in rows]
 
     async def run(self, interval: float = 0.05, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Until cancelled, notice commits of other connections and announce their events; checkpoint the WAL
-        when due. `task_group.start(feed.run)` returns once the first data_version is read, so every commit
-        after it is noticed."""
+        when due. `task_group.start(feed.run)` returns once the first data_version is read and what other
+        connections committed before it is announced, so no commit of theirs is missed."""
         seen = await self._db.data_version()
+        await self._db.read_on_writer(self._read_new)
         task_status.started()
         while True:
             with anyio.move_on_after(interval):

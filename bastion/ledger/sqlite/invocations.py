@@ -57,7 +57,9 @@ COUNT_PENDING: Final = f"{COUNT} WHERE status = 'pending'"
 INSERT_INVOCATION: Final = f"INSERT INTO invocations ({_COLUMN_LIST}) VALUES ({', '.join('?' * len(COLUMNS))})"
 INSERT_EVENT: Final = "INSERT INTO events (invocation_id, seq, kind, at, detail) VALUES (?, ?, ?, ?, ?)"
 COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_id = ? AND status = 'pending'"
-FIND: Final = "SELECT id FROM invocations WHERE id >= :prefix AND id < :prefix || char(1114111)"
+# Ids from the prefix up to (not including) the least text after all that start with it: a range on the primary key.
+FIND: Final = "SELECT id FROM invocations WHERE id >= :prefix"
+FIND_BEFORE: Final = " AND id < :end"
 APPEND_EVENT: Final = """
     INSERT INTO events (invocation_id, seq, kind, at, detail)
     SELECT :id, COALESCE(MAX(seq), 0) + 1, :kind, :at, :detail FROM events WHERE invocation_id = :id
@@ -126,6 +128,10 @@ NEVER_STARTED: Final = f"""
     SELECT id FROM invocations WHERE status = 'approved' AND {_ORPHANED} ORDER BY created_at, rowid
 """
 PROCESS_STOPPED: Final = "the Bastion process running it stopped"
+
+_LAST_CODE_POINT: Final = chr(0x10FFFF)
+_FIRST_SURROGATE: Final = 0xD800
+_AFTER_SURROGATES: Final = 0xE000
 
 
 def event_params(invocation_id: str, kind: EventKind, at: str, detail: str = "{}") -> dict[str, str]:
@@ -380,9 +386,18 @@ class SqliteInvocations:
         return invocation_from_row(row) if row is not None else None
 
     async def find(self, prefix: str, *, principal: str | None = None, limit: int = 2) -> builtins.list[str]:
-        """The ids that start with `prefix` (of `principal`'s invocations only, when given), at most `limit`."""
-        sql = FIND + (" AND principal = :principal" if principal is not None else "") + " ORDER BY id LIMIT :limit"
-        rows = await self._db.fetchall(sql, {"prefix": prefix, "principal": principal, "limit": limit})
+        """The ids that start with `prefix` (of `principal`'s invocations only, when given), at most `limit`,
+        in order. The prefix is taken literally."""
+        if limit < 0:
+            raise ValueError(f"limit must not be negative, got {limit}")
+        end = _prefix_end(prefix)
+        sql = (
+            FIND
+            + (FIND_BEFORE if end is not None else "")
+            + (" AND principal = :principal" if principal is not None else "")
+            + " ORDER BY id LIMIT :limit"
+        )
+        rows = await self._db.fetchall(sql, {"prefix": prefix, "end": end, "principal": principal, "limit": limit})
         return [row[0] for row in rows]
 
     async def list(
@@ -421,6 +436,18 @@ class SqliteInvocations:
         """The earliest expires_at among pending invocations (None when none of them expires)."""
         row = await self._db.fetchone(NEXT_EXPIRY)
         return None if row[0] is None else datetime.fromisoformat(row[0])
+
+
+def _prefix_end(prefix: str) -> str | None:
+    """The least text after every text that starts with `prefix`, in code point order (SQLite compares UTF-8
+    bytes, which sorts the same); None when there is none (the prefix is empty or all U+10FFFF)."""
+    stem = prefix.rstrip(_LAST_CODE_POINT)
+    if not stem:
+        return None
+    following = ord(stem[-1]) + 1
+    if following == _FIRST_SURROGATE:
+        following = _AFTER_SURROGATES  # surrogates are no text: the next character is U+E000
+    return stem[:-1] + chr(following)
 
 
 def _invocation_row(invocation: Invocation) -> tuple[Any, ...]:

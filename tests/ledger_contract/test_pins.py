@@ -1,52 +1,21 @@
-"""The pins table of the SQLite ledger: upserts, listing, accepting drift, definitions kept verbatim."""
+"""Pins (DESIGN.md §5): saved whole, listed in order, drift accepted for one action or a whole source, and tool
+definitions kept verbatim (never redacted: they are not secrets, and a scrubbed copy would make diffs lie)."""
 
 from __future__ import annotations
-
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from bastion.errors import NotFound
-from bastion.ledger import OpenLedger, Redactor, open_ledger, sqlite_path
-from bastion.models import Pin, PinObservation
+from bastion.ledger import OpenLedger
+from bastion.models import Pin
+from tests.ledger_contract.samples import CANARY, make_pin, observation
 
-T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
-# Looks like a credential to the redactor; in a tool definition it is just text and must stay as it is.
-TOKEN_LIKE = "ghp_" + "Zq8" * 12
-
-
-def observation(version: int, **definition: Any) -> PinObservation:
-    return PinObservation(
-        fingerprint=f"{version:064x}",
-        structural=f"{version + 1000:064x}",
-        definition={"name": "write_file", "description": f"version {version}", **definition},
-        seen_at=T0 + timedelta(minutes=version),
-    )
+pytestmark = pytest.mark.anyio
 
 
-def make_pin(source_id: str, action_id: str, *, drifted: bool = False, pinned_by: str | None = "first-use") -> Pin:
-    return Pin(
-        source_id=source_id,
-        action_id=action_id,
-        pinned=observation(1),
-        pinned_by=pinned_by,
-        drift=observation(2) if drifted else None,
-    )
-
-
-@pytest.fixture
-async def ledger(tmp_path: Path) -> AsyncIterator[OpenLedger]:
-    async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as opened:
-        yield opened
-
-
-@pytest.mark.anyio
 async def test_a_saved_pin_round_trips_with_its_definitions_verbatim(ledger: OpenLedger) -> None:
     definition = {
-        "inputSchema": {"type": "object", "properties": {"token": {"type": "string", "default": TOKEN_LIKE}}},
+        "inputSchema": {"type": "object", "properties": {"token": {"type": "string", "default": CANARY}}},
         "annotations": {"password": "is a field name here", "ü": ["ß", 1, None]},
     }
     pin = Pin(
@@ -58,11 +27,8 @@ async def test_a_saved_pin_round_trips_with_its_definitions_verbatim(ledger: Ope
     )
     await ledger.pins.save_pin(pin)
     assert await ledger.pins.pins() == [pin]
-    files = [file for file in sqlite_path(ledger.url).parent.iterdir() if file.name.startswith("ledger.db")]
-    assert TOKEN_LIKE.encode() in b"".join(file.read_bytes() for file in files)
 
 
-@pytest.mark.anyio
 async def test_saving_a_pin_again_replaces_the_whole_row(ledger: OpenLedger) -> None:
     await ledger.pins.save_pin(make_pin("fs", "write_file", drifted=True))
     replacement = Pin(source_id="fs", action_id="write_file", pinned=observation(7), pinned_by=None)
@@ -70,7 +36,6 @@ async def test_saving_a_pin_again_replaces_the_whole_row(ledger: OpenLedger) -> 
     assert await ledger.pins.pins() == [replacement]
 
 
-@pytest.mark.anyio
 async def test_pins_are_sorted_by_source_and_action_and_filtered_by_source(ledger: OpenLedger) -> None:
     for source_id, action_id in [("notes", "b"), ("fs", "write"), ("notes", "a"), ("fs", "read")]:
         await ledger.pins.save_pin(make_pin(source_id, action_id))
@@ -79,7 +44,15 @@ async def test_pins_are_sorted_by_source_and_action_and_filtered_by_source(ledge
     assert await ledger.pins.pins("nowhere") == []
 
 
-@pytest.mark.anyio
+async def test_a_drifted_pin_saved_through_one_connection_is_accepted_through_another(
+    ledger: OpenLedger, another: OpenLedger
+) -> None:
+    await ledger.pins.save_pin(make_pin("fs", "write", drifted=True))
+    accepted = await another.pins.accept_drift(source_id="fs", action_id="write", principal="alice")
+    assert [(pin.pinned, pin.pinned_by, pin.drift) for pin in accepted] == [(observation(2), "alice", None)]
+    assert await ledger.pins.pins() == accepted
+
+
 async def test_accepting_the_drift_of_one_action_repins_only_it(ledger: OpenLedger) -> None:
     await ledger.pins.save_pin(make_pin("fs", "read", drifted=True))
     await ledger.pins.save_pin(make_pin("fs", "write", drifted=True))
@@ -91,7 +64,6 @@ async def test_accepting_the_drift_of_one_action_repins_only_it(ledger: OpenLedg
     assert await ledger.pins.pins("fs") == [make_pin("fs", "read", drifted=True), expected]
 
 
-@pytest.mark.anyio
 async def test_accepting_the_drift_of_a_source_repins_every_drifted_action_of_it(ledger: OpenLedger) -> None:
     await ledger.pins.save_pin(make_pin("fs", "write", drifted=True))
     await ledger.pins.save_pin(make_pin("fs", "read"))
@@ -110,7 +82,6 @@ async def test_accepting_the_drift_of_a_source_repins_every_drifted_action_of_it
     assert await ledger.pins.accept_drift(source_id="fs", action_id=None, principal="alice") == []
 
 
-@pytest.mark.anyio
 async def test_accepting_without_drift_returns_nothing_and_an_unknown_action_is_not_found(
     ledger: OpenLedger,
 ) -> None:
