@@ -9,12 +9,15 @@ because `stored_json` refuses anything else.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
 from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status
+
+GoneFn = Callable[[Sequence[str]], Awaitable[Collection[str]]]
+"""Given the instances that own executing or approved invocations, those that are gone (stopped)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +101,7 @@ class InvocationBackend(Protocol):
 
     async def claim(self, invocation_id: str, *, owner: str) -> Invocation | None: ...
 
-    async def recover(self, owner_alive: Callable[[str], bool]) -> RecoveryReport: ...
+    async def recover(self, gone_of: GoneFn) -> RecoveryReport: ...
 
     async def get(self, invocation_id: str) -> Invocation | None: ...
 

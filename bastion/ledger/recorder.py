@@ -9,12 +9,12 @@ owns the ledger's argument-hash key (bastion.ledger.keys), since only it sees th
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from bastion.ledger import keys
-from bastion.ledger.backend import EMPTY_DETAIL, InvocationBackend, Scrubbed
+from bastion.ledger.backend import EMPTY_DETAIL, GoneFn, InvocationBackend, Scrubbed
 from bastion.ledger.redaction import Redactor
 from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status
 
@@ -122,10 +122,10 @@ class Recorder:
         """approved -> executing for exactly one claimer (None for the others)."""
         return await self._backend.claim(invocation_id, owner=owner)
 
-    async def recover(self, owner_alive: Callable[[str], bool]) -> RecoveryReport:
-        """`executing` invocations whose owner is not alive become `unknown`; report the approved ones of
-        owners that are not alive (never started) and how many are pending."""
-        return await self._backend.recover(owner_alive)
+    async def recover(self, gone_of: GoneFn) -> RecoveryReport:
+        """`executing` invocations whose owner is gone become `unknown`; report the approved ones of owners that
+        are gone (never started) and how many are pending. `gone_of` is asked after the owners are read."""
+        return await self._backend.recover(gone_of)
 
     # -- reads -----------------------------------------------------------------------------------------
 

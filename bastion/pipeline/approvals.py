@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -49,8 +49,8 @@ HELD_POLL_SECONDS = 1.0
 IDLE_POLL_SECONDS = 5.0
 """How often to sweep expiries and recover the work of instances that stopped (adopting what they left approved)."""
 
-Liveness = Callable[[], Awaitable[Callable[[str], bool]]]
-"""Gives a predicate telling whether an instance (an invocation's owner) is alive, read fresh each time."""
+GoneFn = Callable[[Sequence[str]], Awaitable[Collection[str]]]
+"""Given instances that own invocations, those that are gone (read fresh each time)."""
 
 
 PendingFn = Callable[[Invocation], Coroutine[Any, Any, None]]
@@ -109,14 +109,14 @@ class ApprovalDesk:
         runner: Runner,
         lookup: Lookup,
         owner: str,
-        liveness: Liveness,
+        gone_of: GoneFn,
         heartbeat_seconds: float,
         observers: Observers,
     ) -> None:
         self._store = store
         self._observers = observers
         self._feed = feed
-        self._liveness = liveness
+        self._gone_of = gone_of
         self._runner = runner
         self._lookup = lookup
         self.owner = owner
@@ -240,7 +240,7 @@ class ApprovalDesk:
         if anyio.current_time() - self._last_recovery < IDLE_POLL_SECONDS:
             return
         self._last_recovery = anyio.current_time()
-        report = await self._store.recover(await self._liveness())
+        report = await self._store.recover(self._gone_of)
         if report.unknown:
             logger.warning("%d invocation(s) of a stopped instance marked unknown", len(report.unknown))
         for orphan_id in report.approved:

@@ -110,7 +110,7 @@ class Gateway:
             runner=self._run_counted,
             lookup=self._lookup,
             owner=self.instance_id,
-            liveness=self.instance.liveness,
+            gone_of=self.instance.gone,
             heartbeat_seconds=config.settings.approvals.heartbeat_seconds,
             observers=self.observers,
         )
@@ -201,7 +201,7 @@ class Gateway:
         """Take this instance's lease, recover the ledger, start every source, wait (bounded) for their first
         listing, serve, stop."""
         await self.instance.register()
-        report = await self.invocations.recover(await self.instance.liveness())
+        report = await self.invocations.recover(self.instance.gone)
         if report.unknown or report.approved:
             logger.warning(
                 "recovered the ledger: %d interrupted invocation(s) marked unknown, %d approved one(s) to run",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Final
 
@@ -100,8 +100,8 @@ class Instance:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 await self._registry.release(self.id, now=utcnow())
 
-    async def liveness(self) -> Callable[[str], bool]:
-        """A predicate telling whether an owner is alive, from the leases as they are now."""
+    async def gone(self, owners: Sequence[str]) -> set[str]:
+        """Which of `owners` (instances owning invocations) are gone, by the leases as they are now."""
         leases = await self._registry.leases()
         now = utcnow()
-        return lambda owner: owner == self.id or owner_alive(owner, leases, now)
+        return {owner for owner in owners if owner != self.id and not owner_alive(owner, leases, now)}

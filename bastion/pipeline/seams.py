@@ -229,9 +229,10 @@ class InvocationStore(Protocol):
         """approved -> executing for exactly one claimer (None for the others)."""
         ...
 
-    async def recover(self, owner_alive: Callable[[str], bool]) -> RecoveryReport:
-        """`executing` invocations whose owner is not alive become `unknown`; report the approved ones of
-        owners that are not alive (never started) and how many are pending."""
+    async def recover(self, gone_of: Callable[[Sequence[str]], Awaitable[Collection[str]]]) -> RecoveryReport:
+        """`executing` invocations whose owner is gone become `unknown`; report the approved ones of owners that
+        are gone (never started) and how many are pending. `gone_of` is asked, once, with the owners found after
+        they are read, so an instance that recorded work is judged on a lease it already held."""
         ...
 
     async def get(self, invocation_id: str) -> Invocation | None: ...
@@ -313,7 +314,8 @@ class ChangeFeed(Protocol):
 
     async def next(self, after: int) -> Sequence[Change]:
         """The changes after id `after`, oldest first, waiting for the first. Raises ChangesLost when some are no
-        longer kept (re-read what you watch, then continue from `cursor`)."""
+        longer kept, or when `after` is beyond every change of the ledger (re-read what you watch, then continue
+        from `cursor`)."""
         ...
 
     async def since(self, after: int, *, limit: int = 1000) -> builtins.list[Change]:

@@ -3,6 +3,8 @@ instances that are gone becomes `unknown` while what they left approved is repor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import anyio
 import pytest
 
@@ -11,6 +13,14 @@ from bastion.models import Invocation, RecoveryReport, Status
 from tests.ledger_contract.samples import make_invocation
 
 pytestmark = pytest.mark.anyio
+
+
+async def everyone_gone(owners: Sequence[str]) -> set[str]:
+    return set(owners)
+
+
+async def all_but_alive(owners: Sequence[str]) -> set[str]:
+    return {owner for owner in owners if owner != "alive"}
 
 
 async def test_recover_marks_work_of_stopped_processes_unknown_and_reports_what_never_started(
@@ -29,14 +39,14 @@ async def test_recover_marks_work_of_stopped_processes_unknown_and_reports_what_
     ]
     for number, (status, owner) in enumerate(rows, start=1):
         await ledger.invocations.record(make_invocation(number, status=status, owner=owner), ["planned", status])
-    asked: list[str] = []
+    asked: list[list[str]] = []
 
-    def instance_alive(owner: str) -> bool:
-        asked.append(owner)
-        return owner == "alive"
+    async def gone_of(owners: Sequence[str]) -> set[str]:
+        asked.append(sorted(owners))
+        return {owner for owner in owners if owner != "alive"}
 
-    report = await ledger.invocations.recover(instance_alive)
-    assert sorted(asked) == ["alive", "gone"]
+    report = await ledger.invocations.recover(gone_of)
+    assert asked == [["alive", "gone"]], "asked once, with the owners found"
     assert report.unknown == ["inv-0001", "inv-0003"]
     assert report.approved == ["inv-0004", "inv-0006"]
     assert report.pending == 2
@@ -50,11 +60,11 @@ async def test_recover_marks_work_of_stopped_processes_unknown_and_reports_what_
     kept = [status for status, _ in rows]
     kept[0] = kept[2] = "unknown"
     assert [invocation.status for invocation in reversed(await ledger.invocations.list())] == kept
-    assert (await ledger.invocations.recover(instance_alive)).unknown == []
+    assert (await ledger.invocations.recover(gone_of)).unknown == []
 
 
 async def test_recover_of_an_empty_ledger_finds_nothing(ledger: OpenLedger) -> None:
-    assert await ledger.invocations.recover(lambda owner: False) == RecoveryReport()
+    assert await ledger.invocations.recover(everyone_gone) == RecoveryReport()
 
 
 async def test_exactly_one_of_two_claimers_gets_an_approved_invocation(ledger: OpenLedger, another: OpenLedger) -> None:
@@ -101,7 +111,7 @@ async def test_recovery_racing_claims_never_marks_a_live_claimers_work_unknown(
 
     async def recover() -> None:
         for _ in range(5):
-            reports.append(await another.invocations.recover(lambda owner: owner == "alive"))
+            reports.append(await another.invocations.recover(all_but_alive))
 
     with anyio.fail_after(30):
         async with anyio.create_task_group() as group:
@@ -121,5 +131,5 @@ async def test_recovery_racing_claims_never_marks_a_live_claimers_work_unknown(
         assert (stored.status, stored.owner) == ("executing", "alive")
         kinds = [event.kind for event in await ledger.invocations.events(invocation_id)]
         assert kinds == ["planned", "approved", "executing"]
-    final = await another.invocations.recover(lambda owner: owner == "alive")
+    final = await another.invocations.recover(all_but_alive)
     assert final == RecoveryReport()

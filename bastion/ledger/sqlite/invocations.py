@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from bastion.errors import ApprovalExpired, Conflict, NotFound
-from bastion.ledger.backend import Scrubbed, stored_json
+from bastion.ledger.backend import GoneFn, Scrubbed, stored_json
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.schema import dumps, optional_timestamp, timestamp
 from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
@@ -353,17 +353,18 @@ class SqliteInvocations:
             fields={"owner": owner},
         )
 
-    async def recover(self, owner_alive: Callable[[str], bool]) -> RecoveryReport:
-        """Every `executing` invocation whose owner is not alive becomes `unknown` (its outcome cannot be
-        known); report the approved ones whose owner is not alive (oldest first: they never started, claim
-        and run them) and how many are pending (kept with their expiry).
+    async def recover(self, gone_of: GoneFn) -> RecoveryReport:
+        """Every `executing` invocation whose owner is gone becomes `unknown` (its outcome cannot be known);
+        report the approved ones whose owner is gone (oldest first: they never started, claim and run them)
+        and how many are pending (kept with their expiry).
 
-        A missing owner counts as not alive. `owner_alive` is asked once per distinct owner.
+        `gone_of` is asked once, with the owners found, after they are read (so an instance that recorded work
+        had registered before it is judged). A missing owner counts as gone.
         """
-        owners = await self._db.fetchall(OWNERS)
+        owners = [owner for (owner,) in await self._db.fetchall(OWNERS)]
         # An owner that was gone when asked stays gone (instance ids are never reused), so the answer
         # still holds in the transaction below even if other rows changed meanwhile.
-        gone = dumps([owner for (owner,) in owners if not owner_alive(owner)])
+        gone = dumps(sorted(await gone_of(owners)) if owners else [])
         at = timestamp(utcnow())
         reason = dumps({"reason": PROCESS_STOPPED})
 
