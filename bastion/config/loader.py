@@ -52,7 +52,7 @@ PYTHON_COMMAND: Final = "python"
 """A connector `command` of exactly this runs the interpreter that runs Bastion (`sys.executable`)."""
 STARTER_FILES: Final = ("bastion.toml", "connectors/notes.toml", "policies/default.toml")
 
-_SQLITE_PREFIX: Final = "sqlite:///"
+SQLITE_PREFIX: Final = "sqlite:///"
 _ENV_REFERENCE: Final = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_START: Final = "${env:"
 _SOURCE_ID: Final = re.compile(r"^[a-z0-9_-]+$")
@@ -104,8 +104,9 @@ def default_state_dir(*, env: Mapping[str, str], home: Path) -> Path:
 
 
 def sqlite_path(ledger_url: str) -> Path:
-    """The file of a `sqlite:///relative` or `sqlite:////absolute` ledger URL."""
-    path = ledger_url.removeprefix(_SQLITE_PREFIX)
+    """The file of a `sqlite:///relative` or `sqlite:////absolute` ledger URL (ConfigError for another scheme):
+    the loader resolves relative ones against the config directory, and `bastion.ledger.open_ledger` opens it."""
+    path = ledger_url.removeprefix(SQLITE_PREFIX)
     if path == ledger_url or not path:
         scheme = ledger_url.split(":", 1)[0] if ":" in ledger_url else ledger_url
         raise ConfigError(
@@ -168,7 +169,7 @@ def embedded_default(*, env: Mapping[str, str], home: Path) -> Config:
         args=["-m", "bastion.demo.notes"],
         env={"BASTION_NOTES_FILE": str(state / "notes.json")},
     )
-    ledger_url = _SQLITE_PREFIX + str(state / "ledger.db")
+    ledger_url = SQLITE_PREFIX + str(state / "ledger.db")
     return Config(
         directory=None,
         settings=Settings(server=ServerSettings(ledger=ledger_url)),
@@ -293,7 +294,7 @@ class _Loader:
             default = ServerSettings().ledger
             self.report(self.directory / CONFIG_FILE, line, f"{exc.message}; using the default {default}")
             path = sqlite_path(default)
-        return _SQLITE_PREFIX + str(self.directory / path)
+        return SQLITE_PREFIX + str(self.directory / path)
 
     def connectors(self) -> list[ConnectorConfig]:
         loaded: dict[str, tuple[ConnectorConfig, Path]] = {}

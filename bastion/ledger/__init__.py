@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Final
 
-from bastion.errors import ConfigError
+from bastion.config import SQLITE_PREFIX, sqlite_path
 from bastion.ledger.keys import load_or_create_key
 from bastion.ledger.recorder import Recorder
 from bastion.ledger.redaction import Redactor
@@ -22,8 +21,6 @@ from bastion.ledger.sqlite.pins import SqlitePins
 from bastion.ledger.sqlite.tokens import SqliteTokens
 
 __all__ = ["SQLITE_PREFIX", "OpenLedger", "Recorder", "Redactor", "key_path_for", "open_ledger", "sqlite_path"]
-
-SQLITE_PREFIX: Final = "sqlite:///"
 
 
 @dataclass(eq=False)
@@ -51,18 +48,6 @@ class OpenLedger:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
-
-
-def sqlite_path(url: str) -> Path:
-    """The file of a `sqlite:///relative` or `sqlite:////absolute` ledger URL; ConfigError for another scheme."""
-    path = url.removeprefix(SQLITE_PREFIX)
-    if path == url or not path:
-        scheme = url.split(":", 1)[0] if ":" in url else url
-        raise ConfigError(
-            f'ledger URL scheme "{scheme}" is not supported: only SQLite ledgers work in this version; '
-            'use "sqlite:///state/ledger.db" (relative to the config directory) or "sqlite:////absolute/path.db"'
-        )
-    return Path(path)
 
 
 def key_path_for(database: Path) -> Path:
