@@ -48,7 +48,10 @@ def write_config(directory: Path) -> Path:
     """A configuration with the conformance fixture as the connector `fx`, its tools allowed."""
     (directory / "connectors").mkdir(parents=True)
     (directory / "policies").mkdir()
-    (directory / "bastion.toml").write_text('[server]\nledger = "sqlite:///state/ledger.db"\n')
+    # The Inspector lists right after connecting: its first listing waits for the fixture to start.
+    (directory / "bastion.toml").write_text(
+        '[server]\nledger = "sqlite:///state/ledger.db"\nstartup_wait_seconds = 30\n'
+    )
     (directory / "connectors" / "fx.toml").write_text(
         f"command = {json.dumps(sys.executable)}\n"
         'args = ["-m", "tests.conformance.server"]\n'

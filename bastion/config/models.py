@@ -32,6 +32,9 @@ class ServerSettings(_Strict):
     """`sqlite:///path` (relative to the config directory) or `postgresql://...`."""
     shutdown_grace_seconds: float = Field(default=10, ge=0)
     """On SIGTERM/SIGINT, how long calls already running may take to finish before they are cancelled."""
+    startup_wait_seconds: float = Field(default=5, ge=0)
+    """`bastion serve` answers hosts at once; for this long after it starts, a listing (or a call of a tool not
+    listed yet) waits for connectors still starting, then is answered with what is ready."""
 
 
 class ApprovalSettings(_Strict):

@@ -141,6 +141,7 @@ class FrontDoor:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        await self.gateway.first_listings()
         tools, next_cursor = self._tool_pages.page(self.gateway.tools, page_cursor(params))
         return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
 
@@ -167,6 +168,8 @@ class FrontDoor:
         on_progress = relay_progress if progress_token is not None else None
         arguments = params.arguments or {}
         logger.debug("tools/call %s arguments %s", params.name, arguments)  # redacted by the CLI's log handler
+        if self.gateway.catalog.get(params.name) is None:  # maybe a tool of a source still starting
+            await self.gateway.first_listings()
         try:
             hashed = self.gateway.hash_args(arguments)
             if params.request_state is not None:
