@@ -13,13 +13,14 @@ import signal
 import socket
 from collections.abc import Coroutine
 from typing import Annotated, Any, Final, Literal
+from urllib.parse import urlsplit
 
 import anyio
 import typer
 
 from bastion import __version__
 from bastion.cli.app import ConfigOption, Exit, app, err, load, open_gateway, open_ledger, run_async
-from bastion.config import Config, validate_profile
+from bastion.config import Config, host_name, validate_profile
 from bastion.errors import ConfigError
 from bastion.pipeline.gateway import Gateway
 from bastion.server.http import bind_listener, is_loopback, listener_problem, serve_http
@@ -40,6 +41,14 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind (http).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind (http); 0 picks a free one.")] = 8765,
     profile: Annotated[str | None, typer.Option(help="Policy profile bound to every session.")] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME",
+            help="A name hosts reach Bastion by over HTTP (besides \\[server] allowed_hosts); repeatable. "
+            "Other names are refused (421) against DNS rebinding; beyond loopback any IP address is served.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the gateway to agent hosts over stdio (default) or HTTP.
 
@@ -57,6 +66,7 @@ def serve(
             validate_profile(config, profile)
         except ConfigError as exc:
             raise Exit(f"error: {exc.message}", 2) from exc
+    allowed_hosts = [*config.settings.server.allowed_hosts, *_host_names(allowed_host or [])]
     # Bound before the ledger is recovered or any connector starts: a port problem stops nothing half-started.
     listener = _listen(host, port) if transport == "http" else None
 
@@ -81,11 +91,17 @@ def serve(
                         tokens = await gateway.ledger.tokens.has_tokens()
 
                         def ready(base_url: str) -> None:
-                            _print_connect_help(config, base_url, gateway, tokens=tokens)
+                            _print_connect_help(config, base_url, gateway, tokens=tokens, allowed_hosts=allowed_hosts)
 
                         front = shutdown.serving(FrontDoor(gateway, profile=profile))
                         await serve_http(
-                            front, host=host, port=port, on_ready=ready, listener=listener, stop=shutdown.stop
+                            front,
+                            host=host,
+                            port=port,
+                            on_ready=ready,
+                            extra_hosts=allowed_hosts,
+                            listener=listener,
+                            stop=shutdown.stop,
                         )
                 everything.cancel_scope.cancel()
         except BaseExceptionGroup as group:
@@ -157,6 +173,13 @@ def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return group
 
 
+def _host_names(given: list[str]) -> list[str]:
+    try:
+        return [host_name(name) for name in given]
+    except ValueError as exc:
+        raise Exit(f"error: --allowed-host {exc}", 2) from exc
+
+
 def _listen(host: str, port: int) -> socket.socket:
     try:
         return bind_listener(host, port)
@@ -164,7 +187,9 @@ def _listen(host: str, port: int) -> socket.socket:
         raise Exit(f"error: {listener_problem(host, port, exc)}", 2) from exc
 
 
-def _print_connect_help(config: Config, base_url: str, gateway: Gateway, *, tokens: bool) -> None:
+def _print_connect_help(
+    config: Config, base_url: str, gateway: Gateway, *, tokens: bool, allowed_hosts: list[str]
+) -> None:
     """The banner: what is served so far and how to connect. It prints as soon as the port listens, often before
     the connectors have listed: those still starting are named, and a line follows once they have."""
     url = f"{base_url}/mcp"
@@ -180,6 +205,13 @@ def _print_connect_help(config: Config, base_url: str, gateway: Gateway, *, toke
         )
         _report_when_started(gateway)
     err.print(f"  listening on {base_url}", markup=False, highlight=False)
+    if not is_loopback(urlsplit(base_url).hostname or ""):
+        names = ", ".join(allowed_hosts) or "none"
+        err.print(
+            f"  hosts may reach it by any IP address; by name only as [server] allowed_hosts lists ({names})",
+            markup=False,
+            highlight=False,
+        )
     err.print(
         f"  MCP (streamable HTTP): {url}   legacy SSE: {base_url}/sse   health: {base_url}/healthz", highlight=False
     )

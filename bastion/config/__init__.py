@@ -19,6 +19,7 @@ from bastion.config.models import (
     Config,
     ConfigIssue,
     ConnectorConfig,
+    HostName,
     LedgerSettings,
     LimitSettings,
     PolicyConfig,
@@ -29,6 +30,7 @@ from bastion.config.models import (
     SourcesPolicy,
     ToolOverride,
     ToolPin,
+    host_name,
 )
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "Config",
     "ConfigIssue",
     "ConnectorConfig",
+    "HostName",
     "LedgerSettings",
     "LimitSettings",
     "PolicyConfig",
@@ -53,6 +56,7 @@ __all__ = [
     "default_state_dir",
     "embedded_default",
     "find_config_dir",
+    "host_name",
     "init_config_dir",
     "load_config",
     "sqlite_path",
