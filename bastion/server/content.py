@@ -20,7 +20,6 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.server import ServerRequestContext
-from mcp.server.connection import Connection
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
 from mcp.shared.exceptions import MCPError
@@ -29,6 +28,7 @@ from bastion.errors import BastionError, NotFound, UpstreamError
 from bastion.pipeline.gateway import Gateway
 from bastion.server.pages import Pager, page_cursor
 from bastion.server.relay import set_host_log_level
+from bastion.server.sdk import connection_of
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class ContentHandlers:
     ) -> types.EmptyResult:
         """2025-era `resources/subscribe`: idempotent per connection, released when it closes."""
         await self.gateway.first_listings()
-        connection: Connection = ctx.session._connection
+        connection = connection_of(ctx)
         key = id(connection)
         subscriber = self._subscribers.get(key)
         if subscriber is not None and params.uri in subscriber.uris:
@@ -153,7 +153,7 @@ class ContentHandlers:
     async def unsubscribe(
         self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
     ) -> types.EmptyResult:
-        subscriber = self._subscribers.get(id(ctx.session._connection))
+        subscriber = self._subscribers.get(id(connection_of(ctx)))
         if subscriber is not None and params.uri in subscriber.uris:
             subscriber.uris.discard(params.uri)
             await self.gateway.content.unsubscribe(params.uri)
