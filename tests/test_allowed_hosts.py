@@ -102,6 +102,7 @@ async def test_bound_to_every_address_any_ip_address_is_served_but_only_listed_n
             assert await served.status(address) == 200, address
         assert await served.status("myhost.lan:8765") == 421
         assert await served.status("10.0.0.5.nip.io") == 421  # a name, whatever it looks like
+        assert await served.status("evil.example.com@10.0.0.5") == 421  # a Host is host[:port], nothing more
 
 
 async def test_bound_to_loopback_loopback_addresses_and_listed_names_are_served_but_no_other_address(

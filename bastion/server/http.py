@@ -108,7 +108,7 @@ class HostOriginGuard:
         host = headers.get("host")
         if host is None:
             return HostNotAllowed("a request without a Host header is not served; send one")
-        name = hostname_of(f"//{host}")
+        name = _host_header_name(host)
         if not self.allowed.allows(name):
             fix = f"--allowed-host {name}" if name else "--allowed-host NAME"
             return HostNotAllowed(
@@ -125,15 +125,31 @@ class HostOriginGuard:
 
 
 def hostname_of(url: str) -> str:
-    """The host of a URL (`//host:port` for a Host header) as `AllowedHosts` compares it; "" when there is none."""
+    """The host of a URL (an Origin) as `AllowedHosts` compares it; "" when there is none."""
     try:
-        found = (urlsplit(url).hostname or "").rstrip(".")
+        return _comparable((urlsplit(url).hostname or "").rstrip("."))
     except ValueError:
         return ""
+
+
+def _host_header_name(value: str) -> str:
+    """The host of a Host header, which is `host` or `host:port` and nothing else ("" then)."""
     try:
-        return str(ipaddress.ip_address(found))
+        parts = urlsplit(f"//{value}")
+        _ = parts.port  # reading it checks that the port is a number
     except ValueError:
-        return found
+        return ""
+    if parts.username is not None or parts.password is not None or parts.path or parts.query or parts.fragment:
+        return ""
+    return _comparable((parts.hostname or "").rstrip("."))
+
+
+def _comparable(host: str) -> str:
+    """A host name as found (urlsplit lowers it), or an IP address in its usual form."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host
 
 
 class _SseEndpoint:
