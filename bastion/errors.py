@@ -120,6 +120,20 @@ class Forbidden(BastionError):
     http_status = 403
 
 
+class HostNotAllowed(BastionError):
+    """An HTTP request whose Host names no host this Bastion answers to (DNS-rebinding protection)."""
+
+    error_class = "host_not_allowed"
+    http_status = 421
+
+
+class OriginNotAllowed(BastionError):
+    """An HTTP request from a web page of a site this Bastion does not answer to (DNS-rebinding protection)."""
+
+    error_class = "origin_not_allowed"
+    http_status = 403
+
+
 class LedgerUnavailable(BastionError):
     """The ledger cannot be read or written right now (a full disk, an I/O error, a lock held too long)."""
 

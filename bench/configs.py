@@ -21,7 +21,7 @@ def notes_config(directory: Path, notes_file: Path) -> Path:
     (directory / "connectors").mkdir(parents=True)
     (directory / "policies").mkdir()
     (directory / "bastion.toml").write_text(
-        '[server]\nledger = "sqlite:///ledger.db"\n'
+        '[server]\nledger = "sqlite:///ledger.db"\nstartup_wait_seconds = 60\n'
         "[limits]\ninvocations_per_minute = 100000000\nlist_timeout_seconds = 60\n"
     )
     (directory / "connectors" / "notes.toml").write_text(

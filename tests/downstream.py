@@ -118,7 +118,8 @@ class RecordedCall:
 
 
 class _ListChangedServer(Server[Any]):
-    """Advertises `listChanged` to handshake-era clients too (gotcha G1)."""
+    """Advertises `listChanged` to handshake-era clients too: the SDK's streamable-HTTP session manager asks for the
+    initialization options without `NotificationOptions`, which would tell them `tools.listChanged = false`."""
 
     def create_initialization_options(
         self,

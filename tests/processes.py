@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,12 +31,20 @@ def write_config(
     time_server: bool = True,
     policy: str = "",
     extra_connectors: Mapping[str, str] | None = None,
+    list_timeout: float = 20,
+    startup_wait: float | None = 20,
 ) -> Path:
-    """A configuration directory with the demo notes server (and mcp-server-time) as stdio connectors."""
+    """A configuration directory with the demo notes server (and mcp-server-time) as stdio connectors.
+
+    By default a host's first listing waits (`startup_wait`) until every connector has listed, as long as
+    one may take (`list_timeout`), so a test that lists at once sees the whole catalog; None leaves
+    Bastion's default start-up wait.
+    """
     (directory / "connectors").mkdir(parents=True, exist_ok=True)
     (directory / "policies").mkdir(exist_ok=True)
+    wait = "" if startup_wait is None else f"startup_wait_seconds = {startup_wait}\n"
     (directory / "bastion.toml").write_text(
-        '[server]\nledger = "sqlite:///state/ledger.db"\n[limits]\nlist_timeout_seconds = 20\n'
+        f'[server]\nledger = "sqlite:///state/ledger.db"\n{wait}[limits]\nlist_timeout_seconds = {list_timeout}\n'
     )
     (directory / "connectors" / "notes.toml").write_text(
         f'command = {_toml(sys.executable)}\nargs = ["-m", "bastion.demo.notes"]\n'
@@ -74,13 +82,35 @@ def run_cli(*args: str, env: Mapping[str, str], timeout: float = 60) -> subproce
     )
 
 
+class Lines(list[str]):
+    """The lines a process printed so far, growing while it runs; `wait_for` waits for one to come."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._grew = anyio.Event()
+
+    def add(self, line: str) -> None:
+        self.append(line)
+        self._grew.set()
+        self._grew = anyio.Event()
+
+    async def wait_for(self, predicate: Callable[[str], bool], timeout: float = 30) -> str:
+        """The first line that satisfies `predicate`, once it has been printed (a bounded wait)."""
+        with anyio.fail_after(timeout):
+            while True:
+                found = next((line for line in self if predicate(line)), None)
+                if found is not None:
+                    return found
+                await self._grew.wait()
+
+
 @dataclass
 class Running:
     """A server process started by `served`, with what it printed on stderr so far."""
 
     process: Process
     base_url: str
-    stderr: list[str] = field(default_factory=list)
+    stderr: Lines = field(default_factory=Lines)
     started_at: float = 0.0
     ready_at: float = 0.0
     """`time.perf_counter()` when it was started, and when it first served."""
@@ -123,7 +153,7 @@ async def served(
     process = await anyio.open_process(
         list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
     )
-    lines: list[str] = []
+    lines = Lines()
     announced: list[str] = []
     ready = anyio.Event()
     url: str | None = None
@@ -135,7 +165,7 @@ async def served(
             buffer += chunk
             *complete, buffer = buffer.split("\n")
             for line in complete:
-                lines.append(line)
+                lines.add(line)
                 match = READY.search(line)
                 if match and not ready.is_set():
                     announced.append(match.group(1))

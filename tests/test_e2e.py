@@ -21,6 +21,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import IncomingMessage
 from mcp.client.sse import sse_client
+from mcp.server import Server
 
 from tests.processes import bastion_command, bastion_env, bastion_http, run_cli, stop, write_config
 from tests.test_cli import INVOCATION_KEYS
@@ -35,7 +36,7 @@ ERAS = ["legacy", "auto"]  # auto negotiates 2026-07-28 against Bastion
 
 @asynccontextmanager
 async def host_client(
-    target: str | StdioServerParameters, mode: str
+    target: str | StdioServerParameters | Server[Any], mode: str
 ) -> AsyncIterator[tuple[Client, MemoryObjectReceiveStream[None]]]:
     """An SDK client plus a stream that yields once per tools/list_changed it hears, in either era."""
     send, receive = anyio.create_memory_object_stream[None](100)
@@ -303,6 +304,9 @@ async def test_make_run_starts_the_embedded_default_and_healthz_answers(tmp_path
     env = bastion_env(tmp_path / "home")
     command = ["make", "--no-print-directory", "-C", str(root), "run", "PORT=0"]
     async with bastion_http([], env=env, command=command) as bastion, httpx2.AsyncClient() as http:
+        # Bastion serves before the demo connector is up: a host hears it arrive.
+        async with host_client(bastion.mcp_url, "auto") as (client, changes):
+            await wait_for_tools(client, changes, lambda names: names >= NOTES_TOOLS)
         health = (await http.get(f"{bastion.base_url}/healthz")).json()
     assert health["status"] == "ok"
     assert health["sources"] == [{"id": "notes", "state": "ready", "tools": 4}]

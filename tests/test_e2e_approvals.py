@@ -80,7 +80,8 @@ def configured(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
     notes.write_text(json.dumps({"groceries": "milk"}))
     config = write_config(tmp_path / "config", notes_file=notes, time_server=False)
     (config / "bastion.toml").write_text(
-        '[server]\nledger = "sqlite:///state/ledger.db"\n[approvals]\nheartbeat_seconds = 0.2\nexpiry_seconds = 60\n'
+        '[server]\nledger = "sqlite:///state/ledger.db"\nstartup_wait_seconds = 20\n'
+        "[approvals]\nheartbeat_seconds = 0.2\nexpiry_seconds = 60\n"
     )
     return config, notes, bastion_env(tmp_path / "home")
 
@@ -159,7 +160,8 @@ async def test_a_denial_from_another_process_reaches_the_blocked_host(
 async def test_an_undecided_call_expires_for_the_host(configured: tuple[Path, Path, dict[str, str]]) -> None:
     config, _, env = configured
     (config / "bastion.toml").write_text(
-        '[server]\nledger = "sqlite:///state/ledger.db"\n[approvals]\nheartbeat_seconds = 0.2\nexpiry_seconds = 1\n'
+        '[server]\nledger = "sqlite:///state/ledger.db"\nstartup_wait_seconds = 20\n'
+        "[approvals]\nheartbeat_seconds = 0.2\nexpiry_seconds = 1\n"
     )
     argv = bastion_command("serve", "--config", str(config))
     params = StdioServerParameters(command=argv[0], args=argv[1:], env=env)

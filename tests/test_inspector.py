@@ -5,6 +5,9 @@ so its tools and prompts are named `fx__...` like any connector's; resource URIs
 Inspector (`mcp-inspector --cli`, pinned in `tests/tools.py`, installed by `make tools`) lists the
 tools, calls one, reads a resource and gets two prompts through Bastion, and the ledger records the
 call. `--format json` makes the Inspector print one `{"result": ...}` object on stdout.
+
+The Inspector is a TypeScript-SDK host: it checks a tool's `structuredContent` against the tool's
+`outputSchema`, error results included, so it also shows that a refusal of such a tool reaches it whole.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import pytest
 from bastion.models import Invocation
 from tests.conformance.server import STATIC_TEXT, TOOLS
 from tests.processes import bastion_env, bastion_http
+from tests.processes import write_config as write_notes_config
 from tests.test_e2e_approvals import until, watching
 from tests.tools import INSPECTOR_BIN, ROOT, ensure_tools, node_environment
 
@@ -29,6 +33,9 @@ pytestmark = pytest.mark.anyio
 
 INSPECTOR_SECONDS = 60.0
 """The bound on one Inspector run: it starts Node, (over stdio) Bastion and the fixture, then one request."""
+
+TOOL_ERROR_EXIT = 5
+"""The Inspector CLI's exit status when the tool it called answered `isError: true` (its `EXIT_CODES.TOOL_ERROR`)."""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,7 +48,10 @@ def write_config(directory: Path) -> Path:
     """A configuration with the conformance fixture as the connector `fx`, its tools allowed."""
     (directory / "connectors").mkdir(parents=True)
     (directory / "policies").mkdir()
-    (directory / "bastion.toml").write_text('[server]\nledger = "sqlite:///state/ledger.db"\n')
+    # The Inspector lists right after connecting: its first listing waits for the fixture to start.
+    (directory / "bastion.toml").write_text(
+        '[server]\nledger = "sqlite:///state/ledger.db"\nstartup_wait_seconds = 30\n'
+    )
     (directory / "connectors" / "fx.toml").write_text(
         f"command = {json.dumps(sys.executable)}\n"
         'args = ["-m", "tests.conformance.server"]\n'
@@ -52,8 +62,8 @@ def write_config(directory: Path) -> Path:
     return directory
 
 
-async def inspect(target: Sequence[str], env: dict[str, str], *request: str) -> Any:
-    """Run `mcp-inspector --cli REQUEST --format json TARGET`; return the result it prints.
+async def inspect(target: Sequence[str], env: dict[str, str], *request: str, status: int = 0) -> Any:
+    """Run `mcp-inspector --cli REQUEST --format json TARGET`; check its exit `status`; return the result it prints.
 
     `target` is `-- COMMAND ARGS...` (stdio: the Inspector starts the server) or `--transport http URL`.
     """
@@ -61,7 +71,7 @@ async def inspect(target: Sequence[str], env: dict[str, str], *request: str) -> 
     with anyio.fail_after(INSPECTOR_SECONDS):
         done = await anyio.run_process(command, env=env, stdin=subprocess.DEVNULL, check=False)
     stdout, stderr = done.stdout.decode(), done.stderr.decode()
-    assert done.returncode == 0, f"{' '.join(request)}: exit {done.returncode}\n{stdout}\n{stderr}"
+    assert done.returncode == status, f"{' '.join(request)}: exit {done.returncode}\n{stdout}\n{stderr}"
     return json.loads(stdout)["result"]
 
 
@@ -138,3 +148,32 @@ async def test_the_inspector_cli_lists_calls_reads_and_gets_prompts_through_bast
         await exercise_through_bastion(target, node_environment(env))
 
         assert_recorded(await the_one_completed_call(config))
+
+
+async def test_a_refused_call_of_a_tool_with_an_output_schema_reaches_the_inspector_with_its_class_and_message(
+    tmp_path: Path,
+) -> None:
+    # The demo's read_note declares an outputSchema; a policy denies it, so Bastion answers the refusal itself.
+    config = write_notes_config(
+        tmp_path / "config",
+        notes_file=tmp_path / "notes.json",
+        time_server=False,
+        policy='[modes]\n"notes:read_note" = "deny"\n',
+    )
+    env = node_environment(bastion_env(tmp_path / "home"))
+    state = f"XDG_STATE_HOME={env['XDG_STATE_HOME']}"
+    target = ["-e", state, "--", sys.executable, "-m", "bastion", "serve", "--config", str(config)]
+    listed = await inspect(target, env, "--method", "tools/list")
+    assert "outputSchema" in {tool["name"]: tool for tool in listed["tools"]}["notes__read_note"]
+
+    # A schema-validation failure would be the Inspector's own error (exit 1, no result), not the tool's.
+    refused = await inspect(
+        target, env, "--method", "tools/call", "--tool-name", "notes__read_note", "--tool-arg", "name=groceries",
+        status=TOOL_ERROR_EXIT,
+    )  # fmt: skip
+
+    assert refused["isError"] is True
+    error = refused["_meta"]["io.bastion/error"]
+    assert error["class"] == "policy_denied"
+    assert refused["content"] == [{"type": "text", "text": f"policy_denied: {error['message']}"}]
+    assert "structuredContent" not in refused

@@ -148,7 +148,8 @@ def configured(
         extra_connectors=connectors,
     )
     (config / "bastion.toml").write_text(
-        f'[server]\nledger = "sqlite:///state/ledger.db"\nshutdown_grace_seconds = {grace}\n{settings}'
+        f'[server]\nledger = "sqlite:///state/ledger.db"\nstartup_wait_seconds = 20\nshutdown_grace_seconds = {grace}\n'
+        f"{settings}"
     )
     return config, bastion_env(tmp_path / "home")
 

@@ -199,14 +199,17 @@ def startup_spinner(sources: Sequence[McpConnector], *, show: bool) -> Iterator[
 
 
 @asynccontextmanager
-async def open_gateway(config: Config, *, progress: bool = False) -> AsyncIterator[Gateway]:
+async def open_gateway(
+    config: Config, *, progress: bool = False, wait_for_sources: bool = True
+) -> AsyncIterator[Gateway]:
     """A running gateway over every configured connector (the disabled ones are not started) and the ledger.
-    With `progress`, a spinner on stderr (a terminal only) says how the connectors are starting."""
+    With `progress`, a spinner on stderr (a terminal only) says how the connectors are starting. Without
+    `wait_for_sources` (`serve`) it is yielded at once, while the connectors start (`Gateway.running`)."""
     list_timeout = config.settings.limits.list_timeout_seconds
     sources = [McpConnector(c, list_timeout=list_timeout) for c in config.connectors]
     async with open_ledger(config) as ledger, AsyncExitStack() as running:
         gateway = Gateway(config, ledger, sources)
         disabled = set(config.policy.sources.disabled)
         with startup_spinner([s for s in sources if s.source_id not in disabled], show=progress):
-            await running.enter_async_context(gateway.running())
+            await running.enter_async_context(gateway.running(wait_for_sources=wait_for_sources))
         yield gateway

@@ -13,14 +13,16 @@ import signal
 import socket
 from collections.abc import Coroutine
 from typing import Annotated, Any, Final, Literal
+from urllib.parse import urlsplit
 
 import anyio
 import typer
 
 from bastion import __version__
 from bastion.cli.app import ConfigOption, Exit, app, err, load, open_gateway, open_ledger, run_async
-from bastion.config import Config, validate_profile
+from bastion.config import Config, host_name, validate_profile
 from bastion.errors import ConfigError
+from bastion.pipeline.gateway import Gateway
 from bastion.server.http import bind_listener, is_loopback, listener_problem, serve_http
 from bastion.server.mcp import FrontDoor, serve_stdio
 
@@ -39,11 +41,23 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind (http).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind (http); 0 picks a free one.")] = 8765,
     profile: Annotated[str | None, typer.Option(help="Policy profile bound to every session.")] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME",
+            help="A name hosts reach Bastion by over HTTP (besides \\[server] allowed_hosts); repeatable. "
+            "Other names are refused (421) against DNS rebinding; beyond loopback any IP address is served.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the gateway to agent hosts over stdio (default) or HTTP.
 
+    It serves at once, while the connectors start: for \\[server] startup_wait_seconds (default 5) a
+    host's listings wait for connectors still starting; one that comes up later is announced to the
+    hosts with tools/list_changed.
+
     SIGTERM or Ctrl-C stops it gracefully: new calls are refused, running ones get
-    [server] shutdown_grace_seconds (default 10) to finish, then every connector is stopped. A second
+    \\[server] shutdown_grace_seconds (default 10) to finish, then every connector is stopped. A second
     signal stops at once.
     """
     config = load(config_dir)
@@ -52,6 +66,7 @@ def serve(
             validate_profile(config, profile)
         except ConfigError as exc:
             raise Exit(f"error: {exc.message}", 2) from exc
+    allowed_hosts = [*config.settings.server.allowed_hosts, *_host_names(allowed_host or [])]
     # Bound before the ledger is recovered or any connector starts: a port problem stops nothing half-started.
     listener = _listen(host, port) if transport == "http" else None
 
@@ -68,7 +83,7 @@ def serve(
         try:
             async with anyio.create_task_group() as everything:
                 everything.start_soon(shutdown.watch, everything.cancel_scope)
-                async with open_gateway(config) as gateway:
+                async with open_gateway(config, wait_for_sources=False) as gateway:
                     if transport == "stdio":
                         front = shutdown.serving(FrontDoor(gateway, profile=profile, session_id="stdio"))
                         await shutdown.run_until_stopped(serve_stdio(front))
@@ -76,11 +91,17 @@ def serve(
                         tokens = await gateway.ledger.tokens.has_tokens()
 
                         def ready(base_url: str) -> None:
-                            _print_connect_help(config, base_url, len(gateway.tools), tokens=tokens)
+                            _print_connect_help(config, base_url, gateway, tokens=tokens, allowed_hosts=allowed_hosts)
 
                         front = shutdown.serving(FrontDoor(gateway, profile=profile))
                         await serve_http(
-                            front, host=host, port=port, on_ready=ready, listener=listener, stop=shutdown.stop
+                            front,
+                            host=host,
+                            port=port,
+                            on_ready=ready,
+                            extra_hosts=allowed_hosts,
+                            listener=listener,
+                            stop=shutdown.stop,
                         )
                 everything.cancel_scope.cancel()
         except BaseExceptionGroup as group:
@@ -152,6 +173,13 @@ def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return group
 
 
+def _host_names(given: list[str]) -> list[str]:
+    try:
+        return [host_name(name) for name in given]
+    except ValueError as exc:
+        raise Exit(f"error: --allowed-host {exc}", 2) from exc
+
+
 def _listen(host: str, port: int) -> socket.socket:
     try:
         return bind_listener(host, port)
@@ -159,11 +187,31 @@ def _listen(host: str, port: int) -> socket.socket:
         raise Exit(f"error: {listener_problem(host, port, exc)}", 2) from exc
 
 
-def _print_connect_help(config: Config, base_url: str, tools: int, *, tokens: bool) -> None:
+def _print_connect_help(
+    config: Config, base_url: str, gateway: Gateway, *, tokens: bool, allowed_hosts: list[str]
+) -> None:
+    """The banner: what is served so far and how to connect. It prints as soon as the port listens, often before
+    the connectors have listed: those still starting are named, and a line follows once they have."""
     url = f"{base_url}/mcp"
     where = str(config.directory) if config.directory else "the embedded default (demo notes connector)"
+    tools = len(gateway.tools)
     err.print(f"Bastion {__version__} serving {tools} tools from {where}", markup=False, highlight=False)
+    starting = [s.source_id for s in gateway.statuses() if s.state == "starting"]
+    if starting:
+        err.print(
+            f"  still starting: {', '.join(starting)} (hosts are told with tools/list_changed as their tools come)",
+            markup=False,
+            highlight=False,
+        )
+        _report_when_started(gateway)
     err.print(f"  listening on {base_url}", markup=False, highlight=False)
+    if not is_loopback(urlsplit(base_url).hostname or ""):
+        names = ", ".join(allowed_hosts) or "none"
+        err.print(
+            f"  hosts may reach it by any IP address; by name only as [server] allowed_hosts lists ({names})",
+            markup=False,
+            highlight=False,
+        )
     err.print(
         f"  MCP (streamable HTTP): {url}   legacy SSE: {base_url}/sse   health: {base_url}/healthz", highlight=False
     )
@@ -178,3 +226,23 @@ def _print_connect_help(config: Config, base_url: str, tools: int, *, tokens: bo
     if tokens:
         err.print('  bearer_token_env_var = "BASTION_AGENT_TOKEN"', markup=False, highlight=False)
     err.print("Press Ctrl-C to stop.", highlight=False)
+
+
+def _report_when_started(gateway: Gateway) -> None:
+    """Print one line once no connector is still starting: how many tools are served, and which connectors
+    are down."""
+    reported = False
+
+    async def report() -> None:
+        nonlocal reported
+        statuses = gateway.statuses()
+        if reported or any(s.state == "starting" for s in statuses):
+            return
+        reported = True
+        down = [s.source_id for s in statuses if s.state == "down"]
+        line = f"Bastion: every connector has started; serving {len(gateway.tools)} tools"
+        if down:
+            line += f" (down: {', '.join(down)}, as logged above)"
+        err.print(line, markup=False, highlight=False)
+
+    gateway.on_catalog_changed(report)

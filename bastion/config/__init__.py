@@ -20,6 +20,7 @@ from bastion.config.models import (
     Config,
     ConfigIssue,
     ConnectorConfig,
+    HostName,
     LedgerSettings,
     LimitSettings,
     PolicyConfig,
@@ -30,6 +31,7 @@ from bastion.config.models import (
     SourcesPolicy,
     ToolOverride,
     ToolPin,
+    host_name,
 )
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "Config",
     "ConfigIssue",
     "ConnectorConfig",
+    "HostName",
     "LedgerSettings",
     "LimitSettings",
     "PolicyConfig",
@@ -55,6 +58,7 @@ __all__ = [
     "default_state_dir",
     "embedded_default",
     "find_config_dir",
+    "host_name",
     "init_config_dir",
     "load_config",
     "sqlite_path",

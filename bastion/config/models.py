@@ -6,10 +6,12 @@ file and line, and builds a `Config` from what is usable.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from bastion.models import Risk
 from bastion.policies import normalize_risk
@@ -26,6 +28,41 @@ def _risk(value: Any) -> Any:
 RiskSetting = Annotated[Risk, BeforeValidator(_risk)]
 
 
+_DNS_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+_DNS_NAME = re.compile(rf"(?=.{{1,253}}$){_DNS_LABEL}(?:\.{_DNS_LABEL})*")
+
+
+def host_name(text: str) -> str:
+    """A name or address hosts may reach Bastion by (`[server] allowed_hosts`, `serve --allowed-host`), as the
+    Host check compares it: a DNS name in lower case without a trailing dot, or an IP address in its usual form.
+
+    Ports are not part of it: DNS rebinding needs a name the attacker controls, so the name is what is checked,
+    and any port of an allowed name is served. ValueError names what is wrong and the fix.
+    """
+    entry = text.strip().lower().rstrip(".")
+    bare = entry[1:-1] if entry.startswith("[") and entry.endswith("]") else entry
+    try:
+        return str(ipaddress.ip_address(bare))
+    except ValueError:
+        pass
+    if _DNS_NAME.fullmatch(entry):
+        return entry
+    if "/" in entry:
+        raise ValueError(
+            f"{text!r} is not a host name; give the name alone, without scheme or path, e.g. 'bastion.example.com'"
+        )
+    name, _, port = entry.rpartition(":")
+    if port.isdigit() and (_DNS_NAME.fullmatch(name) or name.startswith("[")):
+        raise ValueError(f"{text!r} has a port; give the name alone ({name!r}): any port of an allowed name is served")
+    raise ValueError(
+        f"{text!r} is not a host name or an IP address (no wildcards); give names such as 'bastion.example.com' "
+        "or addresses such as '10.0.0.5'"
+    )
+
+
+HostName = Annotated[str, AfterValidator(host_name)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -35,6 +72,12 @@ class ServerSettings(_Strict):
     """`sqlite:///path` (relative to the config directory) or `postgresql://...`."""
     shutdown_grace_seconds: float = Field(default=10, ge=0)
     """On SIGTERM/SIGINT, how long calls already running may take to finish before they are cancelled."""
+    allowed_hosts: list[HostName] = Field(default_factory=list)
+    """Names (or addresses) hosts may reach Bastion by over HTTP, besides loopback, the bound address and, when it
+    listens beyond loopback, any IP address. Everything else is refused 421 (DNS-rebinding protection)."""
+    startup_wait_seconds: float = Field(default=5, ge=0)
+    """`bastion serve` answers hosts at once; for this long after it starts, a listing (or a call of a tool not
+    listed yet) waits for connectors still starting, then is answered with what is ready."""
 
 
 class ApprovalSettings(_Strict):

@@ -72,7 +72,9 @@ CORRELATION_META_KEY: Final = "io.bastion/correlation-id"
 """The request `_meta` key that carries an invocation's correlation id to the downstream (DESIGN.md §6)."""
 
 PROTOCOL_META_PREFIX: Final = "io.modelcontextprotocol/"
-"""Protocol-internal `_meta` keys of the downstream, stripped from forwarded results (gotcha G2)."""
+"""Protocol-internal `_meta` keys of the downstream, stripped from forwarded results. On 2026-07-28 a downstream
+stamps its own identity there (`io.modelcontextprotocol/serverInfo`), and the SDK's server keeps a stamp the
+handler's result already carries: forwarded as is, the result would name the downstream instead of Bastion."""
 
 DOWNSTREAM_LOG_LEVEL: Final = "debug"
 """What a 2025-era downstream that offers logging is asked for once: everything (each host's own
@@ -367,7 +369,9 @@ class McpConnector:
             async with anyio.create_task_group() as guard:
                 timer = anyio.CancelScope()
                 guard.start_soon(self._give_up_connecting, link, timer, attempt, on_change)
-                # Client first, then its task group (gotcha G4): scopes unwind in LIFO order.
+                # Client first, then its task group: anyio cancel scopes must unwind in LIFO order, and a Client
+                # entered in a way that makes it outlive a task group opened after it fails at shutdown with
+                # "Attempted to exit a cancel scope that isn't the current task's current cancel scope".
                 async with client, anyio.create_task_group() as tg:
                     if link.modern:
                         # Subscribe before listing, so no change between the two goes unnoticed.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -135,6 +136,10 @@ class Gateway:
         self._running: set[anyio.CancelScope] = set()
         self._waiting: set[anyio.CancelScope] = set()
         self._call_ended = anyio.Event()
+        self._started = anyio.Event()
+        """Set once every source has listed or failed once (see `first_listings`)."""
+        self._ready_by = -math.inf
+        """Until when (`anyio.current_time()`) listings wait for sources still starting."""
 
     # -- catalog ---------------------------------------------------------------------------------
 
@@ -190,16 +195,45 @@ class Gateway:
             await self._changed.wait()
             self._changed = anyio.Event()
             changed = self._rebuild()
+            self._note_if_started()
             for listener in self._listeners:
                 await listener()
             if changed:
                 for listing_listener in self._listing_listeners:
                     await listing_listener(changed)
 
+    def _starting(self) -> list[str]:
+        """The sources still in their first start (neither listed nor failed yet)."""
+        return [s.source_id for s in self._sources.values() if s.status.state == "starting"]
+
+    def _note_if_started(self) -> None:
+        if not self._started.is_set() and not self._starting():
+            self._started.set()
+
+    async def first_listings(self) -> None:
+        """Wait until every source has listed or failed once, but only during start-up: at most until
+        `[server] startup_wait_seconds` after the gateway started, and not at all after that.
+
+        Hosts list as soon as they connect (some only then: they never re-list on `list_changed`), so a
+        listing asked in the first seconds waits for the sources that start quickly; a stuck one cannot hold
+        it longer than the start-up wait, and its tools are announced with `list_changed` when they come.
+        """
+        if self._started.is_set():
+            return
+        remaining = self._ready_by - anyio.current_time()
+        if remaining <= 0:
+            return
+        with anyio.move_on_after(remaining):
+            await self._started.wait()
+
     @asynccontextmanager
-    async def running(self) -> AsyncIterator[Gateway]:
-        """Take this instance's lease, recover the ledger, start every source, wait (bounded) for their first
-        listing, serve, stop."""
+    async def running(self, *, wait_for_sources: bool = True) -> AsyncIterator[Gateway]:
+        """Take this instance's lease, recover the ledger, start every source, serve, stop.
+
+        With `wait_for_sources` (commands that report on the sources) it yields once every source has listed
+        or failed, bounded by the listing timeout. Without (`bastion serve`) it yields at once: hosts are
+        served what is ready (see `first_listings`) and told with `list_changed` as the other sources come.
+        """
         await self.instance.register()
         report = await self.invocations.recover(self.instance.gone)
         if report.unknown or report.approved:
@@ -212,14 +246,17 @@ class Gateway:
         async with anyio.create_task_group() as tg:
             for source in self._sources.values():
                 tg.start_soon(source.run, self._source_changed, name=f"source:{source.source_id}")
-            with anyio.move_on_after(self.config.settings.limits.list_timeout_seconds + 1):
-                while any(s.status.state == "starting" for s in self._sources.values()):
-                    await self._changed.wait()
-                    self._changed = anyio.Event()
-            slow = [s.source_id for s in self._sources.values() if s.status.state == "starting"]
-            if slow:
-                logger.warning("sources still listing after the timeout, omitted for now: %s", ", ".join(slow))
+            self._ready_by = anyio.current_time() + self.config.settings.server.startup_wait_seconds
+            if wait_for_sources:
+                with anyio.move_on_after(self.config.settings.limits.list_timeout_seconds + 1):
+                    while self._starting():
+                        await self._changed.wait()
+                        self._changed = anyio.Event()
+                slow = self._starting()
+                if slow:
+                    logger.warning("sources still listing after the timeout, omitted for now: %s", ", ".join(slow))
             self._rebuild()
+            self._note_if_started()
             tg.start_soon(self._rebuild_loop, name="catalog")
             await tg.start(self.ledger.changes.run, name="ledger-changes")
             await tg.start(self.instance.run, name="instance-lease")
@@ -333,6 +370,11 @@ class Gateway:
             (sid for sid, s in self._sources.items() if s.namespace and name.startswith(f"{s.namespace}__")), None
         )
         status = self._sources[owner].status if owner is not None else None
+        if status is not None and status.state == "starting":
+            raise ConnectorUnavailable(
+                f"source {owner!r} is still starting and has not listed its tools yet; retry once the "
+                "host hears tools/list_changed (or list the tools again)"
+            )
         if status is not None and status.state != "ready":
             why = f": {status.last_error}" if status.last_error else ""
             raise ConnectorUnavailable(

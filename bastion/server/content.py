@@ -1,8 +1,9 @@
 """The front door's resources, prompts, completion and logging handlers (DESIGN.md §3).
 
 They answer from the gateway's merged content catalog and forward to the source that owns a URI or
-prompt. Policy gates tools only: reading a resource, getting a prompt or completing an argument is
-neither gated nor recorded in the ledger.
+prompt; during start-up they first wait for the sources still starting (`Gateway.first_listings`).
+Policy gates tools only: reading a resource, getting a prompt or completing an argument is neither
+gated nor recorded in the ledger.
 
 Resource subscriptions are counted per host: a 2025-era connection subscribes with
 `resources/subscribe` (and hears `notifications/resources/updated` on its connection); a
@@ -19,7 +20,6 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.server import ServerRequestContext
-from mcp.server.connection import Connection
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
 from mcp.shared.exceptions import MCPError
@@ -28,6 +28,7 @@ from bastion.errors import BastionError, NotFound, UpstreamError
 from bastion.pipeline.gateway import Gateway
 from bastion.server.pages import Pager, page_cursor
 from bastion.server.relay import set_host_log_level
+from bastion.server.sdk import connection_of
 
 logger = logging.getLogger(__name__)
 
@@ -75,18 +76,21 @@ class ContentHandlers:
     async def list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
+        await self.gateway.first_listings()
         resources, next_cursor = self._resource_pages.page(self.gateway.content.catalog.resources, page_cursor(params))
         return types.ListResourcesResult(resources=resources, next_cursor=next_cursor)
 
     async def list_resource_templates(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
+        await self.gateway.first_listings()
         templates, next_cursor = self._template_pages.page(self.gateway.content.catalog.templates, page_cursor(params))
         return types.ListResourceTemplatesResult(resource_templates=templates, next_cursor=next_cursor)
 
     async def read_resource(
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
+        await self.gateway.first_listings()
         try:
             return await self.gateway.content.read_resource(params.uri)
         except BastionError as exc:
@@ -95,12 +99,14 @@ class ContentHandlers:
     async def list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
+        await self.gateway.first_listings()
         prompts, next_cursor = self._prompt_pages.page(self.gateway.content.catalog.prompts, page_cursor(params))
         return types.ListPromptsResult(prompts=prompts, next_cursor=next_cursor)
 
     async def get_prompt(
         self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
     ) -> types.GetPromptResult:
+        await self.gateway.first_listings()
         try:
             return await self.gateway.content.get_prompt(params.name, params.arguments)
         except BastionError as exc:
@@ -109,6 +115,7 @@ class ContentHandlers:
     async def complete(
         self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
     ) -> types.CompleteResult:
+        await self.gateway.first_listings()
         try:
             return await self.gateway.content.complete(params.ref, params.argument, params.context)
         except BastionError as exc:
@@ -127,7 +134,8 @@ class ContentHandlers:
         self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
     ) -> types.EmptyResult:
         """2025-era `resources/subscribe`: idempotent per connection, released when it closes."""
-        connection: Connection = ctx.session._connection
+        await self.gateway.first_listings()
+        connection = connection_of(ctx)
         key = id(connection)
         subscriber = self._subscribers.get(key)
         if subscriber is not None and params.uri in subscriber.uris:
@@ -145,7 +153,7 @@ class ContentHandlers:
     async def unsubscribe(
         self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
     ) -> types.EmptyResult:
-        subscriber = self._subscribers.get(id(ctx.session._connection))
+        subscriber = self._subscribers.get(id(connection_of(ctx)))
         if subscriber is not None and params.uri in subscriber.uris:
             subscriber.uris.discard(params.uri)
             await self.gateway.content.unsubscribe(params.uri)

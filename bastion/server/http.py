@@ -25,20 +25,24 @@ from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bastion import __version__
-from bastion.errors import ConfigError
+from bastion.config import host_name
+from bastion.errors import BastionError, ConfigError, HostNotAllowed, OriginNotAllowed
 from bastion.models import SourceStatus
 from bastion.server.api import build_api, routing_error
 from bastion.server.auth import BearerAuth
+from bastion.server.errors import http_response
 from bastion.server.mcp import FrontDoor
 
 logger = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+"""Bind addresses that listen on every address of the machine."""
 
 STREAMS_CLOSE_TIMEOUT: Final = 3
 """Seconds connections get to close when serving stops before uvicorn cancels what is left."""
@@ -53,34 +57,99 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class HostOriginGuard:
-    """Refuse requests whose Host or Origin names a host we do not serve (DNS-rebinding protection)."""
+class AllowedHosts:
+    """The names and addresses hosts may reach Bastion by: the Host and Origin check against DNS rebinding.
 
-    def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str]) -> None:
+    A rebinding attack points a name the attacker controls at Bastion's address, so that a web page of theirs
+    calls Bastion from a browser that can reach it: the request then carries the attacker's name in Host (and
+    Origin). So names are served only when listed (loopback names always, the bound address, `[server]
+    allowed_hosts`, `serve --allowed-host`), while an IP address cannot have been rebound: loopback addresses
+    are always served, and every IP address once Bastion listens beyond loopback (where tokens are required).
+    Ports are not checked.
+    """
+
+    def __init__(self, bind_host: str, names: Iterable[str] = ()) -> None:
+        self.names = frozenset({*(host_name(n) for n in LOOPBACK_NAMES), *(host_name(n) for n in names)})
+        self.any_address = not is_loopback(bind_host)
+        if bind_host not in WILDCARD_HOSTS:
+            try:
+                self.names |= {host_name(bind_host)}
+            except ValueError:
+                logger.debug("the bound host %r is not a host name; not added to the allowed hosts", bind_host)
+
+    def allows(self, host: str) -> bool:
+        """Whether `host` (a hostname as `hostname_of` gives it, no port) is served."""
+        if host in self.names:
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return address.is_loopback or self.any_address
+
+
+class HostOriginGuard:
+    """Refuse requests whose Host or Origin names a host we do not serve (`AllowedHosts`): 421 and 403."""
+
+    def __init__(self, app: ASGIApp, allowed: AllowedHosts) -> None:
         self.app = app
-        self.allowed_hosts = frozenset(h.lower().strip("[]") for h in allowed_hosts)
+        self.allowed = allowed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            headers = Headers(scope=scope)
-            host = headers.get("host")
-            origin = headers.get("origin")
-            if host is None or _hostname(f"//{host}") not in self.allowed_hosts:
-                response = PlainTextResponse(f"Host {host!r} is not served here", status_code=421)
-                await response(scope, receive, send)
-                return
-            if origin is not None and origin != "null" and _hostname(origin) not in self.allowed_hosts:
-                response = PlainTextResponse(f"Origin {origin!r} is not allowed", status_code=403)
-                await response(scope, receive, send)
+            refusal = self._refusal(Headers(scope=scope))
+            if refusal is not None:
+                logger.info("refused an HTTP request to %s: %s", scope["path"], refusal.message)
+                await http_response(refusal)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
+    def _refusal(self, headers: Headers) -> BastionError | None:
+        host = headers.get("host")
+        if host is None:
+            return HostNotAllowed("a request without a Host header is not served; send one")
+        name = _host_header_name(host)
+        if not self.allowed.allows(name):
+            fix = f"--allowed-host {name}" if name else "--allowed-host NAME"
+            return HostNotAllowed(
+                f"Host {host!r} is not served here (DNS-rebinding protection); if this Bastion is reached by that "
+                f"name, add it to [server] allowed_hosts in bastion.toml, or pass {fix} to bastion serve"
+            )
+        origin = headers.get("origin")
+        if origin is not None and origin != "null" and not self.allowed.allows(hostname_of(origin)):
+            return OriginNotAllowed(
+                f"Origin {origin!r} is not allowed: a web page of another site may not call Bastion (DNS-rebinding "
+                "protection); if the page is yours, add its host name to [server] allowed_hosts in bastion.toml"
+            )
+        return None
 
-def _hostname(url: str) -> str:
+
+def hostname_of(url: str) -> str:
+    """The host of a URL (an Origin) as `AllowedHosts` compares it; "" when there is none."""
     try:
-        return (urlsplit(url).hostname or "").lower()
+        return _comparable((urlsplit(url).hostname or "").rstrip("."))
     except ValueError:
         return ""
+
+
+def _host_header_name(value: str) -> str:
+    """The host of a Host header, which is `host` or `host:port` and nothing else ("" then)."""
+    try:
+        parts = urlsplit(f"//{value}")
+        _ = parts.port  # reading it checks that the port is a number
+    except ValueError:
+        return ""
+    if parts.username is not None or parts.password is not None or parts.path or parts.query or parts.fragment:
+        return ""
+    return _comparable((parts.hostname or "").rstrip("."))
+
+
+def _comparable(host: str) -> str:
+    """A host name as found (urlsplit lowers it), or an IP address in its usual form."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host
 
 
 class _SseEndpoint:
@@ -106,7 +175,7 @@ def health(statuses: Iterable[SourceStatus]) -> str:
     return "degraded" if any(s.state not in ("ready", "disabled") for s in statuses) else "ok"
 
 
-def build_app(front: FrontDoor, *, allowed_hosts: Iterable[str], non_loopback: bool = False) -> ASGIApp:
+def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bool = False) -> ASGIApp:
     """The Starlette application behind `bastion serve --transport http`.
 
     `non_loopback` (the server listens beyond loopback) makes a token compulsory on `/mcp` and `/sse`
@@ -144,12 +213,9 @@ def build_app(front: FrontDoor, *, allowed_hosts: Iterable[str], non_loopback: b
     return HostOriginGuard(BearerAuth(app, front.gateway.ledger.tokens, tokens_required=non_loopback), allowed_hosts)
 
 
-def allowed_hosts_for(bind_host: str, extra: Iterable[str] = ()) -> set[str]:
-    """Loopback names always; the bound address too when it is a real one."""
-    hosts = set(LOOPBACK_NAMES) | set(extra)
-    if bind_host not in ("0.0.0.0", "::", ""):
-        hosts.add(bind_host)
-    return hosts
+def allowed_hosts_for(bind_host: str, extra: Iterable[str] = ()) -> AllowedHosts:
+    """What a server bound to `bind_host` answers to, `extra` names included (see `AllowedHosts`)."""
+    return AllowedHosts(bind_host, extra)
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

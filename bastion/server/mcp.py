@@ -15,7 +15,6 @@ from typing import Any, Literal
 import anyio
 import mcp_types as types
 from mcp.server import NotificationOptions, Server, ServerRequestContext
-from mcp.server.connection import Connection
 from mcp.server.models import InitializationOptions
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.session import ServerSession
@@ -40,6 +39,7 @@ from bastion.server.content import ContentHandlers
 from bastion.server.errors import tool_result
 from bastion.server.pages import Pager, page_cursor
 from bastion.server.relay import CallRelays, background
+from bastion.server.sdk import connection_of
 from bastion.server.stdio import stdio_streams
 
 logger = logging.getLogger(__name__)
@@ -141,6 +141,7 @@ class FrontDoor:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        await self.gateway.first_listings()
         tools, next_cursor = self._tool_pages.page(self.gateway.tools, page_cursor(params))
         return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
 
@@ -167,6 +168,8 @@ class FrontDoor:
         on_progress = relay_progress if progress_token is not None else None
         arguments = params.arguments or {}
         logger.debug("tools/call %s arguments %s", params.name, arguments)  # redacted by the CLI's log handler
+        if self.gateway.catalog.get(params.name) is None:  # maybe a tool of a source still starting
+            await self.gateway.first_listings()
         try:
             hashed = self.gateway.hash_args(arguments)
             if params.request_state is not None:
@@ -234,7 +237,7 @@ class FrontDoor:
 
     async def _initialized(self, ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
         """Remember handshake-era sessions so catalog changes reach them, and forget them when they close."""
-        connection = _connection(ctx)
+        connection = connection_of(ctx)
         key = id(connection)
         self._handshake_sessions[key] = ctx.session
         connection.exit_stack.callback(self._handshake_sessions.pop, key, None)
@@ -255,13 +258,6 @@ class FrontDoor:
                 logger.exception("could not notify a host of the catalog change")
 
 
-def _connection(ctx: ServerRequestContext[Any]) -> Connection:
-    # The SDK offers no public path from a low-level handler to its Connection (notes G8); this is
-    # the one place that reaches for it.
-    connection: Connection = ctx.session._connection
-    return connection
-
-
 def _session_id(ctx: ServerRequestContext[Any], principal: str | None) -> str:
     """The host session that limits count against.
 
@@ -269,7 +265,7 @@ def _session_id(ctx: ServerRequestContext[Any], principal: str | None) -> str:
     connection (stdio, SSE). A 2026-07-28 request has no session at all, so it is attributed to the
     caller's identity: its principal and client name (conservative: one agent, one budget).
     """
-    connection = _connection(ctx)
+    connection = connection_of(ctx)
     if connection.session_id:
         return connection.session_id
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:

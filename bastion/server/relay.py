@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from bastion.errors import BastionError, UnknownOutcome
 from bastion.pipeline.approvals import AwaitingInput
 from bastion.pipeline.seams import ProgressFn, Relay
+from bastion.server.sdk import connection_of
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +66,12 @@ def host_log_level(ctx: ServerRequestContext[Any]) -> types.LoggingLevel | None:
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
         requested = (ctx.meta or {}).get(LOG_LEVEL_META_KEY)
         return next((level for level in LOG_LEVELS if level == requested), None)
-    level: types.LoggingLevel = ctx.session._connection.state.get(LOG_LEVEL_STATE, DEFAULT_LOG_LEVEL)
+    level: types.LoggingLevel = connection_of(ctx).state.get(LOG_LEVEL_STATE, DEFAULT_LOG_LEVEL)
     return level
 
 
 def set_host_log_level(ctx: ServerRequestContext[Any], level: types.LoggingLevel) -> None:
-    ctx.session._connection.state[LOG_LEVEL_STATE] = level
+    connection_of(ctx).state[LOG_LEVEL_STATE] = level
 
 
 def _relayable(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:

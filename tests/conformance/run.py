@@ -49,6 +49,8 @@ def write_config(directory: Path) -> Path:
     (directory / "policies").mkdir()
     (directory / "bastion.toml").write_text(
         '[server]\nledger = "sqlite:///state/ledger.db"\n'
+        "# Scenarios list as soon as Bastion listens: the first listings wait for the fixture to start.\n"
+        "startup_wait_seconds = 30\n"
         "[limits]\n# The suite opens one session per scenario; it is not a rate-limit test.\n"
         "invocations_per_minute = 10000\n"
     )
