@@ -38,6 +38,9 @@ class ApprovalSettings(_Strict):
     expiry_seconds: float = Field(default=300, gt=0)
     heartbeat_seconds: float = Field(default=5, gt=0)
     max_pending_per_session: int = Field(default=10, ge=1)
+    wait_without_progress_seconds: float = Field(default=45, ge=0)
+    """How long a call waits for its approver when the host sent no progress token (so gets no heartbeats and
+    may time out): then it returns `approval_pending`, naming the invocation, and stays pending."""
 
 
 class LimitSettings(_Strict):

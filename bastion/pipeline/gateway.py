@@ -18,12 +18,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import anyio
 import mcp_types as types
 
-from bastion.config import Config
+from bastion.config import Config, config_option
 from bastion.errors import (
     BastionError,
     CallTimeout,
@@ -60,7 +61,8 @@ INVOCATION_TOOL = types.Tool(
     title="Look up an invocation",
     description=(
         "Return the status and (redacted) result of an earlier call made through Bastion, by its invocation id. "
-        "Use it after a call that waited for approval was interrupted, or to check on a pending one."
+        "Use it after a call returned approval_pending or was interrupted while it waited for approval, or to "
+        "check on a pending one."
     ),
     input_schema={
         "type": "object",
@@ -106,6 +108,8 @@ class Gateway:
             owner=self.instance_id,
             liveness=self.instance.liveness,
             heartbeat_seconds=config.settings.approvals.heartbeat_seconds,
+            wait_without_progress_seconds=config.settings.approvals.wait_without_progress_seconds,
+            config_option=config_option(config.directory, home=_home()),
         )
         self._rate = RateLimiter(config.settings.limits.invocations_per_minute)
         self._listeners: list[Callable[[], Awaitable[None]]] = []
@@ -493,6 +497,8 @@ class Gateway:
         summary = f"invocation {invocation.id} ({invocation.tool}) is {invocation.status}"
         if invocation.error_message:
             summary += f": {invocation.error_message}"
+        elif invocation.status == "pending":
+            summary += f": it {self.desk.waiting_for(invocation.id)}"
         text = summary + "\n" + json.dumps(view.get("result"), ensure_ascii=False)[:4000]
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=view)
 
@@ -500,6 +506,14 @@ class Gateway:
 def new_invocation_id() -> str:
     """A short id that sorts by creation time: 12 hex digits of milliseconds, then 12 random ones."""
     return f"{int(time.time() * 1000):012x}{secrets.token_hex(6)}"
+
+
+def _home() -> Path | None:
+    """The user's home directory, if it can be told (hints name `--config` unless it is the default one there)."""
+    try:
+        return Path.home()
+    except (RuntimeError, KeyError):
+        return None
 
 
 def _error_text(result: types.CallToolResult) -> str:
