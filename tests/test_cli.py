@@ -169,10 +169,16 @@ def test_under_json_every_error_is_a_json_document_on_stdout_with_the_usual_stat
         (("doctor", "--config", str(tmp_path / "absent"), "--json"), 2, "config_error"),
         (("invocations", "show", "0123456789ab", "--json", "--config", str(config)), 1, "not_found"),
         (("connectors", "check", "nope", "--json", "--config", str(config)), 1, "not_found"),
-        (("pins", "accept", "notes:write_note", "--json", "--config", str(config)), 1, "not_found"),
-        (("tokens", "create", "alice", "--role", "admin", "--json", "--config", str(config)), 1, "conflict"),
+        (("pins", "accept", "notes:write_note", "--json", "--config", str(config)), 1, "unauthenticated"),
     ]
-    assert run_cli("tokens", "create", "alice", "--role", "admin", "--config", str(config), env=env).returncode == 0
+    made = run_cli("tokens", "create", "alice", "--role", "admin", "--json", "--config", str(config), env=env)
+    assert made.returncode == 0, made.stderr
+    token = json.loads(made.stdout)["token"]
+    cases += [
+        (("pins", "accept", "notes:write_note", "--json", "--config", str(config), "--token", token), 1, "not_found"),
+        (("tokens", "create", "alice", "--role", "admin", "--json", "--config", str(config), "--token", token), 1,
+         "conflict"),
+    ]  # fmt: skip
     for args, status, error_class in cases:
         result = run_cli(*args, env=env)
         assert result.returncode == status, (args, result.stdout, result.stderr)

@@ -18,7 +18,7 @@ import anyio
 import typer
 
 from bastion import __version__
-from bastion.cli.app import ConfigOption, Exit, app, err, load, open_gateway, open_ledger, run_async
+from bastion.cli.app import ConfigOption, Exit, app, config_hint, err, load, open_gateway, open_ledger, run_async
 from bastion.config import Config, validate_profile
 from bastion.errors import ConfigError
 from bastion.server.http import bind_listener, is_loopback, listener_problem, serve_http
@@ -61,8 +61,8 @@ def serve(
                 if not await ledger.tokens.has_tokens():  # refuse before starting any connector
                     raise ConfigError(
                         f"refusing to serve on {host} without tokens: anyone who can reach it could call tools. "
-                        "Create one first with `bastion tokens create NAME --role admin` (and agent tokens for "
-                        "hosts), or bind to 127.0.0.1."
+                        f"Create one first with `bastion tokens create NAME --role admin{config_hint(config)}` "
+                        "(and agent tokens for hosts), or bind to 127.0.0.1."
                     )
         shutdown = Shutdown(config.settings.server.shutdown_grace_seconds)
         try:
@@ -170,7 +170,12 @@ def _print_connect_help(config: Config, base_url: str, tools: int, *, tokens: bo
     err.print(f"  ledger: {config.ledger_url}", markup=False, highlight=False)
     header = ' --header "Authorization: Bearer $BASTION_AGENT_TOKEN"' if tokens else ""
     if tokens:
-        err.print("  tokens are configured: hosts need an agent token (bastion tokens create NAME --role agent)")
+        err.print(
+            "  tokens are configured: hosts need an agent token "
+            f"(bastion tokens create NAME --role agent{config_hint(config)})",
+            markup=False,
+            highlight=False,
+        )
     err.print("Connect Claude Code:", highlight=False)
     err.print(f"  claude mcp add --transport http bastion {url}{header}", markup=False, highlight=False)
     err.print("Connect Codex (add to ~/.codex/config.toml):", highlight=False)
