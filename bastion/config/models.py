@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from bastion.actions import DriftListing
 from bastion.models import RISK_ALIASES, Risk
 
 
@@ -41,6 +42,8 @@ class ApprovalSettings(_Strict):
     wait_without_progress_seconds: float = Field(default=45, ge=0)
     """How long a call waits for its approver when the host sent no progress token (so gets no heartbeats and
     may time out): then it returns `approval_pending`, naming the invocation, and stays pending."""
+    drift_listing: DriftListing = "pinned"
+    """What `tools/list` shows of a drifted tool until `pins accept` (a connector file may override it)."""
 
 
 class LimitSettings(_Strict):
@@ -93,6 +96,8 @@ class ConnectorConfig(_Strict):
     """Prefix of the tool names the host sees; None means the id, "" mounts tools unprefixed."""
     default_risk: RiskSetting | None = None
     pin_new_tools: Literal["trust", "approve"] = "trust"
+    drift_listing: DriftListing | None = None
+    """Overrides `[approvals] drift_listing` for this connector's tools."""
     tools: dict[str, ToolOverride] = Field(default_factory=dict)
 
     @property

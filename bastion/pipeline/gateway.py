@@ -24,6 +24,7 @@ from typing import Any, Literal, NoReturn
 import anyio
 import mcp_types as types
 
+from bastion.actions import DriftListing
 from bastion.config import Config, config_option
 from bastion.errors import (
     BastionError,
@@ -40,7 +41,7 @@ from bastion.errors import (
 )
 from bastion.models import CallContext, Invocation, ModeDecision, Risk, SourceStatus, Status, utcnow
 from bastion.pipeline.approvals import ApprovalDesk, PendingFn, Progress
-from bastion.pipeline.catalog import Catalog, CatalogEntry, PreparedAction, prepare_actions
+from bastion.pipeline.catalog import Catalog, CatalogEntry, PreparedAction, listed_tool, prepare_actions
 from bastion.pipeline.content import ContentRelay
 from bastion.pipeline.instances import Instance
 from bastion.pipeline.pinning import PinBook
@@ -54,6 +55,9 @@ ListingKind = Literal["tools", "resources", "prompts"]
 
 ListingsFn = Callable[[frozenset[ListingKind]], Awaitable[None]]
 """Called after a rebuild with the kinds of listing that changed."""
+
+PIN_POLL_SECONDS = 1.0
+"""How often the pins of drifted actions are re-read: an acceptance reaches what hosts list within this."""
 
 
 INVOCATION_TOOL = types.Tool(
@@ -166,7 +170,7 @@ class Gateway:
 
     def _rebuild(self) -> frozenset[ListingKind]:
         """Rebuild what hosts list; returns the kinds of listing that changed since the last rebuild."""
-        self.catalog = Catalog(action for actions in self._prepared.values() for action in actions)
+        self.catalog = Catalog((action for actions in self._prepared.values() for action in actions), self._listed)
         self.tools = [*self.catalog.tools, INVOCATION_TOOL]
         self.content.rebuild()
         changed, self._dirty = frozenset(self._dirty), set()
@@ -183,6 +187,27 @@ class Gateway:
             if changed:
                 for listing_listener in self._listing_listeners:
                     await listing_listener(changed)
+
+    def _listed(self, action: PreparedAction) -> types.Tool | None:
+        """What hosts list of an action: a drifted one as `drift_listing` says, until an approver accepts it."""
+        return listed_tool(
+            action,
+            drifted=self.pins.drift(action.source_id, action.action_id) is not None,
+            listing=self._drift_listing(action),
+            trusted=self.pins.pinned_definition(action.source_id, action.action_id),
+        )
+
+    def _drift_listing(self, action: PreparedAction) -> DriftListing:
+        return action.spec.pin.drift_listing or self.config.settings.approvals.drift_listing
+
+    async def _follow_pins(self) -> None:
+        """Notice drift accepted anywhere (the CLI, the API, another instance): hosts are then listed the accepted
+        definition, and told with `list_changed`, within PIN_POLL_SECONDS."""
+        while True:
+            await anyio.sleep(PIN_POLL_SECONDS)
+            if await self.pins.refresh():
+                self._dirty.add("tools")
+                self._changed.set()
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Gateway]:
@@ -209,6 +234,7 @@ class Gateway:
                 logger.warning("sources still listing after the timeout, omitted for now: %s", ", ".join(slow))
             self._rebuild()
             tg.start_soon(self._rebuild_loop, name="catalog")
+            tg.start_soon(self._follow_pins, name="pins")
             await tg.start(self.ledger.changes.run, name="ledger-changes")
             await tg.start(self.instance.run, name="instance-lease")
             await tg.start(self.desk.run, name="approvals")
@@ -226,6 +252,8 @@ class Gateway:
         current = self._resolve(entry, entry.action.risk, context)
         if not drifted:
             return current
+        if self._drift_listing(entry.action) == "hide":
+            return ModeDecision(mode="deny", source="drift")
         trusted = self.pins.pinned_definition(entry.source_id, entry.action_id)
         if trusted is None:
             return guard_drift(current, None)
@@ -286,7 +314,10 @@ class Gateway:
                     f"session over its limit of {limit} invocations per minute; retry in {wait:.0f} s",
                 )
             if decision.mode == "deny":
-                await self._refuse(invocation, PolicyDenied, f"policy ({decision.source}) denies {entry.key}")
+                reason = f"policy ({decision.source}) denies {entry.key}"
+                if drift is not None and self._drift_listing(entry.action) == "hide":
+                    reason = f"{entry.key} changed since it was trusted; it is withheld until an approver accepts it"
+                await self._refuse(invocation, PolicyDenied, reason)
             if decision.mode == "require_approval":
                 return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
             await self.invocations.record(invocation, ("planned", "approved", "executing"))
