@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,10 +31,13 @@ INVOCATION_KEYS = {
 
 def test_init_writes_a_starter_that_doctor_accepts_and_never_overwrites(tmp_path: Path) -> None:
     env = bastion_env(tmp_path / "home")
-    target = tmp_path / "starter"
+    target = tmp_path / "my starter"
     first = run_cli("init", str(target), env=env)
     assert first.returncode == 0, first.stderr
     assert (target / "bastion.toml").exists()
+    (hinted,) = re.findall(r"next: (bastion doctor [^\n]+?)  then", first.stdout)
+    doctor = run_cli(*shlex.split(hinted)[1:], env=env)  # the hint, copied: quoted, it names the directory
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     doctor = run_cli("doctor", "--config", str(target), env=env)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert doctor.stdout.startswith("ok:")

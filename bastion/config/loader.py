@@ -108,7 +108,7 @@ def _existing_dir(path: Path, origin: str) -> Path:
     problem = "is not a directory" if path.exists() else "does not exist"
     raise ConfigError(
         f"config directory {path} (from {origin}) {problem}; "
-        f"create a starter one with `bastion init {path}` or point {origin} at an existing directory"
+        f"create a starter one with `bastion init {shlex.quote(str(path))}` or point {origin} at an existing directory"
     )
 
 
