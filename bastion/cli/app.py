@@ -27,7 +27,7 @@ from rich.text import Text
 from bastion import __version__
 from bastion.cli.logs import use_redactor
 from bastion.cli.remote import TOKEN_ENV_VAR
-from bastion.config import Config, config_option, find_config_dir, load_config
+from bastion.config import Config, config_hint, find_config_dir, load_config
 from bastion.connectors import McpConnector
 from bastion.errors import BastionError, ConfigError, NotFound, Unauthenticated
 from bastion.ledger import OpenLedger, Redactor
@@ -158,15 +158,6 @@ async def local_approver(ledger: OpenLedger, config: Config, token: str | None) 
             f"--token TOKEN or set ${TOKEN_ENV_VAR} (keep it out of your agents' environment)"
         )
     return local_owner(approver_principal())
-
-
-def config_hint(config: Config) -> str:
-    """What a printed `bastion ...` hint appends to reach this configuration from any directory (` --config DIR`)."""
-    try:
-        home: Path | None = Path.home()
-    except (RuntimeError, KeyError):
-        home = None
-    return config_option(config.directory, home=home)
 
 
 # -- composition ------------------------------------------------------------------------------------

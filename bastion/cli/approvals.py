@@ -19,7 +19,6 @@ from bastion.cli.app import (
     Exit,
     JsonOption,
     app,
-    config_hint,
     emit_json,
     find_invocation,
     load,
@@ -32,7 +31,7 @@ from bastion.cli.app import (
 from bastion.cli.inspect import details_table
 from bastion.cli.remote import TOKEN_ENV_VAR, RemoteApi, TokenOption, UrlOption, remote_api
 from bastion.cli.tables import Column, fitted_table
-from bastion.config import Config
+from bastion.config import Config, config_hint
 from bastion.errors import ConfigError
 from bastion.models import Invocation, utcnow
 from bastion.pipeline import authority

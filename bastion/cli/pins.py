@@ -15,7 +15,6 @@ from bastion.cli.app import (
     Exit,
     JsonOption,
     app,
-    config_hint,
     emit_json,
     load,
     local_approver,
@@ -26,6 +25,7 @@ from bastion.cli.app import (
 )
 from bastion.cli.remote import TokenOption
 from bastion.cli.tables import Column, fitted_table
+from bastion.config import config_hint
 from bastion.errors import Conflict, NotFound
 from bastion.models import Pin
 from bastion.pipeline.authority import accept_pins

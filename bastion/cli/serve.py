@@ -18,8 +18,8 @@ import anyio
 import typer
 
 from bastion import __version__
-from bastion.cli.app import ConfigOption, Exit, app, config_hint, err, load, open_gateway, open_ledger, run_async
-from bastion.config import Config, validate_profile
+from bastion.cli.app import ConfigOption, Exit, app, err, load, open_gateway, open_ledger, run_async
+from bastion.config import Config, config_hint, validate_profile
 from bastion.errors import ConfigError
 from bastion.server.http import bind_listener, is_loopback, listener_problem, serve_http
 from bastion.server.mcp import FrontDoor, serve_stdio

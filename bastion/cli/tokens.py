@@ -19,7 +19,6 @@ from bastion.cli.app import (
     Exit,
     JsonOption,
     app,
-    config_hint,
     emit_json,
     load,
     local_approver,
@@ -30,7 +29,7 @@ from bastion.cli.app import (
 )
 from bastion.cli.remote import TokenOption
 from bastion.cli.tables import Column, fitted_table
-from bastion.config import Config, validate_profile
+from bastion.config import Config, config_hint, validate_profile
 from bastion.errors import ConfigError, Conflict, Forbidden, NotFound
 from bastion.ledger import OpenLedger
 from bastion.ledger.tokens import validate_token_name

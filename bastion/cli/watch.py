@@ -29,7 +29,6 @@ from rich.text import Text
 from bastion.cli.app import (
     ConfigOption,
     Exit,
-    config_hint,
     load,
     local_approver,
     open_ledger,
@@ -39,6 +38,7 @@ from bastion.cli.app import (
 from bastion.cli.approvals import approvals_app, format_seconds, pending_invocations, pending_table
 from bastion.cli.pins import diff_text
 from bastion.cli.remote import RemoteApi, TokenOption, UrlOption, remote_api
+from bastion.config import config_hint
 from bastion.errors import BastionError, ChangesLost, ConfigError
 from bastion.ledger import OpenLedger
 from bastion.models import Invocation, Principal, utcnow

@@ -96,6 +96,15 @@ def config_option(directory: Path | None, *, home: Path | None) -> str:
     return f" --config {shlex.quote(str(directory))}"
 
 
+def config_hint(config: Config) -> str:
+    """`config_option` of a loaded configuration, for the current user (whose home may be unknown)."""
+    try:
+        home: Path | None = Path.home()
+    except (RuntimeError, KeyError):
+        home = None
+    return config_option(config.directory, home=home)
+
+
 def _expand_home(path: Path, home: Path) -> Path:
     if path.parts and path.parts[0] == "~":
         return home.joinpath(*path.parts[1:])

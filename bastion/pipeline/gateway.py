@@ -18,14 +18,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import anyio
 import mcp_types as types
 
 from bastion.actions import DriftListing
-from bastion.config import Config, config_option
+from bastion.config import Config, config_hint
 from bastion.errors import (
     BastionError,
     CallTimeout,
@@ -113,7 +112,7 @@ class Gateway:
             liveness=self.instance.liveness,
             heartbeat_seconds=config.settings.approvals.heartbeat_seconds,
             wait_without_progress_seconds=config.settings.approvals.wait_without_progress_seconds,
-            config_option=config_option(config.directory, home=_home()),
+            config_option=config_hint(config),
         )
         self._rate = RateLimiter(config.settings.limits.invocations_per_minute)
         self._listeners: list[Callable[[], Awaitable[None]]] = []
@@ -537,14 +536,6 @@ class Gateway:
 def new_invocation_id() -> str:
     """A short id that sorts by creation time: 12 hex digits of milliseconds, then 12 random ones."""
     return f"{int(time.time() * 1000):012x}{secrets.token_hex(6)}"
-
-
-def _home() -> Path | None:
-    """The user's home directory, if it can be told (hints name `--config` unless it is the default one there)."""
-    try:
-        return Path.home()
-    except (RuntimeError, KeyError):
-        return None
 
 
 def _error_text(result: types.CallToolResult) -> str:
