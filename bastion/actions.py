@@ -17,6 +17,10 @@ from bastion.models import Risk
 NewActionPolicy = Literal["trust", "approve"]
 """What a source's action seen for the first time gets: pinned on first use, or held as drifted until accepted."""
 
+DriftListing = Literal["pinned", "current", "hide"]
+"""What hosts list of a drifted action until an approver accepts its new definition (DESIGN.md §5): its pinned
+(trusted) definition, its current one, or nothing."""
+
 Reconciliation = Literal["manual", "lookup"]
 """How an `unknown` outcome can be settled: only by a person who checks (`manual`), or by asking the source
 (`lookup`: it can find the call by its idempotency key or correlation marker)."""
@@ -38,6 +42,8 @@ class PinPolicy:
 
     new_actions: NewActionPolicy = "trust"
     explicit: ExplicitPin | None = None
+    drift_listing: DriftListing | None = None
+    """What hosts list while the action is drifted; None: the gateway's default (`[approvals] drift_listing`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,15 @@ class ApprovalExpired(BastionError):
     http_status = 410
 
 
+class ApprovalPending(BastionError):
+    """Not a refusal: the call waits for an approver still, but its host cannot be kept waiting (it sent no
+    progress token). The invocation stays pending; once decided, `bastion__invocation` returns its outcome.
+    Not retriable: calling again would ask for a second approval of the same thing."""
+
+    error_class = "approval_pending"
+    http_status = 409
+
+
 class PendingLimit(BastionError):
     error_class = "pending_limit"
     http_status = 429

@@ -74,6 +74,7 @@ async def harness(
     messages: MessageHandlerFnT | None = None,
     downstream: str = "direct",
     namespace: str | None = None,
+    drift_listing: str | None = None,
 ) -> AsyncIterator[Harness]:
     """`mode="legacy"` runs the client over JSON-RPC streams; "auto" uses the SDK's direct in-process
     path, which carries no progress token in the request (so Bastion sends no heartbeats there).
@@ -85,6 +86,8 @@ async def harness(
     fx: dict[str, Any] = {"id": "fx", "command": "unused", "tools": overrides or {}, "pin_new_tools": pin_new_tools}
     if namespace is not None:
         fx["namespace"] = namespace
+    if drift_listing is not None:
+        fx["drift_listing"] = drift_listing  # the connector file's override
     connectors = [
         ConnectorConfig.model_validate(fx),
         ConnectorConfig(id="off", command="unused"),

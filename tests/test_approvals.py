@@ -225,6 +225,16 @@ async def test_an_explicit_pin_in_the_connector_file_is_checked(tmp_path: Path) 
         assert pending.mode_source == "drift"
 
 
+async def test_an_explicit_pin_added_after_first_use_is_not_cleared_by_the_first_use_pin(tmp_path: Path) -> None:
+    async with harness(tmp_path, approvals=FAST) as h:
+        assert not (await h.call("fx__echo", {"text": "a"})).is_error  # pinned on first use
+    pinned = {"echo": ToolOverride(pin=ToolPin(fingerprint="0" * 64))}
+    async with harness(tmp_path, approvals=FAST, overrides=pinned) as h:
+        for text in ("b", "c"):  # the check at call time re-reads the stored pin: it must not clear this drift
+            assert (await blocked_mode(h, "fx__echo", {"text": text})).mode_source == "drift"
+        assert "fx__echo" not in {t.name for t in (await h.client.list_tools()).tools}  # no definition to show
+
+
 async def test_a_new_tool_on_a_known_connector_waits_for_a_pin_when_asked(tmp_path: Path) -> None:
     async with harness(tmp_path, approvals=FAST, pin_new_tools="approve") as h:
         fresh = types.Tool(

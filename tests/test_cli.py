@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,10 +31,13 @@ INVOCATION_KEYS = {
 
 def test_init_writes_a_starter_that_doctor_accepts_and_never_overwrites(tmp_path: Path) -> None:
     env = bastion_env(tmp_path / "home")
-    target = tmp_path / "starter"
+    target = tmp_path / "my starter"
     first = run_cli("init", str(target), env=env)
     assert first.returncode == 0, first.stderr
     assert (target / "bastion.toml").exists()
+    (hinted,) = re.findall(r"next: (bastion doctor [^\n]+?)  then", first.stdout)
+    doctor = run_cli(*shlex.split(hinted)[1:], env=env)  # the hint, copied: quoted, it names the directory
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     doctor = run_cli("doctor", "--config", str(target), env=env)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert doctor.stdout.startswith("ok:")
@@ -169,10 +174,16 @@ def test_under_json_every_error_is_a_json_document_on_stdout_with_the_usual_stat
         (("doctor", "--config", str(tmp_path / "absent"), "--json"), 2, "config_error"),
         (("invocations", "show", "0123456789ab", "--json", "--config", str(config)), 1, "not_found"),
         (("connectors", "check", "nope", "--json", "--config", str(config)), 1, "not_found"),
-        (("pins", "accept", "notes:write_note", "--json", "--config", str(config)), 1, "not_found"),
-        (("tokens", "create", "alice", "--role", "admin", "--json", "--config", str(config)), 1, "conflict"),
+        (("pins", "accept", "notes:write_note", "--json", "--config", str(config)), 1, "unauthenticated"),
     ]
-    assert run_cli("tokens", "create", "alice", "--role", "admin", "--config", str(config), env=env).returncode == 0
+    made = run_cli("tokens", "create", "alice", "--role", "admin", "--json", "--config", str(config), env=env)
+    assert made.returncode == 0, made.stderr
+    token = json.loads(made.stdout)["token"]
+    cases += [
+        (("pins", "accept", "notes:write_note", "--json", "--config", str(config), "--token", token), 1, "not_found"),
+        (("tokens", "create", "alice", "--role", "admin", "--json", "--config", str(config), "--token", token), 1,
+         "conflict"),
+    ]  # fmt: skip
     for args, status, error_class in cases:
         result = run_cli(*args, env=env)
         assert result.returncode == status, (args, result.stdout, result.stderr)

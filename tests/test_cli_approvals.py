@@ -17,7 +17,7 @@ from anyio.abc import Process
 
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
-from bastion.models import EventKind, Invocation, InvocationEvent, utcnow
+from bastion.models import EventKind, Invocation, InvocationEvent, Role, utcnow
 from tests.processes import bastion_command, bastion_env, run_cli, write_config
 from tests.test_cli import INVOCATION_KEYS
 
@@ -247,6 +247,64 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     assert "bastion init" in absent.stderr
 
 
+# -- approver tokens on the local ledger ----------------------------------------------------------------
+
+
+async def create_token(config: Path, name: str, role: Role) -> str:
+    async with open_ledger(config) as ledger:
+        return await ledger.tokens.create_token(name, role=role, profile=None, now=utcnow())
+
+
+def make_token(config: Path, name: str, role: Role = "admin") -> str:
+    """A token in the configuration's ledger, as `bastion tokens create` makes it; its secret."""
+    return anyio.run(create_token, config, name, role)
+
+
+def error_class(result: subprocess.CompletedProcess[str]) -> str:
+    body: dict[str, Any] = json.loads(result.stdout)
+    return str(body["error"]["class"])
+
+
+def test_once_the_ledger_has_an_approver_token_local_decisions_need_one(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home", BASTION_PRINCIPAL="alice@example.com")
+    config = make_config(tmp_path)
+    seed(config, make_invocation(1), make_invocation(2))
+    admin = make_token(config, "alice")
+    agent = make_token(config, "agent:ci-2", "agent")
+
+    approve = ("approvals", "approve", "inv-0001", "--json")
+    for given, expected in (
+        ((), "unauthenticated"),
+        (("--token", "bst_" + "x" * 43), "unauthenticated"),
+        (("--token", agent), "forbidden"),
+    ):
+        refused = cli(config, env, *approve, *given)
+        assert refused.returncode == 1, refused.stdout
+        assert error_class(refused) == expected
+    assert "--token" in cli(config, env, "approvals", "deny", "inv-0001").stderr
+    assert stored(config, "inv-0001")[0].status == "pending"
+
+    approved = cli(config, env, "approvals", "approve", "inv-0001", "--token", admin)
+    assert approved.returncode == 0, approved.stderr
+    assert approved.stdout.startswith("approved inv-0001 (notes__write_note) as alice")
+    assert stored(config, "inv-0001")[1][-1].detail == {"by": "alice", "note": None}
+    denied = cli(config, env | {"BASTION_TOKEN": admin}, "approvals", "deny", "inv-0002", "--reason", "no")
+    assert denied.returncode == 0, denied.stderr
+    assert stored(config, "inv-0002")[1][-1].detail == {"by": "alice", "reason": "no"}
+
+
+def test_nobody_decides_their_own_call_with_a_local_token_either(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home")
+    config = make_config(tmp_path)
+    seed(config, make_invocation(1, principal="alice"))
+    admin = make_token(config, "alice")
+
+    own = cli(config, env, "approvals", "approve", "inv-0001", "--token", admin, "--json")
+    assert own.returncode == 1
+    assert error_class(own) == "forbidden"
+    assert stored(config, "inv-0001")[0].status == "pending"
+
+
 # -- racing approvers -------------------------------------------------------------------------------
 
 
@@ -359,4 +417,5 @@ def test_tables_keep_ids_whole_on_one_line_and_cut_long_text_at_narrow_widths(tm
             assert any(invocation_id in line for line in lines), (command, table.stdout)
         assert LONG_TOOL not in table.stdout
         assert "…" in table.stdout
-        assert max(len(line) for line in lines) <= columns, table.stdout
+        rows = [line for line in lines if not line.startswith("decide with:")]  # a command to copy is never cut
+        assert max(len(line) for line in rows) <= columns, table.stdout

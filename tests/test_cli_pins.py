@@ -11,7 +11,7 @@ import anyio
 from bastion.models import Pin, PinObservation
 from bastion.policies import fingerprints
 from tests.processes import bastion_env
-from tests.test_cli_approvals import cli, make_config, open_ledger
+from tests.test_cli_approvals import cli, make_config, make_token, open_ledger
 
 
 def observation(description: str, *, action_id: str = "write_note") -> PinObservation:
@@ -137,3 +137,20 @@ def test_accept_refuses_unknown_pins_and_malformed_requests(tmp_path: Path) -> N
     assert cli(config, env, "pins", "accept").returncode == 2
     assert cli(config, env, "pins", "accept", "notes:write_note", "--source", "notes").returncode == 2
     assert anyio.run(load, config)["notes:write_note"].drift is not None
+
+
+def test_once_the_ledger_has_an_approver_token_accepting_drift_needs_one(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home", BASTION_PRINCIPAL="alice@example.com")
+    config = seeded(tmp_path)
+    admin = make_token(config, "alice")
+    agent = make_token(config, "ci-agent", "agent")
+
+    for given, expected in (((), "unauthenticated"), (("--token", agent), "forbidden")):
+        refused = cli(config, env, "pins", "accept", "notes:write_note", "--json", *given)
+        assert refused.returncode == 1, refused.stdout
+        assert json.loads(refused.stdout)["error"]["class"] == expected
+    assert anyio.run(load, config)["notes:write_note"].drift is not None
+
+    accepted = cli(config, env, "pins", "accept", "notes:write_note", "--token", admin)
+    assert accepted.returncode == 0, accepted.stderr
+    assert anyio.run(load, config)["notes:write_note"].pinned_by == "alice"

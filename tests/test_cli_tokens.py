@@ -111,3 +111,35 @@ def test_profile_must_be_known_and_only_given_to_agent_tokens(tmp_path: Path) ->
     assert cli(config, tmp_path, "tokens", "create", "ci-agent", "--role", "root").returncode == 2
     assert cli(config, tmp_path, "tokens", "create", "ci-agent").returncode == 2
     assert json.loads(cli(config, tmp_path, "tokens", "list", "--json").stdout) == []
+
+
+def test_once_an_approver_token_exists_only_its_holder_creates_or_revokes_tokens(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    made = cli(config, tmp_path, "tokens", "create", "alice", "--role", "admin", "--json")
+    assert made.returncode == 0, made.stderr
+    admin = json.loads(made.stdout)["token"]
+
+    minted = cli(config, tmp_path, "tokens", "create", "me", "--role", "owner", "--json")
+    assert minted.returncode == 1
+    assert json.loads(minted.stdout)["error"]["class"] == "unauthenticated"
+    assert cli(config, tmp_path, "tokens", "revoke", "alice").returncode == 1
+    agent = cli(config, tmp_path, "tokens", "create", "ci-agent", "--role", "agent", "--json", "--token", admin)
+    assert agent.returncode == 0, agent.stderr
+    by_agent = cli(
+        config,
+        tmp_path,
+        "tokens",
+        "create",
+        "me",
+        "--role",
+        "owner",
+        "--json",
+        "--token",
+        json.loads(agent.stdout)["token"],
+    )
+    assert json.loads(by_agent.stdout)["error"]["class"] == "forbidden"
+    assert anyio.run(authenticate, config, admin) == Principal(name="alice", role="admin")
+
+    revoked = cli(config, tmp_path, "tokens", "revoke", "alice", "--token", admin)
+    assert revoked.returncode == 0, revoked.stderr
+    assert anyio.run(authenticate, config, admin) is None

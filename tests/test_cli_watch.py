@@ -23,7 +23,7 @@ from rich.console import Console
 from bastion.cli.watch import QUIT, Decision, KeyReader, WatchView
 from bastion.models import InvocationEvent, Status, utcnow
 from tests.processes import bastion_command, bastion_env, bastion_http, run_cli, stop
-from tests.test_cli_approvals import DRIFT, make_config, make_invocation, open_ledger, record
+from tests.test_cli_approvals import DRIFT, create_token, make_config, make_invocation, open_ledger, record
 
 ROWS, COLUMNS = 40, 160
 WAIT = 60  # seconds: the bound of every wait on a terminal
@@ -210,6 +210,34 @@ async def test_watch_decides_on_a_remote_bastion_through_its_api(tmp_path: Path)
                 terminal.press(b"q")
                 assert await process.wait() == 0, terminal.screen
     assert denied[-1].detail == {"by": "alice", "reason": "not from here"}
+
+
+@pytest.mark.anyio
+async def test_watch_on_a_ledger_with_approver_tokens_needs_one_and_decides_as_its_holder(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home", TERM="xterm-256color", BASTION_PRINCIPAL="agent-said-so")
+    config = make_config(tmp_path)
+    admin = await create_token(config, "alice", "admin")
+    waiting = make_invocation(1)
+    await record(config, waiting)
+
+    async with watching(["--config", str(config)], env) as (terminal, process):
+        with anyio.fail_after(WAIT):
+            assert await process.wait() == 1
+            await terminal.wait_for("unauthenticated")
+    assert waiting.id not in terminal.screen  # refused before the screen shows anything
+    async with watching(["--config", str(config), "--token", admin], env) as (terminal, process):
+        with anyio.fail_after(WAIT):
+            await terminal.wait_for(waiting.id)
+            terminal.press(b"a")
+            await terminal.wait_for("note (optional)")
+            terminal.press(b"\r")
+            await terminal.wait_for("[y/n]")
+            terminal.press(b"y")
+            approved = await wait_for_status(config, waiting.id, "approved")
+            await terminal.wait_for(f"approved {waiting.id} (notes__write_note) as alice")
+            terminal.press(b"q")
+            assert await process.wait() == 0, terminal.screen
+    assert approved[-1].detail == {"by": "alice", "note": None}
 
 
 def test_watch_without_a_terminal_exits_2_and_names_the_alternatives(tmp_path: Path) -> None:

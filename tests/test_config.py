@@ -16,6 +16,7 @@ from bastion.config import (
     STARTER_FILES,
     Config,
     ConfigIssue,
+    config_option,
     find_config_dir,
     init_config_dir,
     load_config,
@@ -785,3 +786,11 @@ def test_the_locator_finds_every_key_of_generated_documents(tables: dict[str, di
     index = KeyIndex(emitter.text)
     for path, line in emitter.expected.items():
         assert index.line_of(path) == line, (path, emitter.text)
+
+
+def test_hints_name_a_config_directory_unless_every_command_finds_it_by_default(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    assert config_option(None, home=home) == ""
+    assert config_option((home / ".config" / "bastion").resolve(), home=home) == ""
+    assert config_option(tmp_path / "my config", home=home) == f" --config '{tmp_path}/my config'"
+    assert config_option(tmp_path / "cfg", home=None) == f" --config {tmp_path}/cfg"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
+import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -206,3 +209,45 @@ async def _call_and_ignore(url: str, tool: str, arguments: dict[str, Any]) -> No
             await client.call_tool(tool, arguments)
     except Exception:  # noqa: BLE001 - the server was killed under it, any failure is expected
         pass
+
+
+async def test_hints_name_the_config_directory_so_the_hinted_command_reads_the_same_ledger(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.json"
+    notes.write_text("{}")
+    config = write_config(tmp_path / "my config", notes_file=notes, time_server=False)
+    (config / "bastion.toml").write_text(
+        '[server]\nledger = "sqlite:///state/ledger.db"\n'
+        "[approvals]\nheartbeat_seconds = 0.2\nwait_without_progress_seconds = 1\n"
+    )
+    env = bastion_env(tmp_path / "home")
+    argv = bastion_command("serve", "--config", str(config))
+    beats: list[str] = []
+    heard = anyio.Event()
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        beats.append(message or "")
+        heard.set()
+
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=env)
+    async with Client(params, mode="legacy", cache=None) as client, anyio.create_task_group() as tg:
+        first = functools.partial(client.call_tool, progress_callback=on_progress)
+        tg.start_soon(first, "notes__write_note", {"name": "a", "text": "b"})
+        with anyio.fail_after(30):
+            await heard.wait()
+        with anyio.fail_after(30):
+            pending = await client.call_tool("notes__write_note", {"name": "c", "text": "d"})  # no progress token
+        tg.cancel_scope.cancel()
+    assert error_of(pending)["class"] == "approval_pending"
+    told = pending.content[0].text if isinstance(pending.content[0], types.TextContent) else ""
+    quoted = f"--config {shlex.quote(str(config))}"
+    assert quoted in beats[0]
+    assert quoted in told
+
+    (hint,) = re.findall(r"`(bastion approvals show [^`]+)`", told)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shown = await anyio.run_process(
+        bastion_command(*shlex.split(hint)[1:], "--json"), env=env, cwd=elsewhere, check=False
+    )
+    assert shown.returncode == 0, shown.stderr.decode()
+    assert json.loads(shown.stdout)["id"] == error_of(pending)["invocation_id"]

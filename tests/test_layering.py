@@ -32,11 +32,13 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.approvals": 6,
     "bastion.pipeline.authority": 6,
     "bastion.pipeline.views": 6,  # the JSON shapes the CLI prints and the API answers
-    "bastion.pipeline.gateway": 7,
-    "bastion.server": 8,
-    "bastion.cli": 9,
-    "bastion.__main__": 10,
-    "bastion.demo": 10,  # a standalone demo server program: nothing in bastion imports it
+    "bastion.pipeline.listings": 7,  # the sources and what hosts list of them
+    "bastion.pipeline.outcomes": 6,  # recording what came of a call that was sent
+    "bastion.pipeline.gateway": 8,
+    "bastion.server": 9,
+    "bastion.cli": 10,
+    "bastion.__main__": 11,
+    "bastion.demo": 11,  # a standalone demo server program: nothing in bastion imports it
 }
 
 # Third-party imports allowed per group, beyond the standard library (None = anything).
@@ -60,6 +62,8 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.approvals": {"mcp_types", "anyio"},
     "bastion.pipeline.authority": set(),
     "bastion.pipeline.views": {"pydantic"},
+    "bastion.pipeline.listings": {"mcp_types", "anyio"},
+    "bastion.pipeline.outcomes": {"mcp_types", "anyio"},
     "bastion.pipeline.gateway": {"mcp_types", "anyio", "pydantic"},
     "bastion.server": None,
     "bastion.cli": None,

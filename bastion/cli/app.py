@@ -26,13 +26,14 @@ from rich.text import Text
 
 from bastion import __version__
 from bastion.cli.logs import use_redactor
-from bastion.config import Config, find_config_dir, load_config
+from bastion.cli.remote import TOKEN_ENV_VAR
+from bastion.config import Config, config_hint, find_config_dir, load_config
 from bastion.connectors import McpConnector
-from bastion.errors import BastionError, ConfigError, NotFound
+from bastion.errors import BastionError, ConfigError, NotFound, Unauthenticated
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
-from bastion.models import Invocation
-from bastion.pipeline.authority import resolve_invocation_id
+from bastion.models import Invocation, Principal
+from bastion.pipeline.authority import local_owner, resolve_invocation_id
 from bastion.pipeline.gateway import Gateway
 
 USAGE_ERROR: Final = "usage_error"
@@ -123,7 +124,8 @@ def timestamp(moment: datetime) -> str:
 
 
 def approver_principal() -> str:
-    """Who decides from this command line: `$BASTION_PRINCIPAL`, else `local:<login name>`."""
+    """Who decides from this command line while the ledger has no approver token: `$BASTION_PRINCIPAL`, else
+    `local:<login name>`."""
     explicit = os.environ.get(PRINCIPAL_ENV_VAR, "").strip()
     if explicit:
         return explicit
@@ -133,6 +135,29 @@ def approver_principal() -> str:
         raise Exit(
             f"error: cannot tell who you are; set ${PRINCIPAL_ENV_VAR} to name the approver", 2, ConfigError.error_class
         ) from exc
+
+
+async def local_approver(ledger: OpenLedger, config: Config, token: str | None) -> Principal:
+    """Who decides (or re-pins, or manages tokens) on the local ledger: the principal of the token given
+    (`--token`, else `$BASTION_TOKEN`), else the local owner (`approver_principal`), but only while the ledger
+    has no owner or admin token. Once it has one, a token is required: an agent with a shell as the same user
+    could otherwise approve its own calls. An agent's token is refused later, by `bastion.pipeline.authority`.
+    """
+    secret = token or os.environ.get(TOKEN_ENV_VAR) or None
+    if secret is not None:
+        principal = await ledger.tokens.authenticate(secret.strip())
+        if principal is None:
+            raise Unauthenticated(
+                f"the token given (--token or ${TOKEN_ENV_VAR}) is not an active token of {config.ledger_url}; "
+                f"check it, or see `bastion tokens list{config_hint(config)}`"
+            )
+        return principal
+    if await ledger.tokens.has_approver_tokens():
+        raise Unauthenticated(
+            f"{config.ledger_url} has owner or admin tokens, so deciding from the command line needs one: pass "
+            f"--token TOKEN or set ${TOKEN_ENV_VAR} (keep it out of your agents' environment)"
+        )
+    return local_owner(approver_principal())
 
 
 # -- composition ------------------------------------------------------------------------------------

@@ -19,23 +19,23 @@ from bastion.cli.app import (
     Exit,
     JsonOption,
     app,
-    approver_principal,
     emit_json,
     find_invocation,
     load,
+    local_approver,
     open_ledger,
     out,
     run_async,
     timestamp,
 )
 from bastion.cli.inspect import details_table
-from bastion.cli.remote import RemoteApi, TokenOption, UrlOption, remote_api
+from bastion.cli.remote import TOKEN_ENV_VAR, RemoteApi, TokenOption, UrlOption, remote_api
 from bastion.cli.tables import Column, fitted_table
-from bastion.config import Config
+from bastion.config import Config, config_hint
 from bastion.errors import ConfigError
 from bastion.models import Invocation, utcnow
 from bastion.pipeline import authority
-from bastion.pipeline.authority import MIN_ID_PREFIX, local_owner
+from bastion.pipeline.authority import MIN_ID_PREFIX
 from bastion.pipeline.views import DEFAULT_LIMIT, expires_in, invocation_json, pending_json
 from bastion.pipeline.views import pending_invocations as pending_invocations  # re-exported for `approvals watch`
 
@@ -103,7 +103,7 @@ def pending_table(
 
 def decide_commands(config: Config, invocation_id: str) -> dict[str, str]:
     """The exact commands that approve or deny this invocation against the same configuration."""
-    where = f" --config {shlex.quote(str(config.directory))}" if config.directory is not None else ""
+    where = config_hint(config)
     target = shlex.quote(invocation_id)
     return {
         "approve": f"bastion approvals approve {target}{where}",
@@ -124,6 +124,7 @@ def approvals_list(
 ) -> None:
     """List pending invocations, newest first: tool, session, who asked, time left, drift."""
     api = _remote(url, token)
+    where = ""
     if api is not None:
         remote_api = api
 
@@ -135,6 +136,7 @@ def approvals_list(
         pending = [Invocation.model_validate(row) for row in rows]
     else:
         config = load(config_dir, report=False)
+        where = config_hint(config)
 
         async def run() -> list[Invocation]:
             async with open_ledger(config) as ledger:
@@ -147,7 +149,7 @@ def approvals_list(
         return
     out.print(pending_table(pending, now, width=out.width))
     if pending:
-        out.print("decide with: bastion approvals show|approve|deny ID", highlight=False)
+        out.print(f"decide with: bastion approvals show|approve|deny ID{where}", markup=False, highlight=False)
 
 
 @approvals_app.command("show")
@@ -185,18 +187,19 @@ def approvals_show(
         return
     config = load(config_dir, report=False)
 
-    async def run() -> dict[str, Any]:
+    async def run() -> tuple[dict[str, Any], bool]:
         async with open_ledger(config) as ledger:
             invocation = await find_invocation(ledger, config, invocation_id)
             data = pending_json(invocation, utcnow())
             data["events"] = [e.model_dump(mode="json") for e in await ledger.invocations.events(invocation.id)]
             data["commands"] = decide_commands(config, invocation.id) if invocation.status == "pending" else None
-            return data
+            return data, await ledger.tokens.has_approver_tokens()
 
-    _show(run_async(run), as_json)
+    data, needs_token = run_async(run)
+    _show(data, as_json, needs_token=needs_token)
 
 
-def _show(data: dict[str, Any], as_json: bool) -> None:
+def _show(data: dict[str, Any], as_json: bool, *, needs_token: bool = False) -> None:
     if as_json:
         emit_json(data)
         return
@@ -207,7 +210,8 @@ def _show(data: dict[str, Any], as_json: bool) -> None:
     if commands is None:
         out.print(f"not pending: this invocation is {data['status']}", highlight=False)
         return
-    out.print(f"expires in {format_seconds(seconds)}; decide with:", highlight=False)
+    with_token = f" (with an owner or admin token: --token TOKEN or ${TOKEN_ENV_VAR})" if needs_token else ""
+    out.print(f"expires in {format_seconds(seconds)}; decide with{with_token}:", markup=False, highlight=False)
     out.print(f"  {commands['approve']}", markup=False, highlight=False)
     out.print(f"  {commands['deny']}", markup=False, highlight=False)
 
@@ -221,8 +225,11 @@ def approvals_approve(
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Approve a pending invocation: the waiting call runs it at once. Exit 1 if it is no longer pending."""
-    _decide(config_dir, invocation_id, approve=True, note=note, as_json=as_json, api=_remote(url, token))
+    """Approve a pending invocation: the waiting call runs it at once. Exit 1 if it is no longer pending.
+
+    Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN).
+    """
+    _decide(config_dir, invocation_id, approve=True, note=note, as_json=as_json, api=_remote(url, token), token=token)
 
 
 @approvals_app.command("deny")
@@ -234,8 +241,13 @@ def approvals_deny(
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Deny a pending invocation: the waiting call returns approval_denied. Exit 1 if it is no longer pending."""
-    _decide(config_dir, invocation_id, approve=False, note=reason, as_json=as_json, api=_remote(url, token))
+    """Deny a pending invocation: the waiting call returns approval_denied. Exit 1 if it is no longer pending.
+
+    Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN).
+    """
+    _decide(
+        config_dir, invocation_id, approve=False, note=reason, as_json=as_json, api=_remote(url, token), token=token
+    )
 
 
 def _decide(
@@ -246,6 +258,7 @@ def _decide(
     note: str | None,
     as_json: bool,
     api: RemoteApi | None,
+    token: str | None,
 ) -> None:
     if api is not None:
         remote_api = api
@@ -260,15 +273,16 @@ def _decide(
         decided, principal = run_async(remotely)
     else:
         config = load(config_dir, report=False)
-        principal = approver_principal()
 
-        async def run() -> Invocation:
+        async def run() -> tuple[Invocation, str]:
             async with open_ledger(config) as ledger:
-                return await authority.decide(
-                    ledger, invocation_id, approve=approve, principal=local_owner(principal), note=note, now=utcnow()
+                approver = await local_approver(ledger, config, token)
+                decided = await authority.decide(
+                    ledger, invocation_id, approve=approve, principal=approver, note=note, now=utcnow()
                 )
+                return decided, approver.name
 
-        decided = run_async(run)
+        decided, principal = run_async(run)
     if as_json:
         emit_json(invocation_json(decided))
         return

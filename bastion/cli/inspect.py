@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Annotated, Any, Final
 
@@ -249,7 +250,10 @@ def init(directory: Annotated[Path, typer.Argument(help="Where to write a starte
         raise Exit.of(exc) from exc
     for path in written:
         out.print(f"wrote {path}", markup=False, highlight=False)
-    out.print(f"next: bastion doctor --config {directory}  then  bastion serve --config {directory}", highlight=False)
+    where = shlex.quote(str(directory.resolve()))
+    out.print(
+        f"next: bastion doctor --config {where}  then  bastion serve --config {where}", markup=False, highlight=False
+    )
 
 
 @app.command()

@@ -15,18 +15,20 @@ from bastion.cli.app import (
     Exit,
     JsonOption,
     app,
-    approver_principal,
     emit_json,
     load,
+    local_approver,
     open_ledger,
     out,
     run_async,
     timestamp,
 )
+from bastion.cli.remote import TokenOption
 from bastion.cli.tables import Column, fitted_table
+from bastion.config import config_hint
 from bastion.errors import Conflict, NotFound
 from bastion.models import Pin
-from bastion.pipeline.authority import accept_pins, local_owner
+from bastion.pipeline.authority import accept_pins
 from bastion.pipeline.views import drift_diff, pin_json
 
 pins_app = typer.Typer(
@@ -69,6 +71,7 @@ def pins_list(
             return await ledger.pins.pins(source)
 
     pins = [pin for pin in run_async(run) if pin.drift is not None or not drifted]
+    where = config_hint(config)
     if as_json:
         emit_json([pin_json(pin) for pin in pins])
         return
@@ -91,7 +94,7 @@ def pins_list(
         seen = timestamp(pin.drift.seen_at)
         out.print(f"\ndrift of {pin.key}, seen {seen} (pinned -> current):", markup=False, highlight=False)
         out.print(diff_text(diff), end="")
-        out.print(f"accept it with: bastion pins accept {pin.key}", markup=False, highlight=False)
+        out.print(f"accept it with: bastion pins accept {pin.key}{where}", markup=False, highlight=False)
 
 
 @pins_app.command("accept")
@@ -100,24 +103,27 @@ def pins_accept(
     source: Annotated[str | None, typer.Option("--source", help="Accept every drifted pin of this source.")] = None,
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
+    token: TokenOption = None,
 ) -> None:
-    """Re-pin drifted actions to their current definition: one KEY, or every drifted one of --source."""
+    """Re-pin drifted actions to their current definition: one KEY, or every drifted one of --source.
+
+    Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN).
+    """
     source_id, action_id = _target(key, source)
     config = load(config_dir, report=False)
-    principal = approver_principal()
 
-    async def run() -> list[Pin]:
+    async def run() -> tuple[list[Pin], str]:
         async with open_ledger(config) as ledger:
+            approver = await local_approver(ledger, config, token)
             if action_id is None and not await ledger.pins.pins(source_id):
-                raise NotFound(f"no pins of source {source_id!r} in {config.ledger_url}; see `bastion pins list`")
-            accepted = await accept_pins(
-                ledger, principal=local_owner(principal), source_id=source_id, action_id=action_id
-            )
+                listing = f"bastion pins list{config_hint(config)}"
+                raise NotFound(f"no pins of source {source_id!r} in {config.ledger_url}; see `{listing}`")
+            accepted = await accept_pins(ledger, principal=approver, source_id=source_id, action_id=action_id)
             if key is not None and not accepted:
                 raise Conflict(f"pin {key} is not drifted; there is nothing to accept")
-            return accepted
+            return accepted, approver.name
 
-    accepted = run_async(run)
+    accepted, principal = run_async(run)
     if as_json:
         emit_json([pin_json(pin) for pin in accepted])
         return

@@ -2,7 +2,8 @@
 
 `--url URL --token T` (or `$BASTION_URL`, `$BASTION_TOKEN`) switch `bastion approvals ...` from the
 local ledger to this client. The API answers with the same JSON shapes the local commands print, and
-its error bodies carry the same error classes, which become the same exit statuses.
+its error bodies carry the same error classes, which become the same exit statuses. A token without a URL
+is for the local ledger: once it has owner or admin tokens, local decisions need one (`cli.app.local_approver`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ UrlOption = Annotated[
 ]
 TokenOption = Annotated[
     str | None,
-    typer.Option("--token", help=f"An owner or admin token for the remote Bastion (or ${TOKEN_ENV_VAR})."),
+    typer.Option(
+        "--token",
+        help=f"An owner or admin token (or ${TOKEN_ENV_VAR}): of the remote Bastion with --url; else of the local "
+        "ledger, where deciding needs one once any owner or admin token exists.",
+    ),
 ]
 
 
@@ -79,12 +84,11 @@ class RemoteApi:
 
 
 def remote_api(url: str | None, token: str | None) -> RemoteApi | None:
-    """The remote client when a URL is given (flag or environment), else None for the local ledger."""
+    """The remote client when a URL is given (flag or environment), else None for the local ledger (where a
+    token, if given, names the approver)."""
     url = url or os.environ.get(URL_ENV_VAR) or None
     token = token or os.environ.get(TOKEN_ENV_VAR) or None
     if url is None:
-        if token is not None:
-            raise ConfigError(f"--token needs --url (or ${URL_ENV_VAR}): which Bastion is it for?")
         return None
     if token is None:
         raise ConfigError(

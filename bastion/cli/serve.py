@@ -20,7 +20,7 @@ import typer
 
 from bastion import __version__
 from bastion.cli.app import ConfigOption, Exit, app, err, load, open_gateway, open_ledger, run_async
-from bastion.config import Config, host_name, validate_profile
+from bastion.config import Config, config_hint, host_name, validate_profile
 from bastion.errors import ConfigError
 from bastion.pipeline.gateway import Gateway
 from bastion.server.http import bind_listener, is_loopback, listener_problem, serve_http
@@ -76,8 +76,8 @@ def serve(
                 if not await ledger.tokens.has_tokens():  # refuse before starting any connector
                     raise ConfigError(
                         f"refusing to serve on {host} without tokens: anyone who can reach it could call tools. "
-                        "Create one first with `bastion tokens create NAME --role admin` (and agent tokens for "
-                        "hosts), or bind to 127.0.0.1."
+                        f"Create one first with `bastion tokens create NAME --role admin{config_hint(config)}` "
+                        "(and agent tokens for hosts), or bind to 127.0.0.1."
                     )
         shutdown = Shutdown(config.settings.server.shutdown_grace_seconds)
         try:
@@ -218,7 +218,12 @@ def _print_connect_help(
     err.print(f"  ledger: {config.ledger_url}", markup=False, highlight=False)
     header = ' --header "Authorization: Bearer $BASTION_AGENT_TOKEN"' if tokens else ""
     if tokens:
-        err.print("  tokens are configured: hosts need an agent token (bastion tokens create NAME --role agent)")
+        err.print(
+            "  tokens are configured: hosts need an agent token "
+            f"(bastion tokens create NAME --role agent{config_hint(config)})",
+            markup=False,
+            highlight=False,
+        )
     err.print("Connect Claude Code:", highlight=False)
     err.print(f"  claude mcp add --transport http bastion {url}{header}", markup=False, highlight=False)
     err.print("Connect Codex (add to ~/.codex/config.toml):", highlight=False)

@@ -2,19 +2,36 @@
 
 A token's secret is shown once, when it is created; the ledger keeps only its SHA-256, so neither
 `list` nor anything else can show it again. A lost secret is replaced by revoking the token and creating
-a new one.
+a new one. Once an owner or admin token exists, creating or revoking one needs an owner or admin token
+(`--token` or `$BASTION_TOKEN`): an agent with a shell as the same user could otherwise make itself an
+approver.
 """
 
 from __future__ import annotations
 
+import shlex
 from typing import Annotated, Any, Final
 
 import typer
 
-from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, load, open_ledger, out, run_async, timestamp
+from bastion.cli.app import (
+    ConfigOption,
+    Exit,
+    JsonOption,
+    app,
+    emit_json,
+    load,
+    local_approver,
+    open_ledger,
+    out,
+    run_async,
+    timestamp,
+)
+from bastion.cli.remote import TokenOption
 from bastion.cli.tables import Column, fitted_table
-from bastion.config import validate_profile
-from bastion.errors import ConfigError
+from bastion.config import Config, config_hint, validate_profile
+from bastion.errors import ConfigError, Conflict, Forbidden, NotFound
+from bastion.ledger import OpenLedger
 from bastion.ledger.tokens import validate_token_name
 from bastion.models import ROLES, Role, TokenInfo, utcnow
 
@@ -46,8 +63,12 @@ def tokens_create(
     ] = None,
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
+    approver_token: TokenOption = None,
 ) -> None:
-    """Create a token and print its secret, once: it cannot be shown again."""
+    """Create a token and print its secret, once: it cannot be shown again.
+
+    Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN).
+    """
     try:
         validate_token_name(name)
     except ValueError as exc:
@@ -64,7 +85,14 @@ def tokens_create(
 
     async def run() -> str:
         async with open_ledger(config) as ledger:
-            return await ledger.tokens.create_token(name, role=role, profile=profile, now=now)
+            await _approver_only(ledger, config, approver_token)
+            try:
+                return await ledger.tokens.create_token(name, role=role, profile=profile, now=now)
+            except Conflict as exc:
+                raise Conflict(
+                    f"a token named {name!r} is already active; revoke it first "
+                    f"(`bastion tokens revoke {shlex.quote(name)}{config_hint(config)}`) or pick another name"
+                ) from exc
 
     secret = run_async(run)
     token = TokenInfo(name=name, role=role, profile=profile, created_at=now)
@@ -115,14 +143,23 @@ def tokens_revoke(
     name: Annotated[str, typer.Argument(help="The active token to revoke, by name (see `bastion tokens list`).")],
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
+    approver_token: TokenOption = None,
 ) -> None:
-    """Revoke the active token NAME: requests presenting it are refused from now on."""
+    """Revoke the active token NAME: requests presenting it are refused from now on.
+
+    Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN).
+    """
     config = load(config_dir, report=False)
     now = utcnow()
 
     async def run() -> TokenInfo:
         async with open_ledger(config) as ledger:
-            return await ledger.tokens.revoke_token(name, now=now)
+            await _approver_only(ledger, config, approver_token)
+            try:
+                return await ledger.tokens.revoke_token(name, now=now)
+            except NotFound as exc:
+                listing = f"bastion tokens list{config_hint(config)}"
+                raise NotFound(f"no active token named {name!r}; see `{listing}`") from exc
 
     token = run_async(run)
     if as_json:
@@ -131,3 +168,13 @@ def tokens_revoke(
     out.print(
         f"revoked token {token.name} (role {token.role}); it is refused from now on", markup=False, highlight=False
     )
+
+
+async def _approver_only(ledger: OpenLedger, config: Config, token: str | None) -> None:
+    """Tokens are made and revoked by approvers: the local owner while the ledger has no owner or admin token,
+    then only the holder of one (else an agent with a shell could make itself an approver)."""
+    approver = await local_approver(ledger, config, token)
+    if not approver.may_decide:
+        raise Forbidden(
+            f"{approver.name} has the {approver.role} role; only owner and admin tokens may create or revoke tokens"
+        )

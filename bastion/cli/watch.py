@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import shlex
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -25,15 +26,23 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from bastion.cli.app import ConfigOption, Exit, approver_principal, load, open_ledger, run_async, timestamp
+from bastion.cli.app import (
+    ConfigOption,
+    Exit,
+    load,
+    local_approver,
+    open_ledger,
+    run_async,
+    timestamp,
+)
 from bastion.cli.approvals import approvals_app, format_seconds, pending_invocations, pending_table
 from bastion.cli.pins import diff_text
 from bastion.cli.remote import RemoteApi, TokenOption, UrlOption, remote_api
+from bastion.config import config_hint
 from bastion.errors import BastionError, ChangesLost, ConfigError
 from bastion.ledger import OpenLedger
 from bastion.models import Invocation, Principal, utcnow
 from bastion.pipeline import authority
-from bastion.pipeline.authority import local_owner
 from bastion.pipeline.views import DEFAULT_LIMIT, expires_in
 
 if sys.platform != "win32":
@@ -173,6 +182,8 @@ class WatchView:
     """The screen's state: the pending invocations, the selected one, a decision being prepared, the last outcome."""
 
     where: str
+    hint: str = ""
+    """What a printed `bastion ...` hint appends to reach the same ledger (` --config DIR`, ` --url URL`)."""
     pending: list[Invocation] = field(default_factory=list)
     selected: str | None = None
     status: str = ""
@@ -259,11 +270,13 @@ class WatchView:
             table.caption = f"{first + 1}-{first + len(shown)} of {len(self.pending)}"
         selected = self.pending[self._index]
         room = max(4, height - len(shown) - 13)
-        return Group(*top, table, detail_pane(selected, now, room), Text(help_text, style="dim"))
+        pane = detail_pane(selected, now, room, self.hint)
+        return Group(*top, table, pane, Text(help_text, style="dim"))
 
 
-def detail_pane(invocation: Invocation, now: datetime, room: int) -> Table:
-    """The selected invocation in detail, its args and drift diff cut to about `room` lines."""
+def detail_pane(invocation: Invocation, now: datetime, room: int, where: str = "") -> Table:
+    """The selected invocation in detail, its args and drift diff cut to about `room` lines; `where` is what
+    the hint to see the rest appends to reach the same ledger (` --config DIR`, or ` --url URL`)."""
     grid = Table(show_header=False, box=None, pad_edge=False)
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
@@ -273,7 +286,7 @@ def detail_pane(invocation: Invocation, now: datetime, room: int) -> Table:
     who = f"{invocation.principal or 'anonymous'} in session {invocation.session_id}"
     grid.add_row("asked by", Text(f"{who}, {timestamp(invocation.created_at)} UTC"))
     grid.add_row("expires in", Text(format_seconds(expires_in(invocation, now))))
-    more = f"bastion approvals show {invocation.id}"
+    more = f"bastion approvals show {invocation.id}{where}"
     args = json.dumps(invocation.args, indent=2, ensure_ascii=False).splitlines()
     drift = invocation.drift or []
     args_room = max(2, room // 2) if drift else room
@@ -310,6 +323,8 @@ class Feed(Protocol):
     """Where the pending invocations come from and where decisions go: the local ledger, or a remote API."""
 
     where: str
+    hint: str
+    """What a printed `bastion ...` hint appends to reach the same ledger (` --config DIR`, ` --url URL`)."""
     actor: str
     """Who the decisions are recorded as, for the status line."""
 
@@ -325,10 +340,11 @@ class Feed(Protocol):
 class LedgerFeed:
     """The local ledger; decisions as the local approver, through the same authority checks as everywhere."""
 
-    def __init__(self, ledger: OpenLedger, principal: Principal, where: str) -> None:
+    def __init__(self, ledger: OpenLedger, principal: Principal, where: str, hint: str = "") -> None:
         self.ledger = ledger
         self.principal = principal
         self.where = where
+        self.hint = hint
         self.actor = principal.name
 
     async def pending(self) -> list[Invocation]:
@@ -358,6 +374,7 @@ class ApiFeed:
     def __init__(self, api: RemoteApi) -> None:
         self.api = api
         self.where = api.base
+        self.hint = f" --url {shlex.quote(api.base)}"
         self.actor = "your token"
 
     async def pending(self) -> list[Invocation]:
@@ -375,7 +392,7 @@ class ApiFeed:
 
 async def watch_approvals(feed: Feed, fd: int, console: Console) -> None:
     """Run the live view until `q`, Ctrl-D or the end of input; a failure to fetch is shown, then retried."""
-    view = WatchView(where=feed.where)
+    view = WatchView(where=feed.where, hint=feed.hint)
     view.update(await feed.pending())  # a wrong URL or token fails here, before the screen is taken
     wake = Wakeup()
     async with anyio.create_task_group() as tg:
@@ -417,17 +434,22 @@ async def _carry_out(feed: Feed, decision: Decision) -> str:
 
 @approvals_app.command("watch")
 def approvals_watch(config_dir: ConfigOption = None, url: UrlOption = None, token: TokenOption = None) -> None:
-    """A live view of pending calls and the selected one in detail; approve or deny each with confirmation."""
-    if sys.platform == "win32" or not sys.stdin.isatty():
-        raise Exit(
-            "error: approvals watch needs a terminal to read keys from (stdin is not a TTY); run it in a "
-            "terminal, or decide from scripts with `bastion approvals approve ID` / `bastion approvals deny ID`",
-            2,
-        )
+    """A live view of pending calls and the selected one in detail; approve or deny each with confirmation.
+
+    Once the ledger has an owner or admin token, watching it locally needs one (--token or $BASTION_TOKEN).
+    """
     try:
         api = remote_api(url, token)
     except ConfigError as exc:
         raise Exit.of(exc) from exc
+    if sys.platform == "win32" or not sys.stdin.isatty():
+        where = f" --url {shlex.quote(api.base)}" if api is not None else config_hint(load(config_dir, report=False))
+        raise Exit(
+            "error: approvals watch needs a terminal to read keys from (stdin is not a TTY); run it in a "
+            f"terminal, or decide from scripts with `bastion approvals approve ID{where}` / "
+            f"`bastion approvals deny ID{where}`",
+            2,
+        )
     fd = sys.stdin.fileno()
     if api is not None:
         client = api
@@ -439,11 +461,12 @@ def approvals_watch(config_dir: ConfigOption = None, url: UrlOption = None, toke
         run = remotely
     else:
         config = load(config_dir, report=False)
-        principal = local_owner(approver_principal())
 
         async def locally() -> None:
             async with open_ledger(config) as ledger:
-                await watch_approvals(LedgerFeed(ledger, principal, config.ledger_url), fd, Console())
+                principal = await local_approver(ledger, config, token)  # refused before the screen is taken
+                feed = LedgerFeed(ledger, principal, config.ledger_url, config_hint(config))
+                await watch_approvals(feed, fd, Console())
 
         run = locally
     try:

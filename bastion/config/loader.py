@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 import tomllib
 import types
@@ -76,8 +77,31 @@ def find_config_dir(explicit: Path | None, *, env: Mapping[str, str], cwd: Path,
         return _existing_dir(cwd / _expand_home(Path(from_env), home), f"${CONFIG_ENV_VAR}")
     if (cwd / CONFIG_FILE).is_file():
         return cwd
-    user_dir = home / ".config" / "bastion"
+    user_dir = user_config_dir(home)
     return user_dir if user_dir.is_dir() else None
+
+
+def user_config_dir(home: Path) -> Path:
+    """The configuration directory every command finds when nothing else names one: `~/.config/bastion`."""
+    return home / ".config" / "bastion"
+
+
+def config_option(directory: Path | None, *, home: Path | None) -> str:
+    """What a printed `bastion ...` hint appends to reach this configuration (and so its ledger) from any
+    directory: ` --config DIR`, shell-quoted; "" for the embedded default (None) and for `~/.config/bastion`,
+    which commands find by default. An unknown `home` (None) always names the directory."""
+    if directory is None or (home is not None and directory == user_config_dir(home).resolve()):
+        return ""
+    return f" --config {shlex.quote(str(directory))}"
+
+
+def config_hint(config: Config) -> str:
+    """`config_option` of a loaded configuration, for the current user (whose home may be unknown)."""
+    try:
+        home: Path | None = Path.home()
+    except (RuntimeError, KeyError):
+        home = None
+    return config_option(config.directory, home=home)
 
 
 def _expand_home(path: Path, home: Path) -> Path:
@@ -92,7 +116,7 @@ def _existing_dir(path: Path, origin: str) -> Path:
     problem = "is not a directory" if path.exists() else "does not exist"
     raise ConfigError(
         f"config directory {path} (from {origin}) {problem}; "
-        f"create a starter one with `bastion init {path}` or point {origin} at an existing directory"
+        f"create a starter one with `bastion init {shlex.quote(str(path))}` or point {origin} at an existing directory"
     )
 
 

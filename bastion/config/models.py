@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from bastion.actions import DriftListing
 from bastion.models import Risk
 from bastion.policies import normalize_risk
 
@@ -84,6 +85,11 @@ class ApprovalSettings(_Strict):
     expiry_seconds: float = Field(default=300, gt=0)
     heartbeat_seconds: float = Field(default=5, gt=0)
     max_pending_per_session: int = Field(default=10, ge=1)
+    wait_without_progress_seconds: float = Field(default=45, ge=0)
+    """How long a call waits for its approver when the host sent no progress token (so gets no heartbeats and
+    may time out): then it returns `approval_pending`, naming the invocation, and stays pending."""
+    drift_listing: DriftListing = "pinned"
+    """What `tools/list` shows of a drifted tool until `pins accept` (a connector file may override it)."""
 
 
 class LimitSettings(_Strict):
@@ -136,6 +142,8 @@ class ConnectorConfig(_Strict):
     """Prefix of the tool names the host sees; None means the id, "" mounts tools unprefixed."""
     default_risk: RiskSetting | None = None
     pin_new_tools: Literal["trust", "approve"] = "trust"
+    drift_listing: DriftListing | None = None
+    """Overrides `[approvals] drift_listing` for this connector's tools."""
     tools: dict[str, ToolOverride] = Field(default_factory=dict)
 
     @property

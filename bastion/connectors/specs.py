@@ -2,7 +2,7 @@
 
 Risk of a connector tool, first match wins: the per-tool `risk` in the connector file, the annotations
 (`destructiveHint` gives danger, else `readOnlyHint` gives read), the connector's `default_risk`, `write`.
-Hidden tools, explicit pins and `pin_new_tools` come from the same file.
+Hidden tools, explicit pins, `pin_new_tools` and `drift_listing` come from the same file.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def action_specs(config: ConnectorConfig, tools: Sequence[types.Tool]) -> list[A
                 hidden=bool(override and override.hidden),
                 pin=PinPolicy(
                     new_actions=config.pin_new_tools,
+                    drift_listing=config.drift_listing,
                     explicit=None
                     if explicit is None
                     else ExplicitPin(

@@ -5,6 +5,12 @@ from anywhere that writes the ledger — this process, the CLI, another Bastion 
 feed announces them: the desk wakes on the changes of the calls it holds, not on every commit.
 An approved invocation runs in the desk's own task group, so a host that cancels or disconnects
 does not stop it; the result is kept in the ledger and handed to the host if it is still waiting.
+
+A host that sent a progress token gets a heartbeat every `heartbeat_seconds` and waits until the end. One that
+sent none gets no heartbeat, and hosts time out (the MCP Inspector at 60 s): it waits at most
+`wait_without_progress_seconds`, then gets `approval_pending` naming the invocation, which stays pending.
+What the agent is told names the invocation and where a human decides it, never a command that decides: an
+agent with a shell could run that itself.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from bastion.errors import (
     ApprovalDenied,
     ApprovalExpired,
+    ApprovalPending,
     BastionError,
     ChangesLost,
     InvalidArguments,
@@ -112,7 +119,10 @@ class ApprovalDesk:
         gone_of: GoneFn,
         heartbeat_seconds: float,
         observers: Observers,
+        wait_without_progress_seconds: float = math.inf,
+        config_option: str = "",
     ) -> None:
+        """`config_option` is what hints append to `bastion ...` to reach this configuration (` --config DIR`)."""
         self._store = store
         self._observers = observers
         self._feed = feed
@@ -121,6 +131,8 @@ class ApprovalDesk:
         self._lookup = lookup
         self.owner = owner
         self.heartbeat_seconds = heartbeat_seconds
+        self.wait_without_progress_seconds = wait_without_progress_seconds
+        self.config_option = config_option
         self._held: dict[str, Held] = {}
         self._added = anyio.Event()
         self._last_recovery = -math.inf
@@ -167,9 +179,9 @@ class ApprovalDesk:
             return await self._wait(held)
         async with anyio.create_task_group() as beside:
             beside.start_soon(on_pending, invocation)
-            await self._beat_until_done(held)
+            await self._until_done(held)
             beside.cancel_scope.cancel()
-        return await self._wait(held)  # done: returns or raises at once, outside the task group
+        return self._outcome(held)  # outside the task group
 
     async def resume(self, invocation_id: str, on_progress: ProgressFn | None) -> types.CallToolResult:
         """Wait again for a call this process holds (after AwaitingInput, or a host that came back)."""
@@ -179,29 +191,54 @@ class ApprovalDesk:
                 f"invocation {invocation_id} is not held by this Bastion process; ask bastion__invocation for it",
                 invocation_id=invocation_id,
             )
-        if on_progress is not None:
-            held.progress = Progress(on_progress)
+        held.progress = Progress(on_progress) if on_progress is not None else None
         return await self._wait(held)
 
     async def _wait(self, held: Held) -> types.CallToolResult:
-        await self._beat_until_done(held)
+        await self._until_done(held)
+        return self._outcome(held)
+
+    def _outcome(self, held: Held) -> types.CallToolResult:
+        """The result of a call that is done; ApprovalPending for one its host could not wait for any longer."""
+        if not held.done.is_set():
+            raise ApprovalPending(self.pending_message(held.invocation), invocation_id=held.invocation.id)
         if held.error is not None:
             raise held.error
         assert held.result is not None
         return held.result
 
-    async def _beat_until_done(self, held: Held) -> None:
-        """Wait for the outcome, sending the host a heartbeat every `heartbeat_seconds`."""
-        invocation_id = held.invocation.id
-        message = (
-            f"invocation {invocation_id} ({held.entry.key}) is waiting for an approver: "
-            f"bastion approvals approve {invocation_id}  or  bastion approvals deny {invocation_id}"
-        )
+    async def _until_done(self, held: Held) -> None:
+        """Wait for the outcome, sending the host a heartbeat every `heartbeat_seconds`; a host that takes no
+        progress waits at most `wait_without_progress_seconds` (longer only if the approved call already runs)."""
+        progress = held.progress
+        if progress is None:
+            with anyio.move_on_after(self.wait_without_progress_seconds):
+                await held.done.wait()
+            if held.running:
+                await held.done.wait()
+            return
+        message = f"invocation {held.invocation.id} ({held.entry.key}) {self.waiting_for(held.invocation.id)}"
         while not held.done.is_set():
             with anyio.move_on_after(self.heartbeat_seconds):
                 await held.done.wait()
-            if not held.done.is_set() and held.progress is not None:
-                await held.progress.beat(message)
+            if not held.done.is_set():
+                await progress.beat(message)
+
+    def waiting_for(self, invocation_id: str) -> str:
+        """Where a human decides this invocation, as the agent that made the call is told."""
+        return (
+            f"is waiting for a human approver: `bastion approvals show {invocation_id}{self.config_option}` "
+            "shows it to them, or the approver API"
+        )
+
+    def pending_message(self, invocation: Invocation) -> str:
+        """What a host that cannot wait any longer is told: not refused, not run, and how to get the outcome."""
+        expires = f"; it expires at {invocation.expires_at:%Y-%m-%d %H:%M:%S} UTC" if invocation.expires_at else ""
+        return (
+            f"invocation {invocation.id} ({invocation.tool}) is pending: it {self.waiting_for(invocation.id)}. "
+            f"It is not refused and has not run; do not call {invocation.tool} again. Once it is decided (and run, "
+            f"if approved), bastion__invocation with invocation_id {invocation.id} returns its outcome{expires}."
+        )
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """The desk's loop: until cancelled, settle held calls as their changes arrive, sweep expiries, and

@@ -1,13 +1,16 @@
 """The merged catalog: every source's actions under host-safe names (DESIGN.md §3).
 
 A source's action specs are prepared once when its listing changes (definition, fingerprints); naming
-runs over all sources together because collisions are resolved across them.
+runs over all sources together because collisions are resolved across them. What hosts list of an action is
+its tool, except for a drifted one (DESIGN.md §5): until an approver accepts the new definition, the gateway
+may list the pinned (trusted) one instead, or nothing (`listed_tool`), since a changed description is itself
+a way to steer the agent.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,8 +18,9 @@ import mcp_types as types
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import best_match
 from jsonschema.protocols import Validator
+from pydantic import ValidationError
 
-from bastion.actions import ActionSpec
+from bastion.actions import ActionSpec, DriftListing
 from bastion.errors import InvalidArguments
 from bastion.models import Risk, policy_key
 from bastion.policies import Fingerprints, NameRequest, assign_tool_names, fingerprints
@@ -63,6 +67,9 @@ class CatalogEntry:
     name: str
     action: PreparedAction
     tool: types.Tool
+    """What `tools/list` shows under `name`: the upstream tool, or the pinned definition of a drifted one."""
+    listed: bool = True
+    """False for a drifted action that hosts do not see until it is accepted (it may still be called)."""
     _validator: Validator | None = field(default=None, repr=False)
 
     @property
@@ -86,10 +93,13 @@ class CatalogEntry:
         error = best_match(self._validator.iter_errors(arguments))
         if error is not None:
             where = "/".join(str(part) for part in error.absolute_path) or "(root)"
-            raise InvalidArguments(
-                f"invalid arguments for {self.name} at {where}: {error.message}; "
-                f"send arguments that match the tool's inputSchema"
-            )
+            fix = "send arguments that match the tool's inputSchema"
+            if self.tool.input_schema != self.action.upstream.input_schema:
+                fix = (
+                    "the tool's inputSchema changed since it was trusted, and hosts are shown the new one only "
+                    "once an approver accepts it"
+                )
+            raise InvalidArguments(f"invalid arguments for {self.name} at {where}: {error.message}; {fix}")
 
 
 def prepare_actions(source_id: str, specs: Sequence[ActionSpec]) -> list[PreparedAction]:
@@ -101,10 +111,31 @@ def prepare_actions(source_id: str, specs: Sequence[ActionSpec]) -> list[Prepare
     return prepared
 
 
+def listed_tool(
+    action: PreparedAction, *, drifted: bool, listing: DriftListing, trusted: Mapping[str, Any] | None
+) -> types.Tool | None:
+    """What hosts list of an action (under its own name): its tool; for a drifted one, by `listing`, its current
+    tool, its trusted definition (`pinned`; nothing when there is none: a new tool held for approval, or one
+    pinned by fingerprint in a connector file), or nothing (`hide`)."""
+    if not drifted or listing == "current":
+        return action.upstream
+    if listing == "hide" or trusted is None:
+        return None
+    try:
+        return types.Tool.model_validate(trusted)
+    except ValidationError:
+        logger.warning("the pinned definition of %s is not a valid tool; it is not listed", action.action_id)
+        return None
+
+
+Lister = Callable[[PreparedAction], types.Tool | None]
+"""What hosts list of an action (under its own name), or None when they do not see it (see `listed_tool`)."""
+
+
 class Catalog:
     """Host names to entries, plus the ready-made `tools/list` answer."""
 
-    def __init__(self, actions: Iterable[PreparedAction] = ()) -> None:
+    def __init__(self, actions: Iterable[PreparedAction] = (), lister: Lister | None = None) -> None:
         by_key = {(a.source_id, a.action_id): a for a in actions}
         assignment = assign_tool_names(
             NameRequest(source_id=a.source_id, namespace=a.namespace, action_id=a.action_id) for a in by_key.values()
@@ -116,11 +147,13 @@ class Catalog:
         """The same entries by (source_id, action_id)."""
         for key, name in sorted(assignment.names.items(), key=lambda item: item[1]):
             action = by_key[key]
-            tool = (
-                action.upstream if action.upstream.name == name else action.upstream.model_copy(update={"name": name})
-            )
-            self.entries[name] = self.by_action[key] = CatalogEntry(name=name, action=action, tool=tool)
-        self.tools: list[types.Tool] = [e.tool for e in self.entries.values() if not e.action.hidden]
+            shown = lister(action) if lister is not None else action.upstream
+            tool = shown if shown is not None else action.upstream
+            if tool.name != name:
+                tool = tool.model_copy(update={"name": name})
+            entry = CatalogEntry(name=name, action=action, tool=tool, listed=shown is not None)
+            self.entries[name] = self.by_action[key] = entry
+        self.tools: list[types.Tool] = [e.tool for e in self.entries.values() if e.listed and not e.action.hidden]
 
     def get(self, name: str) -> CatalogEntry | None:
         return self.entries.get(name)

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
-from typing import Any, Literal, NoReturn
+from typing import Any, NoReturn
 
 import anyio
 import mcp_types as types
 
-from bastion.config import Config
+from bastion.config import Config, config_hint
 from bastion.errors import (
     BastionError,
     CallTimeout,
@@ -34,48 +33,21 @@ from bastion.errors import (
     PendingLimit,
     PolicyDenied,
     RateLimited,
-    SourceDisabled,
     UnknownOutcome,
     UpstreamError,
 )
-from bastion.models import CallContext, Invocation, ModeDecision, Risk, SourceStatus, Status, utcnow
+from bastion.models import CallContext, Invocation, ModeDecision, Risk, SourceStatus, utcnow
 from bastion.pipeline.approvals import ApprovalDesk, PendingFn, Progress
-from bastion.pipeline.catalog import Catalog, CatalogEntry, PreparedAction, prepare_actions
-from bastion.pipeline.content import ContentRelay
+from bastion.pipeline.catalog import Catalog, CatalogEntry
 from bastion.pipeline.instances import Instance
+from bastion.pipeline.listings import INVOCATION_TOOL, Listings, ListingsFn
 from bastion.pipeline.observer import Observers
+from bastion.pipeline.outcomes import Outcomes
 from bastion.pipeline.pinning import PinBook
-from bastion.pipeline.seams import ActionSource, ContentSource, Ledger, ProgressFn, Relay
+from bastion.pipeline.seams import ActionSource, Ledger, ProgressFn, Relay
 from bastion.policies import RateLimiter, guard_drift, resolve_mode
 
 logger = logging.getLogger(__name__)
-
-LATE_RECORD_SECONDS = 5.0
-"""How often an outcome the ledger refused is offered to it again."""
-
-ListingKind = Literal["tools", "resources", "prompts"]
-"""What a host re-lists after a change notification (resource templates go with resources)."""
-
-ListingsFn = Callable[[frozenset[ListingKind]], Awaitable[None]]
-"""Called after a rebuild with the kinds of listing that changed."""
-
-
-INVOCATION_TOOL = types.Tool(
-    name="bastion__invocation",
-    title="Look up an invocation",
-    description=(
-        "Return the status and (redacted) result of an earlier call made through Bastion, by its invocation id. "
-        "Use it after a call that waited for approval was interrupted, or to check on a pending one."
-    ),
-    input_schema={
-        "type": "object",
-        "properties": {"invocation_id": {"type": "string", "description": "The id from the earlier call."}},
-        "required": ["invocation_id"],
-        "additionalProperties": False,
-    },
-    annotations=types.ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True),
-)
-"""The gateway's own tool: never gated, never recorded (it only reads the ledger)."""
 
 
 class Gateway:
@@ -95,136 +67,64 @@ class Gateway:
         self.invocations = ledger.invocations
         self.instance = Instance(ledger.instances, instance_id)
         self.instance_id = self.instance.id
-        disabled = frozenset(config.policy.sources.disabled)
-        self._sources = {s.source_id: s for s in sources if s.source_id not in disabled}
-        self._disabled = {s.source_id: s for s in sources if s.source_id in disabled}
-        self._prepared: dict[str, list[PreparedAction]] = {}
-        self.catalog = Catalog()
-        self.tools: list[types.Tool] = [INVOCATION_TOOL]
-        """What `tools/list` answers: the visible catalog plus the gateway's own tool."""
         self.pins = PinBook(ledger.pins)
+        self.listings = Listings(config, sources, self.pins)
+        """The sources and what hosts list of them (tools, resources, prompts)."""
+        self.content = self.listings.content
+        """The merged resources, templates and prompts, and the routes back to their sources."""
         self.observers = Observers()
         """Told what happens to every invocation (see bastion.pipeline.observer)."""
+        self._outcomes = Outcomes(ledger.invocations, self.observers)
         self.desk = ApprovalDesk(
             ledger.invocations,
             ledger.changes,
             runner=self._run_counted,
-            lookup=self._lookup,
+            lookup=self.listings.lookup,
             owner=self.instance_id,
             gone_of=self.instance.gone,
             heartbeat_seconds=config.settings.approvals.heartbeat_seconds,
             observers=self.observers,
+            wait_without_progress_seconds=config.settings.approvals.wait_without_progress_seconds,
+            config_option=config_hint(config),
         )
         self._rate = RateLimiter(config.settings.limits.invocations_per_minute)
-        self._listeners: list[Callable[[], Awaitable[None]]] = []
-        self._changed = anyio.Event()
-        self.content = ContentRelay(
-            {s.source_id: s for s in self._sources.values() if isinstance(s, ContentSource)},
-            timeout=config.settings.limits.call_timeout_seconds,
-        )
-        """The merged resources, templates and prompts, and the routes back to their sources."""
-        self._dirty: set[ListingKind] = set()
-        self._last_seen: dict[str, str] = {}
-        """Host name -> source, for every tool listed since its source was last ready."""
-        self._listing_listeners: list[ListingsFn] = []
         self._relays: dict[str, Relay] = {}
         """Invocation id -> the host request its downstream messages go to, while its call() runs."""
-        self._unrecorded: dict[str, tuple[Invocation, dict[str, Any]]] = {}
-        """Outcomes of calls that ran which the ledger refused; `_record_late` retries them."""
-        self._late = anyio.Event()
         self._draining = False
         self._running: set[anyio.CancelScope] = set()
         self._waiting: set[anyio.CancelScope] = set()
         self._call_ended = anyio.Event()
-        self._started = anyio.Event()
-        """Set once every source has listed or failed once (see `first_listings`)."""
-        self._ready_by = -math.inf
-        """Until when (`anyio.current_time()`) listings wait for sources still starting."""
 
-    # -- catalog ---------------------------------------------------------------------------------
+    # -- what hosts list (see bastion.pipeline.listings) -------------------------------------------
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.listings.catalog
+
+    @property
+    def tools(self) -> list[types.Tool]:
+        """What `tools/list` answers: the visible catalog plus the gateway's own tool."""
+        return self.listings.tools
 
     def statuses(self) -> list[SourceStatus]:
         """Every configured source's status, disabled ones included, sorted by id."""
-        found = [s.status for s in self._sources.values()]
-        found += [SourceStatus(source_id=sid, state="disabled") for sid in self._disabled]
-        return sorted(found, key=lambda s: s.source_id)
+        return self.listings.statuses()
 
     def on_catalog_changed(self, listener: Callable[[], Awaitable[None]]) -> None:
         """Register a coroutine called after every catalog rebuild."""
-        self._listeners.append(listener)
+        self.listings.on_catalog_changed(listener)
 
     def on_listings_changed(self, listener: ListingsFn) -> None:
         """Register a coroutine called after a rebuild that changed what hosts list (the server notifies them)."""
-        self._listing_listeners.append(listener)
+        self.listings.on_listings_changed(listener)
+
+    async def first_listings(self) -> None:
+        """During start-up, wait (bounded) for the sources still listing for the first time."""
+        await self.listings.first_listings()
 
     def hash_args(self, arguments: Any) -> str:
         """The keyed hash of raw arguments the ledger records (binds an answer to the call it answers)."""
         return self.invocations.hash_args(arguments)
-
-    def _lookup(self, source_id: str, action_id: str) -> CatalogEntry | None:
-        return self.catalog.by_action.get((source_id, action_id))
-
-    async def _source_changed(self, source_id: str) -> None:
-        """A source (re)listed or went away: prepare its actions and check them against their pins."""
-        source = self._sources[source_id]
-        prepared = prepare_actions(source_id, source.actions())
-        before = self._prepared.get(source_id, [])
-        if [a.upstream for a in before] != [a.upstream for a in prepared]:
-            self._dirty.add("tools")
-        self._prepared[source_id] = prepared
-        if self.content.offers(source_id):
-            self._dirty.update(self.content.observe(source_id, source.namespace))
-        await self.pins.observe(source_id, prepared)
-        self._changed.set()
-
-    def _rebuild(self) -> frozenset[ListingKind]:
-        """Rebuild what hosts list; returns the kinds of listing that changed since the last rebuild."""
-        self.catalog = Catalog(action for actions in self._prepared.values() for action in actions)
-        # Names stay known while their source is down, so a call of one is `connector_unavailable`, not `not_found`.
-        ready = {sid for sid, source in self._sources.items() if source.status.state == "ready"}
-        self._last_seen = {name: sid for name, sid in self._last_seen.items() if sid not in ready}
-        self._last_seen.update((name, entry.source_id) for name, entry in self.catalog.entries.items())
-        self.tools = [*self.catalog.tools, INVOCATION_TOOL]
-        self.content.rebuild()
-        changed, self._dirty = frozenset(self._dirty), set()
-        return changed
-
-    async def _rebuild_loop(self) -> None:
-        """Coalesce change bursts (a start-up of many sources) into few rebuilds and host notifications."""
-        while True:
-            await self._changed.wait()
-            self._changed = anyio.Event()
-            changed = self._rebuild()
-            self._note_if_started()
-            for listener in self._listeners:
-                await listener()
-            if changed:
-                for listing_listener in self._listing_listeners:
-                    await listing_listener(changed)
-
-    def _starting(self) -> list[str]:
-        """The sources still in their first start (neither listed nor failed yet)."""
-        return [s.source_id for s in self._sources.values() if s.status.state == "starting"]
-
-    def _note_if_started(self) -> None:
-        if not self._started.is_set() and not self._starting():
-            self._started.set()
-
-    async def first_listings(self) -> None:
-        """Wait until every source has listed or failed once, but only during start-up: at most until
-        `[server] startup_wait_seconds` after the gateway started, and not at all after that.
-
-        Hosts list as soon as they connect (some only then: they never re-list on `list_changed`), so a
-        listing asked in the first seconds waits for the sources that start quickly; a stuck one cannot hold
-        it longer than the start-up wait, and its tools are announced with `list_changed` when they come.
-        """
-        if self._started.is_set():
-            return
-        remaining = self._ready_by - anyio.current_time()
-        if remaining <= 0:
-            return
-        with anyio.move_on_after(remaining):
-            await self._started.wait()
 
     @asynccontextmanager
     async def running(self, *, wait_for_sources: bool = True) -> AsyncIterator[Gateway]:
@@ -244,24 +144,11 @@ class Gateway:
             )
         await self.pins.load()
         async with anyio.create_task_group() as tg:
-            for source in self._sources.values():
-                tg.start_soon(source.run, self._source_changed, name=f"source:{source.source_id}")
-            self._ready_by = anyio.current_time() + self.config.settings.server.startup_wait_seconds
-            if wait_for_sources:
-                with anyio.move_on_after(self.config.settings.limits.list_timeout_seconds + 1):
-                    while self._starting():
-                        await self._changed.wait()
-                        self._changed = anyio.Event()
-                slow = self._starting()
-                if slow:
-                    logger.warning("sources still listing after the timeout, omitted for now: %s", ", ".join(slow))
-            self._rebuild()
-            self._note_if_started()
-            tg.start_soon(self._rebuild_loop, name="catalog")
+            await self.listings.start(tg, wait_for_sources=wait_for_sources)
             await tg.start(self.ledger.changes.run, name="ledger-changes")
             await tg.start(self.instance.run, name="instance-lease")
             await tg.start(self.desk.run, name="approvals")
-            tg.start_soon(self._record_late, name="late-outcomes")
+            tg.start_soon(self._outcomes.run, name="late-outcomes")
             try:
                 yield self
             finally:
@@ -276,10 +163,12 @@ class Gateway:
         current = self._resolve(entry, entry.action.risk, context)
         if not drifted:
             return current
+        if self.listings.drift_listing(entry.action) == "hide":
+            return ModeDecision(mode="deny", source="drift")
         trusted = self.pins.pinned_definition(entry.source_id, entry.action_id)
         if trusted is None:
             return guard_drift(current, None)
-        pinned_risk = self._sources[entry.source_id].risk_of(entry.action_id, trusted)
+        pinned_risk = self.listings.sources[entry.source_id].risk_of(entry.action_id, trusted)
         return guard_drift(current, self._resolve(entry, pinned_risk, context))
 
     def _resolve(self, entry: CatalogEntry, risk: Risk, context: CallContext) -> ModeDecision:
@@ -320,7 +209,7 @@ class Gateway:
             raise ConnectorUnavailable("Bastion is shutting down and takes no new calls; retry once it is back")
         entry = self.catalog.get(name)
         if entry is None or entry.action.hidden:
-            self._refuse_unknown(name)
+            self.listings.refuse_unknown(name)
         assert entry is not None
         entry.validate_arguments(arguments)
         try:
@@ -340,7 +229,10 @@ class Gateway:
                     f"session over its limit of {limit} invocations per minute; retry in {wait:.0f} s",
                 )
             if decision.mode == "deny":
-                await self._refuse(invocation, PolicyDenied, f"policy ({decision.source}) denies {entry.key}")
+                reason = f"policy ({decision.source}) denies {entry.key}"
+                if drift is not None and self.listings.drift_listing(entry.action) == "hide":
+                    reason = f"{entry.key} changed since it was trusted; it is withheld until an approver accepts it"
+                await self._refuse(invocation, PolicyDenied, reason)
             if decision.mode == "require_approval":
                 return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
             await self.invocations.record(invocation, ("planned", "approved", "executing"))
@@ -360,28 +252,6 @@ class Gateway:
             yield
         finally:
             self._relays.pop(invocation_id, None)
-
-    def _refuse_unknown(self, name: str) -> NoReturn:
-        """Why a name is not callable now: its source is disabled, or down (retriable), or nothing offers it."""
-        for source_id, source in self._disabled.items():
-            if source.namespace and name.startswith(f"{source.namespace}__"):
-                raise SourceDisabled(f"source {source_id!r} is disabled by policy; remove it from [sources] disabled")
-        owner = self._last_seen.get(name) or next(
-            (sid for sid, s in self._sources.items() if s.namespace and name.startswith(f"{s.namespace}__")), None
-        )
-        status = self._sources[owner].status if owner is not None else None
-        if status is not None and status.state == "starting":
-            raise ConnectorUnavailable(
-                f"source {owner!r} is still starting and has not listed its tools yet; retry once the "
-                "host hears tools/list_changed (or list the tools again)"
-            )
-        if status is not None and status.state != "ready":
-            why = f": {status.last_error}" if status.last_error else ""
-            raise ConnectorUnavailable(
-                f"{name} belongs to source {owner!r}, which is {status.state}{why}; retry once it is back "
-                "(bastion connectors list shows its state)"
-            )
-        raise NotFound(f"no tool named {name!r}; list the tools to see what this gateway offers")
 
     def _new_invocation(
         self,
@@ -515,7 +385,7 @@ class Gateway:
         Whatever happens once the call may have been sent ends recorded as `completed`, `failed` or `unknown`,
         and the host gets the result or a Bastion error class, never an internal error.
         """
-        source = self._sources.get(entry.source_id)
+        source = self.listings.sources.get(entry.source_id)
         try:
             if source is None:
                 raise ConnectorUnavailable(f"source {entry.source_id!r} is not running")
@@ -528,11 +398,11 @@ class Gateway:
                 relay=self._relays.get(invocation.id),
             )
         except (CallTimeout, UnknownOutcome) as exc:
-            await self._finish(invocation, "unknown", error=exc)
+            await self._outcomes.finish(invocation, "unknown", error=exc)
             exc.invocation_id = invocation.id
             raise
         except (ConnectorUnavailable, UpstreamError) as exc:
-            await self._finish(invocation, "failed", error=exc)
+            await self._outcomes.finish(invocation, "failed", error=exc)
             exc.invocation_id = invocation.id
             raise
         except Exception as exc:  # a bug of a source, after the call may have left: its outcome is unknown
@@ -542,87 +412,17 @@ class Gateway:
                 "check the downstream before retrying",
                 invocation_id=invocation.id,
             )
-            await self._finish(invocation, "unknown", error=unknown)
+            await self._outcomes.finish(invocation, "unknown", error=unknown)
             raise unknown from exc
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self._finish(invocation, "unknown", error=UnknownOutcome("the call was interrupted"))
+                await self._outcomes.finish(invocation, "unknown", error=UnknownOutcome("the call was interrupted"))
             raise
         if result.is_error:
-            await self._finish(invocation, "failed", result=result, error=UpstreamError(_error_text(result)))
+            await self._outcomes.finish(invocation, "failed", result=result, error=UpstreamError(_error_text(result)))
         else:
-            await self._finish(invocation, "completed", result=result)
+            await self._outcomes.finish(invocation, "completed", result=result)
         return result
-
-    async def _finish(
-        self,
-        invocation: Invocation,
-        status: Status,
-        *,
-        result: types.CallToolResult | None = None,
-        error: BastionError | None = None,
-    ) -> None:
-        """Record the outcome of a call that was sent, and tell the observers. Never raises: the call already
-        happened, so its host gets its answer even when the outcome cannot be written now. A result that cannot
-        be stored is recorded without it; an outcome the ledger refuses is retried until it takes (`_record_late`)."""
-        outcome = {
-            "status": status,
-            "result": None if result is None else result.model_dump(by_alias=True, mode="json", exclude_none=True),
-            "error_class": error.error_class if error is not None else None,
-            "error_message": error.message if error is not None else None,
-        }
-        try:
-            finished = await self._record_outcome(invocation.id, outcome)
-        except BastionError as exc:
-            logger.error(
-                "the outcome (%s) of invocation %s could not be recorded (%s); retrying",
-                status,
-                invocation.id,
-                exc.message,
-            )
-            self._unrecorded[invocation.id] = (invocation, outcome)
-            self._late.set()
-            return
-        if finished:
-            await self.observers.finished(invocation.model_copy(update=outcome))
-
-    async def _record_outcome(self, invocation_id: str, outcome: dict[str, Any]) -> bool:
-        """executing -> the outcome; False (logged) when it was no longer executing. A result the ledger cannot
-        take is left out, saying why, so the outcome itself is never lost."""
-        status, error_class, error_message = outcome["status"], outcome["error_class"], outcome["error_message"]
-        try:
-            finished = await self.invocations.finish(
-                invocation_id, status, result=outcome["result"], error_class=error_class, error_message=error_message
-            )
-        except BastionError:
-            raise
-        except Exception as exc:  # a result nothing can store (a bug of ours or a pathological value)
-            logger.exception("the result of invocation %s cannot be stored; recording the outcome alone", invocation_id)
-            outcome["result"] = {"_not_stored": f"the result could not be stored ({type(exc).__name__})"}
-            finished = await self.invocations.finish(
-                invocation_id, status, result=outcome["result"], error_class=error_class, error_message=error_message
-            )
-        if not finished:
-            logger.warning("invocation %s was no longer executing when its outcome came", invocation_id)
-        return finished
-
-    async def _record_late(self) -> None:
-        """Until cancelled: retry outcomes the ledger refused (a full disk, say), so no call that ran stays
-        `executing`."""
-        while True:
-            await self._late.wait()
-            self._late = anyio.Event()
-            while self._unrecorded:
-                await anyio.sleep(LATE_RECORD_SECONDS)
-                for invocation_id, (invocation, outcome) in list(self._unrecorded.items()):
-                    try:
-                        finished = await self._record_outcome(invocation_id, outcome)
-                    except BastionError:
-                        continue
-                    del self._unrecorded[invocation_id]
-                    logger.warning("the outcome of invocation %s is recorded at last", invocation_id)
-                    if finished:
-                        await self.observers.finished(invocation.model_copy(update=outcome))
 
     async def _invocation_status(self, arguments: dict[str, Any], context: CallContext) -> types.CallToolResult:
         """`bastion__invocation`: an invocation's status and redacted result, for the agent that made it."""
@@ -642,6 +442,8 @@ class Gateway:
         summary = f"invocation {invocation.id} ({invocation.tool}) is {invocation.status}"
         if invocation.error_message:
             summary += f": {invocation.error_message}"
+        elif invocation.status == "pending":
+            summary += f": it {self.desk.waiting_for(invocation.id)}"
         text = summary + "\n" + json.dumps(view.get("result"), ensure_ascii=False)[:4000]
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=view)
 

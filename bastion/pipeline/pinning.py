@@ -5,7 +5,8 @@ compared with them: a first sighting is pinned (trust on first use) unless the a
 new actions of a known source to be approved, or pins it explicitly; a changed definition is recorded
 as drift, with the diff an approver sees.
 Only an approver clears drift (`bastion pins accept`); it is re-checked at call time, so an
-acceptance made by another process counts at once.
+acceptance made by another process counts at once, and `refresh` re-reads the drifted pins so that what
+hosts list follows an acceptance made anywhere.
 """
 
 from __future__ import annotations
@@ -34,14 +35,24 @@ class PinBook:
         self._store = store
         self._pins: dict[tuple[str, str], Pin] = {}
         self._drift: dict[tuple[str, str], list[str]] = {}
+        self._explicit: set[tuple[str, str]] = set()
+        """Actions pinned in configuration: their drift clears only when the configuration changes."""
+        self._cleared = False
+        """Whether some drift was accepted since the last `refresh` (hosts must be shown the new definition)."""
 
     async def load(self) -> None:
         self._pins = {(p.source_id, p.action_id): p for p in await self._store.pins()}
 
     def pinned_definition(self, source_id: str, action_id: str) -> dict[str, Any] | None:
-        """The trusted definition of a drifted action, or None when there is none to go by."""
+        """The trusted definition of a drifted action, or None when there is none to go by (a new action held for
+        approval; one pinned by fingerprint in configuration)."""
         pin = self._pins.get((source_id, action_id))
-        if pin is None or pin.pinned is UNPINNED or not pin.pinned.definition:
+        if (
+            pin is None
+            or pin.pinned is UNPINNED
+            or not pin.pinned.definition
+            or (source_id, action_id) in self._explicit
+        ):
             return None
         return pin.pinned.definition
 
@@ -52,14 +63,30 @@ class PinBook:
     async def current_drift(self, source_id: str, action_id: str) -> list[str] | None:
         """Like `drift`, but re-reads a drifted pin first: an approver may have accepted it since."""
         key = (source_id, action_id)
-        if key not in self._drift:
-            return None
+        if key not in self._drift or key in self._explicit:
+            return self._drift.get(key)
         stored = next((p for p in await self._store.pins(source_id) if p.action_id == action_id), None)
         if stored is not None and stored.drift is None:
-            self._pins[key] = stored
-            self._drift.pop(key, None)
+            self._accepted(stored)
             return None
         return self._drift.get(key)
+
+    async def refresh(self) -> bool:
+        """Re-read the pins of drifted actions (an approver may have accepted some, in any process); True when
+        drift was accepted since the last refresh, found now or at call time: what hosts list changed. Reads
+        nothing while no action is drifted."""
+        for source_id in sorted({key[0] for key in self._drift}):
+            for stored in await self._store.pins(source_id):
+                key = (source_id, stored.action_id)
+                if stored.drift is None and key in self._drift and key not in self._explicit:
+                    self._accepted(stored)
+        cleared, self._cleared = self._cleared, False
+        return cleared
+
+    def _accepted(self, pin: Pin) -> None:
+        self._pins[(pin.source_id, pin.action_id)] = pin
+        self._drift.pop((pin.source_id, pin.action_id), None)
+        self._cleared = True
 
     async def observe(self, source_id: str, actions: Sequence[PreparedAction]) -> None:
         """Compare a fresh listing of one source with its pins; pin, record drift, or clear it."""
@@ -68,7 +95,9 @@ class PinBook:
             key = (source_id, action.action_id)
             self._drift.pop(key, None)
             policy = action.spec.pin
+            self._explicit.discard(key)
             if policy.explicit is not None:
+                self._explicit.add(key)
                 if _differs_from(policy.explicit, action.fingerprints):
                     self._drift[key] = _explicit_pin_diff(policy.explicit, action.fingerprints)
                 continue

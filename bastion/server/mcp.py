@@ -31,7 +31,8 @@ from bastion import __version__
 from bastion.errors import BastionError
 from bastion.models import CallContext, Invocation
 from bastion.pipeline.approvals import AwaitingInput
-from bastion.pipeline.gateway import Gateway, ListingKind
+from bastion.pipeline.gateway import Gateway
+from bastion.pipeline.listings import ListingKind
 from bastion.pipeline.seams import ProgressFn, Relay
 from bastion.server import inline
 from bastion.server.auth import principal_of

@@ -1,0 +1,102 @@
+"""Recording what came of a call that was sent (DESIGN.md §6), whatever goes wrong while recording it.
+
+Once a call may have left Bastion its host gets its answer, so recording the outcome must never fail the call:
+a result that cannot be stored is recorded without it, saying why, and an outcome the ledger refuses (a full
+disk, say) is kept and offered again until it takes, so no call that ran stays `executing`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import anyio
+import mcp_types as types
+
+from bastion.errors import BastionError
+from bastion.models import Invocation, Status
+from bastion.pipeline.observer import Observers
+from bastion.pipeline.seams import InvocationStore
+
+logger = logging.getLogger(__name__)
+
+LATE_RECORD_SECONDS: Final = 5.0
+"""How often an outcome the ledger refused is offered to it again."""
+
+
+class Outcomes:
+    """Records outcomes in the invocation store and tells the observers; retries what the store refused."""
+
+    def __init__(self, store: InvocationStore, observers: Observers) -> None:
+        self._store = store
+        self._observers = observers
+        self._unrecorded: dict[str, tuple[Invocation, dict[str, Any]]] = {}
+        """Outcomes of calls that ran which the store refused; `run` retries them."""
+        self._late = anyio.Event()
+
+    async def finish(
+        self,
+        invocation: Invocation,
+        status: Status,
+        *,
+        result: types.CallToolResult | None = None,
+        error: BastionError | None = None,
+    ) -> None:
+        """Record the outcome of a call that was sent, and tell the observers. Never raises."""
+        outcome = {
+            "status": status,
+            "result": None if result is None else result.model_dump(by_alias=True, mode="json", exclude_none=True),
+            "error_class": error.error_class if error is not None else None,
+            "error_message": error.message if error is not None else None,
+        }
+        try:
+            finished = await self._record(invocation.id, outcome)
+        except BastionError as exc:
+            logger.error(
+                "the outcome (%s) of invocation %s could not be recorded (%s); retrying",
+                status,
+                invocation.id,
+                exc.message,
+            )
+            self._unrecorded[invocation.id] = (invocation, outcome)
+            self._late.set()
+            return
+        if finished:
+            await self._observers.finished(invocation.model_copy(update=outcome))
+
+    async def run(self) -> None:
+        """Until cancelled: offer the refused outcomes to the store again until each takes."""
+        while True:
+            await self._late.wait()
+            self._late = anyio.Event()
+            while self._unrecorded:
+                await anyio.sleep(LATE_RECORD_SECONDS)
+                for invocation_id, (invocation, outcome) in list(self._unrecorded.items()):
+                    try:
+                        finished = await self._record(invocation_id, outcome)
+                    except BastionError:
+                        continue
+                    del self._unrecorded[invocation_id]
+                    logger.warning("the outcome of invocation %s is recorded at last", invocation_id)
+                    if finished:
+                        await self._observers.finished(invocation.model_copy(update=outcome))
+
+    async def _record(self, invocation_id: str, outcome: dict[str, Any]) -> bool:
+        """executing -> the outcome; False (logged) when it was no longer executing. A result the store cannot
+        take is left out, saying why, so the outcome itself is never lost."""
+        status, error_class, error_message = outcome["status"], outcome["error_class"], outcome["error_message"]
+        try:
+            finished = await self._store.finish(
+                invocation_id, status, result=outcome["result"], error_class=error_class, error_message=error_message
+            )
+        except BastionError:
+            raise
+        except Exception as exc:  # a result nothing can store (a bug of ours or a pathological value)
+            logger.exception("the result of invocation %s cannot be stored; recording the outcome alone", invocation_id)
+            outcome["result"] = {"_not_stored": f"the result could not be stored ({type(exc).__name__})"}
+            finished = await self._store.finish(
+                invocation_id, status, result=outcome["result"], error_class=error_class, error_message=error_message
+            )
+        if not finished:
+            logger.warning("invocation %s was no longer executing when its outcome came", invocation_id)
+        return finished
