@@ -15,6 +15,7 @@ from bastion.config.loader import (
     validate_profile,
 )
 from bastion.config.models import (
+    PROVIDER_KINDS,
     ApprovalSettings,
     Config,
     ConfigIssue,
@@ -23,6 +24,8 @@ from bastion.config.models import (
     LimitSettings,
     PolicyConfig,
     Profile,
+    ProviderConfig,
+    ProviderKind,
     RiskSetting,
     ServerSettings,
     Settings,
@@ -34,6 +37,7 @@ from bastion.config.models import (
 __all__ = [
     "CONFIG_ENV_VAR",
     "CONFIG_FILE",
+    "PROVIDER_KINDS",
     "PYTHON_COMMAND",
     "STARTER_FILES",
     "ApprovalSettings",
@@ -44,6 +48,8 @@ __all__ = [
     "LimitSettings",
     "PolicyConfig",
     "Profile",
+    "ProviderConfig",
+    "ProviderKind",
     "RiskSetting",
     "ServerSettings",
     "Settings",

@@ -13,7 +13,7 @@ import sys
 import tomllib
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Final, TypeVar, Union, get_args, get_origin
@@ -21,11 +21,13 @@ from typing import Annotated, Any, Final, TypeVar, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from bastion.config.models import (
+    PROVIDER_KINDS,
     Config,
     ConfigIssue,
     ConnectorConfig,
     PolicyConfig,
     Profile,
+    ProviderConfig,
     ServerSettings,
     Settings,
     SourcesPolicy,
@@ -57,6 +59,10 @@ _ENV_REFERENCE: Final = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_START: Final = "${env:"
 _SOURCE_ID: Final = re.compile(r"^[a-z0-9_-]+$")
 _POLICY_KEY: Final = re.compile(r"^[a-z0-9_-]+:(\*|[^\s*]+)$")
+_PROVIDERS_TABLE: Final = (
+    'providers are tables: write [providers.github] with token = "${env:GITHUB_TOKEN}" under it '
+    "(this entry is ignored until then)"
+)
 _TOO_DEEP: Final = (
     f"values nest deeper than {MAX_NESTING} levels here (tables, arrays and dotted keys count alike); "
     "flatten them (this file is ignored until then)"
@@ -144,6 +150,7 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
     settings, settings_file = loader.settings()
     ledger_url = loader.ledger_url(settings, settings_file)
     connectors = loader.connectors()
+    providers = loader.providers(settings_file, {c.id for c in connectors})
     policy = loader.policy()
     order = {file: i for i, file in enumerate(dict.fromkeys(issue.file for issue in loader.issues))}
     issues = sorted(loader.issues, key=lambda issue: (order[issue.file], issue.line))
@@ -154,6 +161,8 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
         policy=policy,
         issues=issues,
         command_lines={c.id: loader.command_lines[c.id] for c in connectors if c.id in loader.command_lines},
+        providers=providers,
+        unbound={pid: issue for pid, issue in loader.unbound.items() if pid in providers},
         ledger_url=ledger_url,
     )
 
@@ -187,6 +196,9 @@ class _TomlFile:
     text: str
     data: dict[str, Any]
     index: KeyIndex
+    unset_credentials: dict[KeyPath, str] = field(default_factory=dict)
+    """Credential keys (`providers.<id>.token`) whose `${env:NAME}` is not set, with the NAME: left out of `data`
+    (the provider is then `binding_required`) instead of making the whole file unusable."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +218,7 @@ class _Loader:
         self.env = env
         self.issues: list[ConfigIssue] = []
         self.command_lines: dict[str, tuple[Path, int]] = {}
+        self.unbound: dict[str, ConfigIssue] = {}
 
     def report(self, file: Path, line: int, message: str) -> None:
         self.issues.append(ConfigIssue(file=file, line=line, message=message))
@@ -224,8 +237,11 @@ class _Loader:
             return []
         return sorted(p for p in folder.glob("*.toml") if p.is_file() and not p.name.startswith("."))
 
-    def read(self, path: Path) -> _TomlFile | None:
-        """Parse a file and substitute `${env:NAME}`; None (with issues) when the file cannot be used."""
+    def read(self, path: Path, *, credentials: bool = False) -> _TomlFile | None:
+        """Parse a file and substitute `${env:NAME}`; None (with issues) when the file cannot be used.
+
+        With `credentials` (bastion.toml), an unset variable in a provider's `token` only unbinds that provider.
+        """
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
@@ -250,6 +266,11 @@ class _Loader:
         file = _TomlFile(path, text, data, index)
         problems: list[tuple[KeyPath, str | None]] = []
         file.data = _substitute_env(data, self.env, (), problems)
+        if credentials:
+            for key_path, variable in [p for p in problems if p[1] is not None and _is_credential(p[0])]:
+                problems.remove((key_path, variable))
+                file.unset_credentials[key_path] = str(variable)
+                del file.data["providers"][key_path[1]]["token"]
         for key_path, variable in problems:
             key_line = file.index.line_of(key_path)
             if variable is None:
@@ -279,11 +300,94 @@ class _Loader:
         return model()
 
     def settings(self) -> tuple[Settings, _TomlFile | None]:
+        """`bastion.toml` without its `[providers]` (which `providers` reads, one provider at a time)."""
         path = self.directory / CONFIG_FILE
-        file = self.read(path) if path.is_file() else None
+        file = self.read(path, credentials=True) if path.is_file() else None
         if file is None:
             return Settings(), None
-        return self.validate_salvaging(file, Settings, "the default applies"), file
+        providers = file.data.pop("providers", None)
+        settings = self.validate_salvaging(file, Settings, "the default applies")
+        if providers is not None:
+            file.data["providers"] = providers
+        return settings, file
+
+    def providers(self, file: _TomlFile | None, connector_ids: set[str]) -> dict[str, ProviderConfig]:
+        """Every usable `[providers.<id>]` of bastion.toml; each broken one is reported and left out alone."""
+        tables = None if file is None else file.data.get("providers")
+        if tables is None:
+            return {}
+        assert file is not None
+        if not isinstance(tables, dict):
+            self.report(file.path, file.index.line_of(("providers",)), _PROVIDERS_TABLE)
+            return {}
+        loaded: dict[str, ProviderConfig] = {}
+        for provider_id, table in tables.items():
+            where: KeyPath = ("providers", provider_id)
+            line = file.index.line_of(where)
+            if not _SOURCE_ID.match(provider_id):
+                self.report(
+                    file.path,
+                    line,
+                    f'provider id "{provider_id}" may use only lowercase letters, digits, "_" and "-"; rename '
+                    f"[providers.{provider_id}] (set kind = ... when the id is not the API's name)",
+                )
+            elif not isinstance(table, dict):
+                self.report(file.path, line, _PROVIDERS_TABLE)
+            elif provider_id in connector_ids:
+                self.report(
+                    file.path,
+                    line,
+                    f'provider id "{provider_id}" is also a connector id (connectors/), which wins; rename '
+                    f'[providers.{provider_id}] and set kind = "..." in it (the provider is ignored until then)',
+                )
+            elif (provider := self.provider(file, provider_id, table)) is not None:
+                loaded[provider_id] = provider
+        return loaded
+
+    def provider(self, file: _TomlFile, provider_id: str, table: dict[str, Any]) -> ProviderConfig | None:
+        """One `[providers.<id>]` table checked (kind, Sentry's organization, its credential), or None (reported)."""
+        where: KeyPath = ("providers", provider_id)
+        outcome = f"provider {provider_id} is not enabled"
+        try:
+            provider = ProviderConfig.model_validate(table)
+        except ValidationError as exc:
+            for error in exc.errors():
+                loc: KeyPath = (*where, *error["loc"])
+                message = describe_error({**error, "loc": loc}, list(ProviderConfig.model_fields))
+                self.report(file.path, file.index.line_of(loc), f"{message} ({outcome} until then)")
+            return None
+        kind = provider.effective_kind(provider_id)
+        line = file.index.line_of(where)
+        if kind is None:
+            kinds = ", ".join(f'"{k}"' for k in PROVIDER_KINDS)
+            self.report(file.path, line, f"[providers.{provider_id}] needs kind = one of {kinds} ({outcome})")
+            return None
+        if kind == "sentry" and provider.organization is None:
+            self.report(
+                file.path,
+                line,
+                f'[providers.{provider_id}] (sentry) needs organization = "your-org-slug" ({outcome} until then)',
+            )
+            return None
+        token_line = file.index.line_of((*where, "token"))
+        unset = file.unset_credentials.get((*where, "token"))
+        if unset is not None:
+            self.unbind(provider_id, token_line, f"environment variable {unset} is not set; export it")
+        elif provider.token is None or not provider.token.get_secret_value().strip():
+            variable = f"{provider_id.upper().replace('-', '_')}_TOKEN"
+            self.unbind(
+                provider_id, token_line, f'it has no token; add token = "${{env:{variable}}}" and export {variable}'
+            )
+        return provider
+
+    def unbind(self, provider_id: str, line: int, why: str) -> None:
+        path = self.directory / CONFIG_FILE
+        self.unbound[provider_id] = ConfigIssue(
+            file=path,
+            line=line,
+            message=f"provider {provider_id}: binding_required: {why} (its actions are unavailable until then; "
+            "the README says which scopes the token needs)",
+        )
 
     def ledger_url(self, settings: Settings, file: _TomlFile | None) -> str:
         try:
@@ -454,6 +558,11 @@ def _substitute_env(
         return env[name]
 
     return _ENV_REFERENCE.sub(replace, value)
+
+
+def _is_credential(path: KeyPath) -> bool:
+    """`providers.<id>.token`: a value whose absence unbinds one provider instead of spoiling bastion.toml."""
+    return len(path) == 3 and path[0] == "providers" and path[2] == "token"
 
 
 def _stringify_modes(data: dict[str, Any]) -> None:
