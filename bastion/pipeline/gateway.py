@@ -26,6 +26,7 @@ import mcp_types as types
 from bastion.config import Config
 from bastion.errors import (
     BastionError,
+    BindingRequired,
     CallTimeout,
     ConnectorUnavailable,
     InvalidArguments,
@@ -335,6 +336,8 @@ class Gateway:
         status = self._sources[owner].status if owner is not None else None
         if status is not None and status.state != "ready":
             why = f": {status.last_error}" if status.last_error else ""
+            if status.state == "unavailable":  # it waits for its configuration (a credential): no retry helps
+                raise BindingRequired(f"{name} belongs to source {owner!r}, which is unavailable{why}")
             raise ConnectorUnavailable(
                 f"{name} belongs to source {owner!r}, which is {status.state}{why}; retry once it is back "
                 "(bastion connectors list shows its state)"
@@ -489,7 +492,7 @@ class Gateway:
             await self._finish(invocation, "unknown", error=exc)
             exc.invocation_id = invocation.id
             raise
-        except (ConnectorUnavailable, UpstreamError) as exc:
+        except (ConnectorUnavailable, UpstreamError, RateLimited) as exc:  # the upstream did not act
             await self._finish(invocation, "failed", error=exc)
             exc.invocation_id = invocation.id
             raise
