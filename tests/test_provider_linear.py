@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -98,6 +99,7 @@ async def test_create_issue_finds_the_team_then_creates_it_under_an_id_derived_f
         "input": {"id": issue_id_for("inv-1"), "teamId": TEAM_ID, "title": "Fix login", "priority": 2}
     }
     assert issue_id_for("inv-1") == issue_id_for("inv-1") != issue_id_for("inv-2")
+    assert uuid.UUID(issue_id_for("inv-1")).version == 4
     assert result.structured_content is not None and result.structured_content["identifier"] == "ENG-9"
 
 

@@ -1,8 +1,8 @@
 """Linear's GraphQL API (`POST {base_url}/graphql`).
 
 Risks: listing issues is `read`; creating and updating an issue are `write` (a person can edit, move or delete
-them). A created issue gets an id derived from the invocation id (UUID v5), so Linear refuses a second creation
-of the same call and an `unknown` outcome can be settled by asking for that id; an update sets values, so it is
+them). A created issue gets an id derived from the invocation id (a UUID in the v4 format Linear asks for), so
+Linear refuses a second creation of the same call and an `unknown` outcome can be settled by asking for that id; an update sets values, so it is
 safe to repeat. Mutations also send the invocation id as `Idempotency-Key`.
 
 GraphQL answers errors in the body (often with HTTP 200): an error with code `RATELIMITED` is `rate_limited`,
@@ -11,6 +11,7 @@ any other is `upstream_error`.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from typing import Any, Final
@@ -24,8 +25,8 @@ from bastion.errors import RateLimited, UpstreamError
 
 DEFAULT_BASE_URL: Final = "https://api.linear.app"
 GRAPHQL_PATH: Final = "/graphql"
-ISSUE_ID_NAMESPACE: Final = uuid.UUID("5d0f6a53-0c1e-4b8a-9a39-6d1f3b0c2a71")
-"""The UUID v5 namespace of the ids Bastion gives the issues it creates (from their invocation id)."""
+ISSUE_ID_SALT: Final = b"bastion:linear-issue:"
+"""Hashed before an invocation id into the id of the issue it creates."""
 PAGE_SIZE: Final = 50
 
 _UUID: Final = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE)
@@ -33,8 +34,10 @@ _ISSUE_FIELDS: Final = "id identifier title url priority updatedAt state { name 
 
 
 def issue_id_for(invocation_id: str) -> str:
-    """The id of the issue an invocation creates: the same for every attempt of the same call."""
-    return str(uuid.uuid5(ISSUE_ID_NAMESPACE, invocation_id))
+    """The id of the issue an invocation creates: the same for every attempt of the same call, and a valid UUID v4
+    (Linear checks the version), its random bits taken from a hash of the invocation id."""
+    digest = hashlib.sha256(ISSUE_ID_SALT + invocation_id.encode()).digest()
+    return str(uuid.UUID(bytes=digest[:16], version=4))
 
 
 # -- results
