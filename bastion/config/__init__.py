@@ -1,5 +1,6 @@
 """Configuration (DESIGN.md §8): the models of what the files say (`models`), the loading of a configuration
-directory with file:line problems (`loader`), and the TOML position scanner behind those lines (`tomlpos`)."""
+directory with file:line problems (`loader`; bastion.toml's `[providers.<id>]` tables in `providers`), and the
+TOML position scanner behind those lines (`tomlpos`)."""
 
 from bastion.config.loader import (
     CONFIG_ENV_VAR,

@@ -21,7 +21,6 @@ from typing import Annotated, Any, Final, TypeVar, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from bastion.config.models import (
-    PROVIDER_KINDS,
     Config,
     ConfigIssue,
     ConnectorConfig,
@@ -32,6 +31,7 @@ from bastion.config.models import (
     Settings,
     SourcesPolicy,
 )
+from bastion.config.providers import is_credential, load_providers
 from bastion.config.tomlpos import (
     MAX_NESTING,
     KeyIndex,
@@ -59,10 +59,6 @@ _ENV_REFERENCE: Final = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_START: Final = "${env:"
 _SOURCE_ID: Final = re.compile(r"^[a-z0-9_-]+$")
 _POLICY_KEY: Final = re.compile(r"^[a-z0-9_-]+:(\*|[^\s*]+)$")
-_PROVIDERS_TABLE: Final = (
-    'providers are tables: write [providers.github] with token = "${env:GITHUB_TOKEN}" under it '
-    "(this entry is ignored until then)"
-)
 _TOO_DEEP: Final = (
     f"values nest deeper than {MAX_NESTING} levels here (tables, arrays and dotted keys count alike); "
     "flatten them (this file is ignored until then)"
@@ -267,7 +263,7 @@ class _Loader:
         problems: list[tuple[KeyPath, str | None]] = []
         file.data = _substitute_env(data, self.env, (), problems)
         if credentials:
-            for key_path, variable in [p for p in problems if p[1] is not None and _is_credential(p[0])]:
+            for key_path, variable in [p for p in problems if p[1] is not None and is_credential(p[0])]:
                 problems.remove((key_path, variable))
                 file.unset_credentials[key_path] = str(variable)
                 del file.data["providers"][key_path[1]]["token"]
@@ -312,82 +308,19 @@ class _Loader:
         return settings, file
 
     def providers(self, file: _TomlFile | None, connector_ids: set[str]) -> dict[str, ProviderConfig]:
-        """Every usable `[providers.<id>]` of bastion.toml; each broken one is reported and left out alone."""
-        tables = None if file is None else file.data.get("providers")
-        if tables is None:
+        """Every usable `[providers.<id>]` of bastion.toml (see `bastion.config.providers`)."""
+        if file is None:
             return {}
-        assert file is not None
-        if not isinstance(tables, dict):
-            self.report(file.path, file.index.line_of(("providers",)), _PROVIDERS_TABLE)
-            return {}
-        loaded: dict[str, ProviderConfig] = {}
-        for provider_id, table in tables.items():
-            where: KeyPath = ("providers", provider_id)
-            line = file.index.line_of(where)
-            if not _SOURCE_ID.match(provider_id):
-                self.report(
-                    file.path,
-                    line,
-                    f'provider id "{provider_id}" may use only lowercase letters, digits, "_" and "-"; rename '
-                    f"[providers.{provider_id}] (set kind = ... when the id is not the API's name)",
-                )
-            elif not isinstance(table, dict):
-                self.report(file.path, line, _PROVIDERS_TABLE)
-            elif provider_id in connector_ids:
-                self.report(
-                    file.path,
-                    line,
-                    f'provider id "{provider_id}" is also a connector id (connectors/), which wins; rename '
-                    f'[providers.{provider_id}] and set kind = "..." in it (the provider is ignored until then)',
-                )
-            elif (provider := self.provider(file, provider_id, table)) is not None:
-                loaded[provider_id] = provider
-        return loaded
-
-    def provider(self, file: _TomlFile, provider_id: str, table: dict[str, Any]) -> ProviderConfig | None:
-        """One `[providers.<id>]` table checked (kind, Sentry's organization, its credential), or None (reported)."""
-        where: KeyPath = ("providers", provider_id)
-        outcome = f"provider {provider_id} is not enabled"
-        try:
-            provider = ProviderConfig.model_validate(table)
-        except ValidationError as exc:
-            for error in exc.errors():
-                loc: KeyPath = (*where, *error["loc"])
-                message = describe_error({**error, "loc": loc}, list(ProviderConfig.model_fields))
-                self.report(file.path, file.index.line_of(loc), f"{message} ({outcome} until then)")
-            return None
-        kind = provider.effective_kind(provider_id)
-        line = file.index.line_of(where)
-        if kind is None:
-            kinds = ", ".join(f'"{k}"' for k in PROVIDER_KINDS)
-            self.report(file.path, line, f"[providers.{provider_id}] needs kind = one of {kinds} ({outcome})")
-            return None
-        if kind == "sentry" and provider.organization is None:
-            self.report(
-                file.path,
-                line,
-                f'[providers.{provider_id}] (sentry) needs organization = "your-org-slug" ({outcome} until then)',
-            )
-            return None
-        token_line = file.index.line_of((*where, "token"))
-        unset = file.unset_credentials.get((*where, "token"))
-        if unset is not None:
-            self.unbind(provider_id, token_line, f"environment variable {unset} is not set; export it")
-        elif provider.token is None or not provider.token.get_secret_value().strip():
-            variable = f"{provider_id.upper().replace('-', '_')}_TOKEN"
-            self.unbind(
-                provider_id, token_line, f'it has no token; add token = "${{env:{variable}}}" and export {variable}'
-            )
-        return provider
-
-    def unbind(self, provider_id: str, line: int, why: str) -> None:
-        path = self.directory / CONFIG_FILE
-        self.unbound[provider_id] = ConfigIssue(
-            file=path,
-            line=line,
-            message=f"provider {provider_id}: binding_required: {why} (its actions are unavailable until then; "
-            "the README says which scopes the token needs)",
+        providers, unbound = load_providers(
+            file.data.get("providers"),
+            file.path,
+            file.index,
+            unset_credentials=file.unset_credentials,
+            connector_ids=connector_ids,
+            report=self.report,
         )
+        self.unbound.update(unbound)
+        return providers
 
     def ledger_url(self, settings: Settings, file: _TomlFile | None) -> str:
         try:
@@ -558,11 +491,6 @@ def _substitute_env(
         return env[name]
 
     return _ENV_REFERENCE.sub(replace, value)
-
-
-def _is_credential(path: KeyPath) -> bool:
-    """`providers.<id>.token`: a value whose absence unbinds one provider instead of spoiling bastion.toml."""
-    return len(path) == 3 and path[0] == "providers" and path[2] == "token"
 
 
 def _stringify_modes(data: dict[str, Any]) -> None:
