@@ -155,3 +155,14 @@ async def test_an_api_that_echoes_the_token_never_hands_it_back() -> None:
     assert api.requests[0].headers["authorization"] == f"Bearer {CANARY}", "the token did go to the API"
     assert listed.structured_content is not None and "[REDACTED]" in listed.structured_content["issues"][0]["title"]
     assert CANARY not in dumped(listed, status) + " ".join(str(e) + e.message for e in errors)
+
+
+async def test_a_redirect_to_another_host_is_followed_without_the_token() -> None:
+    moved = httpx2.Response(302, headers={"location": "https://elsewhere.example/repos/acme/app/issues"})
+    api = ScriptedApi([moved, ok([])])
+    async with running(source("github", api)) as github:
+        result = await call(github, *CALLS["github"]["read"])
+    assert not result.is_error
+    first, second = api.requests
+    assert first.headers["authorization"] == f"Bearer {CANARY}"
+    assert second.url.host == "elsewhere.example" and "authorization" not in second.headers
