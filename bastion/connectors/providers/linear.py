@@ -2,8 +2,8 @@
 
 Risks: listing issues is `read`; creating and updating an issue are `write` (a person can edit, move or delete
 them). A created issue gets an id derived from the invocation id (a UUID in the v4 format Linear asks for), so
-Linear refuses a second creation of the same call and an `unknown` outcome can be settled by asking for that id; an update sets values, so it is
-safe to repeat. Mutations also send the invocation id as `Idempotency-Key`.
+Linear refuses a second creation of the same call and an `unknown` outcome can be settled by asking for that
+id; an update sets values, so it is safe to repeat. Mutations also send the invocation id as `Idempotency-Key`.
 
 GraphQL answers errors in the body (often with HTTP 200): an error with code `RATELIMITED` is `rate_limited`,
 any other is `upstream_error`.
