@@ -70,15 +70,30 @@ class PendingLimit(BastionError):
 
 
 class RateLimited(BastionError):
+    """Too many calls: Bastion's own per-session limit, or an upstream API's (its 429). The wait is in the message
+    and, when known, in `retry_after` (seconds)."""
+
     error_class = "rate_limited"
     http_status = 429
     retriable = True
+
+    def __init__(self, message: str, *, invocation_id: str | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message, invocation_id=invocation_id)
+        self.retry_after = retry_after
 
 
 class ConnectorUnavailable(BastionError):
     error_class = "connector_unavailable"
     http_status = 502
     retriable = True
+
+
+class BindingRequired(ConnectorUnavailable):
+    """A source that cannot run until a credential is bound in the configuration (a provider's `token`): nothing
+    was sent, and a retry cannot help until the configuration changes."""
+
+    error_class = "binding_required"
+    retriable = False
 
 
 class CallTimeout(BastionError):

@@ -119,7 +119,9 @@ class Change:
         return self.kind if self.kind in STATUSES else None
 
 
-SourceState = Literal["starting", "ready", "down", "disabled"]
+SourceState = Literal["starting", "ready", "down", "unavailable", "disabled"]
+"""`down`: failed, retried with backoff. `unavailable`: cannot start until its configuration changes (a provider
+whose credential is not bound: `binding_required`), so it is not retried. `disabled`: by policy."""
 
 
 class SourceStatus(BaseModel):

@@ -29,6 +29,7 @@ from bastion.cli.logs import use_redactor
 from bastion.cli.remote import TOKEN_ENV_VAR
 from bastion.config import Config, config_hint, find_config_dir, load_config
 from bastion.connectors import McpConnector
+from bastion.connectors.providers import provider_source
 from bastion.errors import BastionError, ConfigError, NotFound, Unauthenticated
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
@@ -227,14 +228,23 @@ def startup_spinner(sources: Sequence[McpConnector], *, show: bool) -> Iterator[
 async def open_gateway(
     config: Config, *, progress: bool = False, wait_for_sources: bool = True
 ) -> AsyncIterator[Gateway]:
-    """A running gateway over every configured connector (the disabled ones are not started) and the ledger.
-    With `progress`, a spinner on stderr (a terminal only) says how the connectors are starting. Without
-    `wait_for_sources` (`serve`) it is yielded at once, while the connectors start (`Gateway.running`)."""
-    list_timeout = config.settings.limits.list_timeout_seconds
-    sources = [McpConnector(c, list_timeout=list_timeout) for c in config.connectors]
+    """A running gateway over every configured connector and provider (the disabled ones are not started) and
+    the ledger. With `progress`, a spinner on stderr (a terminal only) says how the connectors are starting.
+    Without `wait_for_sources` (`serve`) it is yielded at once, while the sources start (`Gateway.running`)."""
+    limits = config.settings.limits
+    connectors = [McpConnector(c, list_timeout=limits.list_timeout_seconds) for c in config.connectors]
+    providers = [
+        provider_source(
+            provider_id,
+            provider,
+            unbound=issue.message if (issue := config.unbound.get(provider_id)) else None,
+            call_timeout=limits.call_timeout_seconds,
+        )
+        for provider_id, provider in config.providers.items()
+    ]
     async with open_ledger(config) as ledger, AsyncExitStack() as running:
-        gateway = Gateway(config, ledger, sources)
+        gateway = Gateway(config, ledger, [*connectors, *providers])
         disabled = set(config.policy.sources.disabled)
-        with startup_spinner([s for s in sources if s.source_id not in disabled], show=progress):
+        with startup_spinner([s for s in connectors if s.source_id not in disabled], show=progress):
             await running.enter_async_context(gateway.running(wait_for_sources=wait_for_sources))
         yield gateway

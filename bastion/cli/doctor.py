@@ -2,7 +2,8 @@
 
 Besides what loading finds (syntax, unknown keys, bad values: `Config.issues`), it checks that each enabled stdio
 connector's `command` can be started: an absolute or relative path must be an executable file, a bare name must
-be found on the PATH the connector will get (its own `env` PATH, else Bastion's).
+be found on the PATH the connector will get (its own `env` PATH, else Bastion's); and that each enabled provider's
+credential is bound (a provider without it is `binding_required`). It never calls a provider's API.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import typer
 
 from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, out
 from bastion.config import Config, ConfigIssue, ConnectorConfig, find_config_dir, load_config
+from bastion.connectors.providers import provider_source
 from bastion.errors import ConfigError
 
 
@@ -72,12 +74,22 @@ def examine(config: Config, environ: Mapping[str, str], cwd: Path) -> tuple[list
         if found is None:
             file, line = config.command_lines.get(connector.id, (Path(where), 1))
             problems.append(ConfigIssue(file=file, line=line, message=f"connector {connector.id}: {detail}"))
+    for provider_id, provider in config.providers.items():
+        if provider_id in disabled:
+            continue
+        unbound = config.unbound.get(provider_id)
+        source = provider_source(provider_id, provider)
+        detail = unbound.message if unbound else f"{source.kind} API at {source.base_url}, token bound"
+        checks.append(Check("credential", provider_id, unbound is None, detail))
+        if unbound is not None:
+            problems.append(unbound)
     return checks, problems
 
 
 @app.command()
 def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
-    """Check the configuration and each stdio connector's command; every problem with file:line, exit 2 if any."""
+    """Check the configuration, each stdio connector's command and each provider's credential (without calling
+    anything); every problem with file:line, exit 2 if any."""
     try:
         directory = find_config_dir(config_dir, env=os.environ, cwd=Path.cwd(), home=Path.home())
     except ConfigError as exc:
@@ -95,13 +107,14 @@ def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None
     if problems:
         raise Exit(f"error: {len(problems)} problem(s) in {where}", 2, ConfigError.error_class)
     out.print(
-        f"ok: {where}: {len(config.connectors)} connector(s), "
+        f"ok: {where}: {len(config.connectors)} connector(s), {len(config.providers)} provider(s), "
         f"{len(config.policy.modes)} org mode(s), {len(config.policy.profiles)} profile(s); ledger {config.ledger_url}",
         markup=False,
         highlight=False,
     )
     for check in checks[1:]:
-        out.print(f"ok: connector {check.subject} runs {check.detail}", markup=False, highlight=False)
+        line = f"connector {check.subject} runs" if check.check == "command" else f"provider {check.subject}:"
+        out.print(f"ok: {line} {check.detail}", markup=False, highlight=False)
 
 
 def report_json(config: Config, checks: list[Check], problems: list[ConfigIssue]) -> dict[str, Any]:
@@ -112,6 +125,7 @@ def report_json(config: Config, checks: list[Check], problems: list[ConfigIssue]
         "ledger": config.ledger_url,
         "counts": {
             "connectors": len(config.connectors),
+            "providers": len(config.providers),
             "org_modes": len(config.policy.modes),
             "profiles": len(config.policy.profiles),
         },

@@ -32,7 +32,9 @@ from bastion.models import STATUSES, CallContext, Invocation, Status
 from bastion.pipeline.authority import MIN_ID_PREFIX
 from bastion.pipeline.views import invocation_detail_json, invocation_json
 
-connectors_app = typer.Typer(help="Downstream MCP servers: status and checks.", no_args_is_help=True)
+connectors_app = typer.Typer(
+    help="Sources: downstream MCP servers and providers ([providers.<id>]): status and checks.", no_args_is_help=True
+)
 invocations_app = typer.Typer(help="The ledger: what was called, by whom, and what came of it.", no_args_is_help=True)
 app.add_typer(connectors_app, name="connectors")
 app.add_typer(invocations_app, name="invocations")
@@ -113,7 +115,8 @@ def catalog(config_dir: ConfigOption = None, as_json: JsonOption = False) -> Non
 
 @connectors_app.command("list")
 def connectors_list(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
-    """Start every connector once and show its state, tool count, protocol version and last error."""
+    """Start every connector and provider once and show its state, tool count, protocol version and last error
+    (a provider without its credential is `unavailable`: binding_required)."""
     _show_connectors(config_dir, None, as_json)
 
 
@@ -123,21 +126,28 @@ def connectors_check(
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Start the connectors (all, or SOURCE_ID), show their status as `list` does; exit 1 if one is not ready."""
+    """Start the connectors and providers (all, or SOURCE_ID), show their status as `list` does; exit 1 if one is
+    not ready."""
     statuses = _show_connectors(config_dir, source_id, as_json)
     if any(s["state"] != "ready" for s in statuses):
         if as_json:
             raise typer.Exit(1)  # the statuses printed are the whole answer; a second document would break it
-        raise Exit.of(ConnectorUnavailable("a connector is not ready; see its last error above"))
+        raise Exit.of(ConnectorUnavailable("a source is not ready; see its last error above"))
 
 
 def _show_connectors(config_dir: Path | None, only: str | None, as_json: bool) -> list[dict[str, Any]]:
     config = load(config_dir)
     if only is not None:
-        if only not in {c.id for c in config.connectors}:
-            known = ", ".join(sorted(c.id for c in config.connectors)) or "none"
-            raise Exit.of(NotFound(f"no connector {only!r} (known: {known})"))
-        config = config.model_copy(update={"connectors": [c for c in config.connectors if c.id == only]})
+        sources = {c.id for c in config.connectors} | set(config.providers)
+        if only not in sources:
+            known = ", ".join(sorted(sources)) or "none"
+            raise Exit.of(NotFound(f"no connector or provider {only!r} (known: {known})"))
+        config = config.model_copy(
+            update={
+                "connectors": [c for c in config.connectors if c.id == only],
+                "providers": {pid: p for pid, p in config.providers.items() if pid == only},
+            }
+        )
 
     async def run() -> list[dict[str, Any]]:
         async with open_gateway(config, progress=not as_json) as gateway:

@@ -1,5 +1,6 @@
 """Configuration (DESIGN.md §8): the models of what the files say (`models`), the loading of a configuration
-directory with file:line problems (`loader`), and the TOML position scanner behind those lines (`tomlpos`)."""
+directory with file:line problems (`loader`; bastion.toml's `[providers.<id>]` tables in `providers`), and the
+TOML position scanner behind those lines (`tomlpos`)."""
 
 from bastion.config.loader import (
     CONFIG_ENV_VAR,
@@ -18,6 +19,7 @@ from bastion.config.loader import (
     validate_profile,
 )
 from bastion.config.models import (
+    PROVIDER_KINDS,
     ApprovalSettings,
     Config,
     ConfigIssue,
@@ -27,6 +29,8 @@ from bastion.config.models import (
     LimitSettings,
     PolicyConfig,
     Profile,
+    ProviderConfig,
+    ProviderKind,
     RiskSetting,
     ServerSettings,
     Settings,
@@ -39,6 +43,7 @@ from bastion.config.models import (
 __all__ = [
     "CONFIG_ENV_VAR",
     "CONFIG_FILE",
+    "PROVIDER_KINDS",
     "PYTHON_COMMAND",
     "SQLITE_PREFIX",
     "STARTER_FILES",
@@ -51,6 +56,8 @@ __all__ = [
     "LimitSettings",
     "PolicyConfig",
     "Profile",
+    "ProviderConfig",
+    "ProviderKind",
     "RiskSetting",
     "ServerSettings",
     "Settings",

@@ -14,7 +14,7 @@ import sys
 import tomllib
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Final, TypeVar, Union, get_args, get_origin
@@ -27,10 +27,12 @@ from bastion.config.models import (
     ConnectorConfig,
     PolicyConfig,
     Profile,
+    ProviderConfig,
     ServerSettings,
     Settings,
     SourcesPolicy,
 )
+from bastion.config.providers import is_credential, load_providers
 from bastion.config.tomlpos import (
     MAX_NESTING,
     KeyIndex,
@@ -169,6 +171,7 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
     settings, settings_file = loader.settings()
     ledger_url = loader.ledger_url(settings, settings_file)
     connectors = loader.connectors()
+    providers = loader.providers(settings_file, {c.id for c in connectors})
     policy = loader.policy()
     order = {file: i for i, file in enumerate(dict.fromkeys(issue.file for issue in loader.issues))}
     issues = sorted(loader.issues, key=lambda issue: (order[issue.file], issue.line))
@@ -179,6 +182,8 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
         policy=policy,
         issues=issues,
         command_lines={c.id: loader.command_lines[c.id] for c in connectors if c.id in loader.command_lines},
+        providers=providers,
+        unbound={pid: issue for pid, issue in loader.unbound.items() if pid in providers},
         ledger_url=ledger_url,
     )
 
@@ -212,6 +217,9 @@ class _TomlFile:
     text: str
     data: dict[str, Any]
     index: KeyIndex
+    unset_credentials: dict[KeyPath, str] = field(default_factory=dict)
+    """Credential keys (`providers.<id>.token`) whose `${env:NAME}` is not set, with the NAME: left out of `data`
+    (the provider is then `binding_required`) instead of making the whole file unusable."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +239,7 @@ class _Loader:
         self.env = env
         self.issues: list[ConfigIssue] = []
         self.command_lines: dict[str, tuple[Path, int]] = {}
+        self.unbound: dict[str, ConfigIssue] = {}
 
     def report(self, file: Path, line: int, message: str) -> None:
         self.issues.append(ConfigIssue(file=file, line=line, message=message))
@@ -249,8 +258,11 @@ class _Loader:
             return []
         return sorted(p for p in folder.glob("*.toml") if p.is_file() and not p.name.startswith("."))
 
-    def read(self, path: Path) -> _TomlFile | None:
-        """Parse a file and substitute `${env:NAME}`; None (with issues) when the file cannot be used."""
+    def read(self, path: Path, *, credentials: bool = False) -> _TomlFile | None:
+        """Parse a file and substitute `${env:NAME}`; None (with issues) when the file cannot be used.
+
+        With `credentials` (bastion.toml), an unset variable in a provider's `token` only unbinds that provider.
+        """
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
@@ -275,6 +287,11 @@ class _Loader:
         file = _TomlFile(path, text, data, index)
         problems: list[tuple[KeyPath, str | None]] = []
         file.data = _substitute_env(data, self.env, (), problems)
+        if credentials:
+            for key_path, variable in [p for p in problems if p[1] is not None and is_credential(p[0])]:
+                problems.remove((key_path, variable))
+                file.unset_credentials[key_path] = str(variable)
+                del file.data["providers"][key_path[1]]["token"]
         for key_path, variable in problems:
             key_line = file.index.line_of(key_path)
             if variable is None:
@@ -304,11 +321,31 @@ class _Loader:
         return model()
 
     def settings(self) -> tuple[Settings, _TomlFile | None]:
+        """`bastion.toml` without its `[providers]` (which `providers` reads, one provider at a time)."""
         path = self.directory / CONFIG_FILE
-        file = self.read(path) if path.is_file() else None
+        file = self.read(path, credentials=True) if path.is_file() else None
         if file is None:
             return Settings(), None
-        return self.validate_salvaging(file, Settings, "the default applies"), file
+        providers = file.data.pop("providers", None)
+        settings = self.validate_salvaging(file, Settings, "the default applies")
+        if providers is not None:
+            file.data["providers"] = providers
+        return settings, file
+
+    def providers(self, file: _TomlFile | None, connector_ids: set[str]) -> dict[str, ProviderConfig]:
+        """Every usable `[providers.<id>]` of bastion.toml (see `bastion.config.providers`)."""
+        if file is None:
+            return {}
+        providers, unbound = load_providers(
+            file.data.get("providers"),
+            file.path,
+            file.index,
+            unset_credentials=file.unset_credentials,
+            connector_ids=connector_ids,
+            report=self.report,
+        )
+        self.unbound.update(unbound)
+        return providers
 
     def ledger_url(self, settings: Settings, file: _TomlFile | None) -> str:
         try:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 
 from bastion.actions import DriftListing
 from bastion.models import Risk
@@ -151,6 +151,38 @@ class ConnectorConfig(_Strict):
         return self.id if self.namespace is None else self.namespace
 
 
+ProviderKind = Literal["github", "linear", "sentry", "slack"]
+"""The HTTP APIs Bastion has its own actions for (`bastion.connectors.providers`)."""
+PROVIDER_KINDS: Final[tuple[ProviderKind, ...]] = get_args(ProviderKind)
+
+
+class ProviderConfig(_Strict):
+    """`[providers.<id>]` in `bastion.toml`: one provider source (DESIGN.md §1), enabled by being there.
+
+    The table key is its source id; `kind` says which API it speaks (default: the id), so two GitHub
+    instances can be `[providers.github]` and `[providers.ghe] kind = "github"`.
+    """
+
+    kind: ProviderKind | None = None
+    token: SecretStr | None = None
+    """The credential, bound as `token = "${env:NAME}"`. Kept secret: never shown in a repr or a dump."""
+    base_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+")
+    """The API root for GitHub Enterprise, self-hosted Sentry or a test server; None means the public API."""
+    namespace: str | None = None
+    """Prefix of the tool names the host sees; None means the id, "" mounts them unprefixed."""
+    organization: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Sentry only (and required there): the organization slug its issues belong to."""
+
+    def effective_kind(self, provider_id: str) -> ProviderKind | None:
+        """The API it speaks: `kind`, else its id when that names one; None when neither does."""
+        if self.kind is not None:
+            return self.kind
+        return next((kind for kind in PROVIDER_KINDS if kind == provider_id), None)
+
+    def effective_namespace(self, provider_id: str) -> str:
+        return provider_id if self.namespace is None else self.namespace
+
+
 class Profile(_Strict):
     modes: dict[str, str] = Field(default_factory=dict)
     """Mode values stay strings: an unknown value must fail safe to `deny` at resolution (§4)."""
@@ -192,6 +224,11 @@ class Config(BaseModel):
     issues: list[ConfigIssue] = Field(default_factory=list)
     command_lines: dict[str, tuple[Path, int]] = Field(default_factory=dict)
     """Where each loaded connector's `command` is set (file, line), by connector id: for `bastion doctor`."""
+    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
+    """`[providers.<id>]` of `bastion.toml` by source id, each checked (kind, Sentry's organization, no id clash)."""
+    unbound: dict[str, ConfigIssue] = Field(default_factory=dict)
+    """Providers whose credential is not bound (`binding_required`), by id: where and how to bind it. They are
+    loaded, listed as `unavailable` and refuse their calls; `bastion doctor` reports them as problems."""
     ledger_url: str
     """The ledger URL with relative SQLite paths resolved against the config directory."""
 

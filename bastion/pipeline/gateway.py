@@ -401,7 +401,7 @@ class Gateway:
             await self._outcomes.finish(invocation, "unknown", error=exc)
             exc.invocation_id = invocation.id
             raise
-        except (ConnectorUnavailable, UpstreamError) as exc:
+        except (ConnectorUnavailable, UpstreamError, RateLimited) as exc:  # the upstream did not act
             await self._outcomes.finish(invocation, "failed", error=exc)
             exc.invocation_id = invocation.id
             raise

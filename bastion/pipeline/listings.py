@@ -20,7 +20,7 @@ from anyio.abc import TaskGroup
 
 from bastion.actions import DriftListing
 from bastion.config import Config
-from bastion.errors import ConnectorUnavailable, NotFound, SourceDisabled
+from bastion.errors import BindingRequired, ConnectorUnavailable, NotFound, SourceDisabled
 from bastion.models import SourceStatus
 from bastion.pipeline.catalog import Catalog, CatalogEntry, PreparedAction, listed_tool, prepare_actions
 from bastion.pipeline.content import ContentRelay
@@ -162,6 +162,8 @@ class Listings:
             )
         if status is not None and status.state != "ready":
             why = f": {status.last_error}" if status.last_error else ""
+            if status.state == "unavailable":  # it waits for its configuration (a credential): no retry helps
+                raise BindingRequired(f"{name} belongs to source {owner!r}, which is unavailable{why}")
             raise ConnectorUnavailable(
                 f"{name} belongs to source {owner!r}, which is {status.state}{why}; retry once it is back "
                 "(bastion connectors list shows its state)"

@@ -1,0 +1,283 @@
+"""What every provider shares: its actions as code, and the source that serves them (DESIGN.md §1, §4, §6).
+
+A provider action is a pydantic params model (its JSON Schema is the tool's input schema), a declared risk, a
+description an agent can act on, an output model (its JSON Schema is the tool's output schema) and an execute
+function over an `Api` (one call's view of the provider's `httpx2.AsyncClient`). `ProviderSource` satisfies
+the pipeline's `ActionSource` structurally: one client per provider, opened by `run()` and reused by every call.
+
+A provider whose credential is not bound is `unavailable`: it lists no actions and a call of one of its tools
+is refused with `binding_required`. The credential lives only in the client's headers; whatever a call returns
+or raises is scrubbed of it, so even an API that echoes it back cannot hand it to a host or the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Generic, Literal, TypeVar
+
+import anyio
+import httpx2
+import mcp_types as types
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from bastion import __version__
+from bastion.actions import ActionSpec, Reconciliation
+from bastion.config import ProviderConfig
+from bastion.connectors.providers.api import Api
+from bastion.errors import BastionError, BindingRequired, ConnectorUnavailable, UpstreamError
+from bastion.models import Risk, SourceStatus
+
+logger = logging.getLogger(__name__)
+
+USER_AGENT: Final = f"bastion/{__version__}"
+CONNECT_TIMEOUT: Final = 10.0
+SCRUBBED: Final = "[REDACTED]"
+
+ChangeFn = Callable[[str], Awaitable[None]]
+ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+
+P = TypeVar("P", bound=BaseModel)
+
+
+class Params(BaseModel):
+    """Base of every action's params: unknown arguments are refused (`additionalProperties: false`); patterns are
+    Python regular expressions, as the gateway's JSON Schema check reads them."""
+
+    model_config = ConfigDict(extra="forbid", regex_engine="python-re")
+
+
+class Output(BaseModel):
+    """Base of every action's result: the compact shape an agent gets, ignoring what else the API sends."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+@dataclass(frozen=True)
+class ProviderAction(Generic[P]):
+    """One action of a provider, declared in code."""
+
+    name: str
+    title: str
+    description: str
+    risk: Risk
+    """read: changes nothing; write: changes something a person can undo; danger: hard or impossible to undo."""
+    params: type[P]
+    output: type[Output]
+    execute: Callable[[Api, P], Awaitable[Output]]
+    idempotency_key: bool = False
+    """The action is safe to repeat with the same correlation id (it sets a state, or the API takes the key)."""
+    reconcile: Reconciliation = "manual"
+    """`lookup` when what it created carries the correlation id (a marker, a derived id) the API can be searched
+    for."""
+
+    def tool(self) -> types.Tool:
+        return types.Tool(
+            name=self.name,
+            title=self.title,
+            description=self.description,
+            input_schema=json_schema(self.params, "validation"),
+            output_schema=json_schema(self.output, "serialization"),
+            annotations=types.ToolAnnotations(
+                title=self.title,
+                read_only_hint=self.risk == "read",
+                destructive_hint=self.risk == "danger",
+                idempotent_hint=self.risk == "read" or self.idempotency_key,
+                open_world_hint=True,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class ProviderDefinition:
+    """One API Bastion has actions for: where it is, how a token is presented, and its actions."""
+
+    kind: str
+    default_base_url: str
+    auth_headers: Callable[[str], dict[str, str]]
+    """The headers that carry the token (and whatever else every request of this API needs)."""
+    actions: Sequence[ProviderAction[Any]]
+    by_name: dict[str, ProviderAction[Any]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_name", {action.name: action for action in self.actions})
+
+
+def json_schema(model: type[BaseModel], mode: Literal["validation", "serialization"]) -> dict[str, Any]:
+    """A model's JSON Schema without pydantic's generated `title`s (noise to an agent): of what it accepts
+    (params) or of what it dumps (results, whose fields are read from the API's own names)."""
+    schema: dict[str, Any] = _untitled(model.model_json_schema(mode=mode))
+    return schema
+
+
+def _untitled(schema: Any) -> Any:
+    if isinstance(schema, list):
+        return [_untitled(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    kept: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in ("properties", "$defs") and isinstance(value, dict):
+            kept[key] = {name: _untitled(sub) for name, sub in value.items()}
+        else:
+            kept[key] = _untitled(value)
+    return kept
+
+
+def scrub(value: Any, secret: str) -> Any:
+    """`value` with every occurrence of `secret` in its strings (keys included) replaced."""
+    if not secret:
+        return value
+    if isinstance(value, str):
+        return value.replace(secret, SCRUBBED)
+    if isinstance(value, list):
+        return [scrub(item, secret) for item in value]
+    if isinstance(value, dict):
+        return {scrub(key, secret): scrub(item, secret) for key, item in value.items()}
+    return value
+
+
+class ProviderSource:
+    """A provider's actions as a source of the catalog: ready as soon as its client is open (nothing to list)."""
+
+    def __init__(
+        self,
+        provider_id: str,
+        config: ProviderConfig,
+        definition: ProviderDefinition,
+        *,
+        unbound: str | None = None,
+        call_timeout: float = 30.0,
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
+        """`unbound` says why the credential is not bound and how to bind it (then the provider is `unavailable`;
+        a provider without a token always is); `transport` replaces the network (tests hand in an
+        `httpx2.MockTransport`)."""
+        self._id = provider_id
+        self._config = config
+        self._definition = definition
+        self._secret = config.token.get_secret_value() if config.token is not None else ""
+        if unbound is None and not self._secret:
+            unbound = f"provider {provider_id}: binding_required: its token is not set"
+        self._unbound = unbound
+        self._call_timeout = call_timeout
+        self._transport = transport
+        self._client: httpx2.AsyncClient | None = None
+        self._status = SourceStatus(source_id=provider_id, state="starting", server_name=self.base_url)
+        self._specs = [
+            ActionSpec(
+                tool=action.tool(),
+                risk=action.risk,
+                namespace=config.effective_namespace(provider_id),
+                idempotency_key=action.idempotency_key,
+                reconcile=action.reconcile,
+            )
+            for action in definition.actions
+        ]
+
+    @property
+    def source_id(self) -> str:
+        return self._id
+
+    @property
+    def kind(self) -> str:
+        return self._definition.kind
+
+    @property
+    def base_url(self) -> str:
+        return (self._config.base_url or self._definition.default_base_url).rstrip("/")
+
+    @property
+    def status(self) -> SourceStatus:
+        return self._status
+
+    @property
+    def namespace(self) -> str:
+        return self._config.effective_namespace(self._id)
+
+    @property
+    def organization(self) -> str | None:
+        return self._config.organization
+
+    def actions(self) -> list[ActionSpec]:
+        """Every action while the client is open; none while unbound or stopped."""
+        return list(self._specs) if self._client is not None else []
+
+    def risk_of(self, action_id: str, definition: Mapping[str, Any]) -> Risk:
+        """The declared risk (a provider's definitions come from Bastion's code); an action it no longer has is
+        judged `danger`."""
+        action = self._definition.by_name.get(action_id)
+        return action.risk if action is not None else "danger"
+
+    async def run(self, on_change: ChangeFn) -> None:
+        """Open the provider's one client and keep it until cancelled; an unbound provider stays unavailable."""
+        if self._unbound is not None:
+            self._status = SourceStatus(
+                source_id=self._id, state="unavailable", last_error=self._unbound, server_name=self.base_url
+            )
+            await on_change(self._id)
+            await anyio.sleep_forever()
+        headers = {"User-Agent": USER_AGENT, **self._definition.auth_headers(self._secret)}
+        client = httpx2.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx2.Timeout(self._call_timeout, connect=min(CONNECT_TIMEOUT, self._call_timeout)),
+            follow_redirects=True,  # httpx drops the Authorization header on a redirect to another origin
+            transport=self._transport,
+        )
+        async with client:
+            self._client = client
+            self._status = SourceStatus(
+                source_id=self._id, state="ready", tools=len(self._specs), server_name=self.base_url
+            )
+            try:
+                await on_change(self._id)
+                await anyio.sleep_forever()
+            finally:
+                self._client = None
+                self._status = SourceStatus(source_id=self._id, state="down", last_error="stopped")
+
+    async def call(
+        self,
+        action_id: str,
+        arguments: dict[str, Any],
+        *,
+        correlation_id: str,
+        timeout: float,
+        on_progress: ProgressFn | None = None,
+        relay: object | None = None,
+    ) -> types.CallToolResult:
+        """Run one action within `timeout`; the errors are those of `ActionSource.call` (see `api.py`)."""
+        name = f"{self._id}:{action_id}"
+        if self._unbound is not None:
+            raise BindingRequired(f"{name} cannot run: {self._unbound}")
+        client = self._client
+        if client is None:
+            raise ConnectorUnavailable(f"provider {self._id} is not running")
+        action = self._definition.by_name.get(action_id)
+        if action is None:  # the catalog is built from this provider's own specs: a bug of ours
+            raise ConnectorUnavailable(f"provider {self._id} has no action {action_id!r}; nothing was sent")
+        try:
+            params = action.params.model_validate(arguments)
+        except ValidationError as exc:  # the gateway checked the same schema: only a bug of ours gets here
+            raise UpstreamError(f"{name}: the arguments do not fit the action ({exc.errors()[0]['msg']})") from exc
+        api = Api(client, name=name, correlation_id=correlation_id)
+        try:
+            output: Output | None = None
+            with anyio.move_on_after(timeout):
+                output = await action.execute(api, params)
+            if output is None:
+                raise api.lost(TimeoutError(f"no answer within {timeout:g} s"))
+        except BastionError as exc:
+            exc.message = scrub(exc.message, self._secret)
+            exc.args = (exc.message,)
+            raise
+        structured = scrub(output.model_dump(mode="json"), self._secret)
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=json.dumps(structured, ensure_ascii=False))],
+            structured_content=structured,
+        )

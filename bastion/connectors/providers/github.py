@@ -1,0 +1,366 @@
+"""GitHub's REST API (github.com, or GitHub Enterprise Server with `base_url = "https://HOST/api/v3"`).
+
+Risks: the lists and gets are `read`; creating an issue, commenting and closing an issue are `write` (a person
+can edit, delete or reopen them); merging a pull request is `danger` (it changes the base branch for everyone,
+and undoing it takes a revert). What Bastion creates carries a hidden marker with the invocation id
+(`<!-- bastion:invocation ID -->` at the end of the body), so an `unknown` outcome can be settled by searching
+for it; every mutating request also sends the id as `Idempotency-Key`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import AliasPath, BeforeValidator, Field
+
+from bastion.config import ProviderConfig
+from bastion.connectors.providers.api import Api
+from bastion.connectors.providers.base import Output, Params, ProviderAction, ProviderDefinition
+
+DEFAULT_BASE_URL: Final = "https://api.github.com"
+API_VERSION: Final = "2022-11-28"
+BODY_CHARS: Final = 4000
+"""How much of an issue's or pull request's body a `get` returns (`body_truncated` says when it cut)."""
+
+_NAME: Final = r"^(?!\.\.?$)[A-Za-z0-9_.-]+$"
+"""An owner or repository name: never `.` or `..`, never a `/` (it goes into the URL path)."""
+
+Owner = Annotated[str, Field(pattern=_NAME, max_length=100, description="The account that owns the repository.")]
+Repo = Annotated[str, Field(pattern=_NAME, max_length=100, description="The repository name, without the owner.")]
+Number = Annotated[int, Field(ge=1, description="The issue or pull request number.")]
+Limit = Annotated[int, Field(ge=1, le=500, description="At most this many, newest activity first.")]
+
+
+def marker(invocation_id: str) -> str:
+    """The hidden footer that ties what Bastion wrote to its invocation."""
+    return f"<!-- bastion:invocation {invocation_id} -->"
+
+
+def with_marker(body: str | None, invocation_id: str) -> str:
+    return f"{body}\n\n{marker(invocation_id)}" if body else marker(invocation_id)
+
+
+def _field_of(key: str) -> Any:
+    """A validator reading a list of objects (GitHub's users, labels) as the list of their `key`."""
+
+    def read(value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        return [item.get(key) if isinstance(item, dict) else item for item in value]
+
+    return read
+
+
+Logins = Annotated[list[str], BeforeValidator(_field_of("login"))]
+Labels = Annotated[list[str], BeforeValidator(_field_of("name"))]
+
+
+# -- results
+
+
+class IssueSummary(Output):
+    number: int
+    title: str
+    state: str
+    author: str | None = Field(default=None, validation_alias=AliasPath("user", "login"))
+    labels: Labels = Field(default_factory=list)
+    assignees: Logins = Field(default_factory=list)
+    comments: int = 0
+    url: str = Field(validation_alias="html_url")
+    created_at: str
+    updated_at: str
+
+
+class Issue(IssueSummary):
+    body: str = ""
+    body_truncated: bool = False
+    state_reason: str | None = None
+    closed_at: str | None = None
+
+
+class IssueList(Output):
+    issues: list[IssueSummary]
+    truncated: bool = Field(description="More matched than were returned: narrow the filters or raise limit.")
+
+
+class CreatedIssue(Output):
+    number: int
+    title: str
+    state: str
+    url: str = Field(validation_alias="html_url")
+
+
+class Comment(Output):
+    id: int
+    url: str = Field(validation_alias="html_url")
+    created_at: str
+
+
+class ClosedIssue(Output):
+    number: int
+    state: str
+    state_reason: str | None = None
+    url: str = Field(validation_alias="html_url")
+
+
+class PullSummary(Output):
+    number: int
+    title: str
+    state: str
+    draft: bool = False
+    author: str | None = Field(default=None, validation_alias=AliasPath("user", "login"))
+    head: str = Field(validation_alias=AliasPath("head", "ref"))
+    base: str = Field(validation_alias=AliasPath("base", "ref"))
+    url: str = Field(validation_alias="html_url")
+    created_at: str
+    updated_at: str
+
+
+class Pull(PullSummary):
+    head_sha: str = Field(validation_alias=AliasPath("head", "sha"))
+    merged: bool = False
+    mergeable: bool | None = None
+    mergeable_state: str | None = None
+    additions: int = 0
+    deletions: int = 0
+    changed_files: int = 0
+    body: str = ""
+    body_truncated: bool = False
+
+
+class PullList(Output):
+    pull_requests: list[PullSummary]
+    truncated: bool = Field(description="More matched than were returned: narrow the filters or raise limit.")
+
+
+class Merge(Output):
+    merged: bool
+    sha: str | None = None
+    message: str = ""
+
+
+def _cut(data: dict[str, Any]) -> dict[str, Any]:
+    """The answer with its body cut to BODY_CHARS (and `body_truncated` set)."""
+    body = data.get("body") or ""
+    return {**data, "body": body[:BODY_CHARS], "body_truncated": len(body) > BODY_CHARS}
+
+
+# -- params
+
+
+class RepoParams(Params):
+    owner: Owner
+    repo: Repo
+
+    @property
+    def path(self) -> str:
+        return f"/repos/{self.owner}/{self.repo}"
+
+
+class ListIssues(RepoParams):
+    state: Literal["open", "closed", "all"] = "open"
+    labels: list[str] = Field(default_factory=list, description="Only issues with all of these labels.")
+    assignee: str | None = Field(default=None, description='A login, "none" or "*".')
+    limit: Limit = 30
+
+
+class GetIssue(RepoParams):
+    number: Number
+
+
+class CreateIssue(RepoParams):
+    title: str = Field(min_length=1, max_length=256)
+    body: str | None = Field(default=None, description="Markdown.", max_length=60000)
+    labels: list[str] = Field(default_factory=list)
+    assignees: list[str] = Field(default_factory=list, description="Logins.")
+
+
+class CommentOnIssue(RepoParams):
+    number: Number
+    body: str = Field(min_length=1, max_length=60000, description="Markdown.")
+
+
+class CloseIssue(RepoParams):
+    number: Number
+    reason: Literal["completed", "not_planned"] = "completed"
+
+
+class ListPullRequests(RepoParams):
+    state: Literal["open", "closed", "all"] = "open"
+    base: str | None = Field(default=None, description="Only pull requests into this branch.")
+    limit: Limit = 30
+
+
+class GetPullRequest(RepoParams):
+    number: Number
+
+
+class MergePullRequest(RepoParams):
+    number: Number
+    merge_method: Literal["merge", "squash", "rebase"] = "merge"
+    sha: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{40}([0-9a-f]{24})?$",
+        description="Merge only if the head is still this commit (from get_pull_request's head_sha).",
+    )
+    commit_title: str | None = None
+    commit_message: str | None = None
+
+
+# -- execution
+
+
+async def list_issues(api: Api, params: ListIssues) -> IssueList:
+    query = {
+        "state": params.state,
+        "labels": ",".join(params.labels) or None,
+        "assignee": params.assignee,
+        "sort": "updated",
+        "direction": "desc",
+        "per_page": min(params.limit, 100),
+    }
+    items, truncated = await api.pages(
+        f"{params.path}/issues", params=query, limit=params.limit, keep=lambda item: "pull_request" not in item
+    )
+    return api.parse(IssueList, {"issues": items, "truncated": truncated})
+
+
+async def get_issue(api: Api, params: GetIssue) -> Issue:
+    return api.parse(Issue, _cut(await api.json("GET", f"{params.path}/issues/{params.number}")))
+
+
+async def create_issue(api: Api, params: CreateIssue) -> CreatedIssue:
+    body: dict[str, Any] = {"title": params.title, "body": with_marker(params.body, api.correlation_id)}
+    if params.labels:
+        body["labels"] = params.labels
+    if params.assignees:
+        body["assignees"] = params.assignees
+    return api.parse(CreatedIssue, await api.json("POST", f"{params.path}/issues", body=body))
+
+
+async def comment_on_issue(api: Api, params: CommentOnIssue) -> Comment:
+    path = f"{params.path}/issues/{params.number}/comments"
+    return api.parse(Comment, await api.json("POST", path, body={"body": with_marker(params.body, api.correlation_id)}))
+
+
+async def close_issue(api: Api, params: CloseIssue) -> ClosedIssue:
+    body = {"state": "closed", "state_reason": params.reason}
+    return api.parse(ClosedIssue, await api.json("PATCH", f"{params.path}/issues/{params.number}", body=body))
+
+
+async def list_pull_requests(api: Api, params: ListPullRequests) -> PullList:
+    query = {
+        "state": params.state,
+        "base": params.base,
+        "sort": "updated",
+        "direction": "desc",
+        "per_page": min(params.limit, 100),
+    }
+    path = f"{params.path}/pulls"
+    items, truncated = await api.pages(path, params=query, limit=params.limit)
+    return api.parse(PullList, {"pull_requests": items, "truncated": truncated})
+
+
+async def get_pull_request(api: Api, params: GetPullRequest) -> Pull:
+    path = f"{params.path}/pulls/{params.number}"
+    return api.parse(Pull, _cut(await api.json("GET", path)))
+
+
+async def merge_pull_request(api: Api, params: MergePullRequest) -> Merge:
+    body = params.model_dump(include={"merge_method", "sha", "commit_title", "commit_message"}, exclude_none=True)
+    path = f"{params.path}/pulls/{params.number}/merge"
+    return api.parse(Merge, await api.json("PUT", path, body=body))
+
+
+ACTIONS: Final[tuple[ProviderAction[Any], ...]] = (
+    ProviderAction(
+        "list_issues",
+        "List GitHub issues",
+        "List a repository's issues (pull requests left out), most recently updated first, with their number, "
+        "title, state, author, labels and comment count. Use get_issue for one issue's body.",
+        "read",
+        ListIssues,
+        IssueList,
+        list_issues,
+    ),
+    ProviderAction(
+        "get_issue",
+        "Get a GitHub issue",
+        f"One issue with its body (the first {BODY_CHARS} characters), labels, assignees and state.",
+        "read",
+        GetIssue,
+        Issue,
+        get_issue,
+    ),
+    ProviderAction(
+        "create_issue",
+        "Create a GitHub issue",
+        "Open a new issue in a repository. Returns its number and URL. Needs approval by default.",
+        "write",
+        CreateIssue,
+        CreatedIssue,
+        create_issue,
+        reconcile="lookup",
+    ),
+    ProviderAction(
+        "comment_on_issue",
+        "Comment on a GitHub issue or pull request",
+        "Add a comment (Markdown) to an issue or pull request, by its number.",
+        "write",
+        CommentOnIssue,
+        Comment,
+        comment_on_issue,
+        reconcile="lookup",
+    ),
+    ProviderAction(
+        "close_issue",
+        "Close a GitHub issue",
+        'Close an issue as "completed" (default) or "not_planned". It can be reopened.',
+        "write",
+        CloseIssue,
+        ClosedIssue,
+        close_issue,
+        idempotency_key=True,
+    ),
+    ProviderAction(
+        "list_pull_requests",
+        "List GitHub pull requests",
+        "List a repository's pull requests, most recently updated first, with their head and base branches.",
+        "read",
+        ListPullRequests,
+        PullList,
+        list_pull_requests,
+    ),
+    ProviderAction(
+        "get_pull_request",
+        "Get a GitHub pull request",
+        "One pull request with its head commit (head_sha), whether it is merged or mergeable, its size and body.",
+        "read",
+        GetPullRequest,
+        Pull,
+        get_pull_request,
+    ),
+    ProviderAction(
+        "merge_pull_request",
+        "Merge a GitHub pull request",
+        "Merge a pull request into its base branch (merge, squash or rebase). Pass sha (head_sha from "
+        "get_pull_request) so that only the reviewed commit is merged. Denied unless a policy allows it.",
+        "danger",
+        MergePullRequest,
+        Merge,
+        merge_pull_request,
+        idempotency_key=True,
+    ),
+)
+
+
+def auth_headers(token: str) -> dict[str, str]:
+    return {
+        "Authorization": f"Bearer {token}",
+        "Accept": "application/vnd.github+json",
+        "X-GitHub-Api-Version": API_VERSION,
+    }
+
+
+def definition(config: ProviderConfig) -> ProviderDefinition:
+    return ProviderDefinition("github", DEFAULT_BASE_URL, auth_headers, ACTIONS)

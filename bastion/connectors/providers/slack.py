@@ -1,0 +1,167 @@
+"""Slack's Web API (`https://slack.com/api/<method>`).
+
+Risks: listing channels is `read`; posting a message is `write` (it can be edited or deleted, though people may
+have read it). A posted message carries the invocation id in its metadata (`event_type` `bastion_invocation`),
+so an `unknown` outcome can be settled by looking for it in the channel's history; the request also sends the id
+as `Idempotency-Key`.
+
+Slack answers most errors with HTTP 200 and `{"ok": false, "error": "<code>"}`: those are `upstream_error`
+(nothing was posted), `ratelimited` is `rate_limited`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+from pydantic import AliasPath, Field
+
+from bastion.config import ProviderConfig
+from bastion.connectors.providers.api import Api, Json, retry_after
+from bastion.connectors.providers.base import Output, Params, ProviderAction, ProviderDefinition
+from bastion.errors import RateLimited, UpstreamError
+
+DEFAULT_BASE_URL: Final = "https://slack.com/api"
+METADATA_EVENT: Final = "bastion_invocation"
+PAGE_SIZE: Final = 200
+MAX_PAGES: Final = 10
+
+_HINTS: Final = {
+    "not_authed": "no token was sent",
+    "invalid_auth": "the token was refused: check it is valid",
+    "token_revoked": "the token was revoked",
+    "missing_scope": "the token lacks a scope this action needs (see the README)",
+    "channel_not_found": "no such channel visible to the token (use list_channels for ids)",
+    "not_in_channel": "the app is not in that channel: invite it, or give it chat:write.public",
+    "is_archived": "the channel is archived",
+}
+
+
+# -- results
+
+
+class Channel(Output):
+    id: str
+    name: str
+    is_private: bool = False
+    is_archived: bool = False
+    is_member: bool = False
+    members: int | None = Field(default=None, validation_alias="num_members")
+    topic: str | None = Field(default=None, validation_alias=AliasPath("topic", "value"))
+
+
+class ChannelList(Output):
+    channels: list[Channel]
+    truncated: bool = Field(description="More channels exist than were returned: raise limit.")
+
+
+class Posted(Output):
+    channel: str
+    ts: str = Field(description="The message's timestamp: its id within the channel (thread replies use it).")
+    thread_ts: str | None = Field(default=None, validation_alias=AliasPath("message", "thread_ts"))
+
+
+# -- params
+
+
+ChannelType = Literal["public_channel", "private_channel"]
+
+
+def _public() -> list[ChannelType]:
+    return ["public_channel"]
+
+
+class ListChannels(Params):
+    types: list[ChannelType] = Field(default_factory=_public, min_length=1, description="Which kinds of channel.")
+    include_archived: bool = False
+    limit: int = Field(default=100, ge=1, le=1000, description="At most this many.")
+
+
+class PostMessage(Params):
+    channel: str = Field(min_length=1, description="A channel id (from list_channels), or a name like #general.")
+    text: str = Field(min_length=1, max_length=40000, description="The message, in Slack's mrkdwn.")
+    thread_ts: str | None = Field(default=None, description="Reply in the thread of this message (its ts).")
+
+
+# -- execution
+
+
+async def call(api: Api, method: str, *, params: dict[str, Any] | None = None, body: Json = None) -> dict[str, Any]:
+    """One Web API method; its answer when `ok`, else the error it names."""
+    response = await api.request("POST" if body is not None else "GET", f"/{method}", params=params, body=body)
+    data = api.decode(response)
+    if not isinstance(data, dict):
+        raise api.unreadable("its answer is not an object")
+    if data.get("ok") is True:
+        return data
+    code = str(data.get("error", "unknown_error"))
+    if code == "ratelimited":
+        wait = retry_after(response)
+        after = f"retry in {wait:.0f} s" if wait is not None else "retry later"
+        raise RateLimited(f"{api.name}: Slack's rate limit is reached; {after}", retry_after=wait)
+    needed = f" (needs {data['needed']})" if isinstance(data.get("needed"), str) else ""
+    hint = _HINTS.get(code, "Slack refused the request")
+    raise UpstreamError(f"{api.name}: {hint}{needed} ({code})")
+
+
+async def list_channels(api: Api, params: ListChannels) -> ChannelList:
+    channels: list[Json] = []
+    cursor: str | None = None
+    for _ in range(MAX_PAGES):
+        query = {
+            "types": ",".join(params.types),
+            "exclude_archived": "false" if params.include_archived else "true",
+            "limit": min(PAGE_SIZE, params.limit),
+            "cursor": cursor,
+        }
+        data = await call(api, "conversations.list", params=query)
+        channels.extend(data.get("channels") or [])
+        metadata = data.get("response_metadata")
+        cursor = (metadata.get("next_cursor") if isinstance(metadata, dict) else None) or None
+        if cursor is None or len(channels) >= params.limit:
+            break
+    truncated = len(channels) > params.limit or cursor is not None
+    return api.parse(ChannelList, {"channels": channels[: params.limit], "truncated": truncated})
+
+
+async def post_message(api: Api, params: PostMessage) -> Posted:
+    body: dict[str, Any] = {
+        "channel": params.channel,
+        "text": params.text,
+        "metadata": {"event_type": METADATA_EVENT, "event_payload": {"invocation_id": api.correlation_id}},
+    }
+    if params.thread_ts is not None:
+        body["thread_ts"] = params.thread_ts
+    return api.parse(Posted, await call(api, "chat.postMessage", body=body))
+
+
+ACTIONS: Final[tuple[ProviderAction[Any], ...]] = (
+    ProviderAction(
+        "list_channels",
+        "List Slack channels",
+        "List the workspace's channels (public by default) with their id, name, topic and member count. Post "
+        "with the id.",
+        "read",
+        ListChannels,
+        ChannelList,
+        list_channels,
+    ),
+    ProviderAction(
+        "post_message",
+        "Post a Slack message",
+        "Post a message to a channel (by id or #name), or as a reply in a thread (thread_ts). Returns the message's "
+        "ts. Needs approval by default.",
+        "write",
+        PostMessage,
+        Posted,
+        post_message,
+        reconcile="lookup",
+    ),
+)
+
+
+def auth_headers(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def definition(config: ProviderConfig) -> ProviderDefinition:
+    return ProviderDefinition("slack", DEFAULT_BASE_URL, auth_headers, ACTIONS)
