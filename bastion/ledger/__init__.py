@@ -18,6 +18,7 @@ from bastion.ledger.redaction import Redactor
 from bastion.ledger.sqlite import SqliteBackend
 from bastion.ledger.sqlite.feed import SqliteFeed
 from bastion.ledger.sqlite.instances import SqliteInstances
+from bastion.ledger.sqlite.limits import SqliteLimits
 from bastion.ledger.sqlite.pins import SqlitePins
 from bastion.ledger.sqlite.tokens import SqliteTokens
 
@@ -37,6 +38,7 @@ class OpenLedger:
     tokens: SqliteTokens
     changes: SqliteFeed
     instances: SqliteInstances
+    limits: SqliteLimits
     backend: SqliteBackend
     """The stores as the backend implements them (tests of SQLite internals reach the file through it)."""
 
@@ -83,5 +85,6 @@ async def open_ledger(url: str | Path, *, redactor: Redactor, key_path: Path | N
         tokens=backend.tokens,
         changes=backend.changes,
         instances=backend.instances,
+        limits=backend.limits,
         backend=backend,
     )

@@ -1,0 +1,55 @@
+"""The `rate_counts` table: the rate limit counted in the ledger file (see bastion.ledger.limits), so every
+process sharing the file counts against one budget per key."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime
+from typing import Final
+
+from bastion.ledger.limits import oldest_counted, retry_after, second_of
+from bastion.ledger.sqlite.database import SqliteDatabase
+
+_COUNTED: Final = "SELECT second, count FROM rate_counts WHERE key = ? AND second >= ? ORDER BY second"
+_ADMIT: Final = """
+    INSERT INTO rate_counts (key, second, count) VALUES (?, ?, 1)
+    ON CONFLICT (key, second) DO UPDATE SET count = count + 1
+"""
+_FORGET_KEY: Final = "DELETE FROM rate_counts WHERE key = ? AND second < ?"
+_FORGET: Final = "DELETE FROM rate_counts WHERE second < ?"
+
+
+class SqliteLimits:
+    """Satisfies `bastion.pipeline.seams.RateLimits` for one SQLite ledger file."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    async def admit(self, key: str, *, per_minute: int, now: datetime) -> float | None:
+        """Count one admission of `key` at `now` unless it already had `per_minute` in the window, in one
+        transaction under the write lock (so two processes cannot both take the last one). None when admitted;
+        else the seconds until one more fits (nothing counted)."""
+        if per_minute < 1:
+            raise ValueError(f"per_minute must be at least 1, got {per_minute}")
+        second, oldest = second_of(now), oldest_counted(now)
+
+        def work(conn: sqlite3.Connection) -> float | None:
+            counted = conn.execute(_COUNTED, (key, oldest)).fetchall()
+            wait = retry_after(counted, per_minute=per_minute, now=now)
+            if wait is None:
+                conn.execute(_ADMIT, (key, second))
+                conn.execute(_FORGET_KEY, (key, oldest))
+            return wait
+
+        return await self._db.write(work)
+
+
+async def forget_counts(db: SqliteDatabase, now: datetime) -> None:
+    """Delete the counts no longer in any key's window: those of keys that stopped coming back (the change feed's
+    upkeep, once a minute)."""
+    oldest = oldest_counted(now)
+
+    def work(conn: sqlite3.Connection) -> None:
+        conn.execute(_FORGET, (oldest,))
+
+    await db.write(work)
