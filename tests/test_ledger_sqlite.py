@@ -24,7 +24,9 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from bastion.errors import ConfigError
 from bastion.ledger import OpenLedger, Redactor, key_path_for, open_ledger, sqlite_path
 from bastion.ledger.keys import load_or_create_key
+from bastion.ledger.sqlite import SqliteBackend
 from bastion.ledger.sqlite import tokens as token_table
+from bastion.ledger.sqlite.feed import SqliteFeed
 from bastion.ledger.sqlite.schema import SCHEMA_VERSION, migrate
 from bastion.models import Pin, Principal
 from bastion.policies import canonical_json
@@ -467,6 +469,7 @@ async def test_writes_leave_checkpoints_to_watch(ledger: OpenLedger) -> None:
     """Commits on the loop only append to the WAL; `watch` copies them into the database file (the fsyncs)
     once enough have piled up, on aiosqlite's thread."""
     database = sqlite_path(ledger.url)
+    assert isinstance(ledger.backend, SqliteBackend) and isinstance(ledger.changes, SqliteFeed)
     await ledger.backend.database.checkpoint()
     size_before = database.stat().st_size
     with anyio.fail_after(30):

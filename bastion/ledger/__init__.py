@@ -1,18 +1,27 @@
 """The ledger (DESIGN.md §6): where every invocation, pin and token is kept, opened from its URL in one place.
 
-`open_ledger` composes a backend's stores (SQLite now: `bastion.ledger.sqlite`) into an `OpenLedger`, with the
-invocation store behind the `Recorder`, so redaction and truncation happen once, above every backend.
+`open_ledger` composes a backend's stores (`bastion.ledger.sqlite` for one machine, `bastion.ledger.postgres` for
+several instances on one database) into an `OpenLedger`, with the invocation store behind the `Recorder`, so
+redaction and truncation happen once, above every backend.
 """
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Final
 
 from bastion.errors import ConfigError
-from bastion.ledger.keys import load_or_create_key
+from bastion.ledger.keys import load_key, load_or_create_key
+from bastion.ledger.postgres import PostgresBackend, key_check
+from bastion.ledger.postgres.database import display_url
+from bastion.ledger.postgres.feed import PostgresFeed
+from bastion.ledger.postgres.instances import PostgresInstances
+from bastion.ledger.postgres.limits import PostgresLimits
+from bastion.ledger.postgres.pins import PostgresPins
+from bastion.ledger.postgres.tokens import PostgresTokens
 from bastion.ledger.recorder import Recorder
 from bastion.ledger.redaction import Redactor
 from bastion.ledger.sqlite import SqliteBackend
@@ -22,9 +31,21 @@ from bastion.ledger.sqlite.limits import SqliteLimits
 from bastion.ledger.sqlite.pins import SqlitePins
 from bastion.ledger.sqlite.tokens import SqliteTokens
 
-__all__ = ["SQLITE_PREFIX", "OpenLedger", "Recorder", "Redactor", "key_path_for", "open_ledger", "sqlite_path"]
+__all__ = [
+    "POSTGRES_PREFIXES",
+    "SQLITE_PREFIX",
+    "OpenLedger",
+    "Recorder",
+    "Redactor",
+    "display_url",
+    "is_postgres_url",
+    "key_path_for",
+    "open_ledger",
+    "sqlite_path",
+]
 
 SQLITE_PREFIX: Final = "sqlite:///"
+POSTGRES_PREFIXES: Final = ("postgresql://", "postgres://")
 
 
 @dataclass(eq=False)
@@ -34,13 +55,15 @@ class OpenLedger:
 
     url: str
     invocations: Recorder
-    pins: SqlitePins
-    tokens: SqliteTokens
-    changes: SqliteFeed
-    instances: SqliteInstances
-    limits: SqliteLimits
-    backend: SqliteBackend
+    pins: SqlitePins | PostgresPins
+    tokens: SqliteTokens | PostgresTokens
+    changes: SqliteFeed | PostgresFeed
+    instances: SqliteInstances | PostgresInstances
+    limits: SqliteLimits | PostgresLimits
+    backend: SqliteBackend | PostgresBackend
     """The stores as the backend implements them (tests of SQLite internals reach the file through it)."""
+    key_path: Path
+    """The file of the key of its argument hashes (every instance on one PostgreSQL ledger needs the same)."""
 
     async def close(self) -> None:
         """Close the backend, even when cancelled; safe to call twice."""
@@ -55,14 +78,19 @@ class OpenLedger:
         await self.close()
 
 
+def is_postgres_url(url: str) -> bool:
+    """Whether `url` names a PostgreSQL ledger (`postgresql://...` or `postgres://...`)."""
+    return url.startswith(POSTGRES_PREFIXES)
+
+
 def sqlite_path(url: str) -> Path:
     """The file of a `sqlite:///relative` or `sqlite:////absolute` ledger URL; ConfigError for another scheme."""
     path = url.removeprefix(SQLITE_PREFIX)
     if path == url or not path:
         scheme = url.split(":", 1)[0] if ":" in url else url
         raise ConfigError(
-            f'ledger URL scheme "{scheme}" is not supported: only SQLite ledgers work in this version; '
-            'use "sqlite:///state/ledger.db" (relative to the config directory) or "sqlite:////absolute/path.db"'
+            f'ledger URL scheme "{scheme}" is not supported; use "sqlite:///state/ledger.db" (relative to the '
+            'config directory), "sqlite:////absolute/path.db" or "postgresql://user:password@host:5432/database"'
         )
     return Path(path)
 
@@ -73,10 +101,16 @@ def key_path_for(database: Path) -> Path:
 
 
 async def open_ledger(url: str | Path, *, redactor: Redactor, key_path: Path | None = None) -> OpenLedger:
-    """Open the ledger at `url` (`sqlite:///...`, or a path to a SQLite file). Raises ConfigError when the URL or
-    the file cannot be used."""
+    """Open the ledger at `url`: `sqlite:///...` or a path to a SQLite file (its key beside it unless `key_path`
+    says otherwise), or `postgresql://...` (`key_path` required). Raises ConfigError when the URL, the database or
+    the key cannot be used."""
+    if isinstance(url, str) and is_postgres_url(url):
+        if key_path is None:
+            raise ConfigError(f"{display_url(url)}: a PostgreSQL ledger needs the file of its key (key_path)")
+        return await _open_postgres(url, redactor, key_path)
     path = url if isinstance(url, Path) else sqlite_path(url)
-    key = load_or_create_key(key_path or key_path_for(path))
+    key_path = key_path or key_path_for(path)
+    key = load_or_create_key(key_path)
     backend = await SqliteBackend.open(path)
     return OpenLedger(
         url=url if isinstance(url, str) else SQLITE_PREFIX + str(path),
@@ -87,4 +121,47 @@ async def open_ledger(url: str | Path, *, redactor: Redactor, key_path: Path | N
         instances=backend.instances,
         limits=backend.limits,
         backend=backend,
+        key_path=key_path,
     )
+
+
+async def _open_postgres(url: str, redactor: Redactor, key_path: Path) -> OpenLedger:
+    """A PostgreSQL ledger, with the key every instance on it shares (checked against the one it was used with)."""
+    backend = await PostgresBackend.open(url)
+    try:
+        key = await _shared_key(backend, key_path, display_url(url))
+    except BaseException:
+        await backend.close()
+        raise
+    return OpenLedger(
+        url=url,
+        invocations=Recorder(backend.invocations, redactor, key),
+        pins=backend.pins,
+        tokens=backend.tokens,
+        changes=backend.changes,
+        instances=backend.instances,
+        limits=backend.limits,
+        backend=backend,
+        key_path=key_path,
+    )
+
+
+async def _shared_key(backend: PostgresBackend, key_path: Path, where: str) -> bytes:
+    """The key in `key_path` if it is the one the database's argument hashes are made with; created when the
+    database has none yet. Instances with different keys could not run each other's approved calls."""
+    recorded = await backend.recorded_key_check()
+    copy_it = (
+        f"copy the key file of an instance already using this ledger to {key_path} (every instance on one "
+        "PostgreSQL ledger needs the same key; set [ledger] key_file to put it elsewhere)"
+    )
+    if recorded is None:
+        key = load_or_create_key(key_path)
+        recorded = await backend.record_key_check(key_check(key))
+    else:
+        found = load_key(key_path)
+        if found is None:
+            raise ConfigError(f"{where}: the ledger's key is missing: {copy_it}")
+        key = found
+    if not hmac.compare_digest(key_check(key), recorded):
+        raise ConfigError(f"{where}: {key_path} is not the key this ledger's argument hashes were made with: {copy_it}")
+    return key
