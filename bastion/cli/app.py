@@ -157,7 +157,7 @@ async def open_ledger(config: Config) -> AsyncIterator[OpenLedger]:
     settings = config.settings.ledger
     redactor = Redactor(extra_secret_keys=settings.extra_secret_keys, max_bytes=settings.max_result_bytes)
     use_redactor(redactor)
-    async with await ledger_at(config.ledger_url, redactor=redactor) as ledger:
+    async with await ledger_at(config.ledger_url, redactor=redactor, key_path=config.ledger_key) as ledger:
         yield ledger
 
 
@@ -166,9 +166,9 @@ async def find_invocation(ledger: OpenLedger, config: Config, text: str) -> Invo
     try:
         invocation = await ledger.invocations.get(await resolve_invocation_id(ledger.invocations, text))
     except NotFound as exc:
-        raise NotFound(f"{exc.message} in {config.ledger_url}", invocation_id=text) from exc
+        raise NotFound(f"{exc.message} in {config.ledger_display}", invocation_id=text) from exc
     if invocation is None:
-        raise NotFound(f"no invocation {text!r} in {config.ledger_url}", invocation_id=text)
+        raise NotFound(f"no invocation {text!r} in {config.ledger_display}", invocation_id=text)
     return invocation
 
 

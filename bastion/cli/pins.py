@@ -109,7 +109,7 @@ def pins_accept(
     async def run() -> list[Pin]:
         async with open_ledger(config) as ledger:
             if action_id is None and not await ledger.pins.pins(source_id):
-                raise NotFound(f"no pins of source {source_id!r} in {config.ledger_url}; see `bastion pins list`")
+                raise NotFound(f"no pins of source {source_id!r} in {config.ledger_display}; see `bastion pins list`")
             accepted = await accept_pins(
                 ledger, principal=local_owner(principal), source_id=source_id, action_id=action_id
             )

@@ -443,7 +443,7 @@ def approvals_watch(config_dir: ConfigOption = None, url: UrlOption = None, toke
 
         async def locally() -> None:
             async with open_ledger(config) as ledger:
-                await watch_approvals(LedgerFeed(ledger, principal, config.ledger_url), fd, Console())
+                await watch_approvals(LedgerFeed(ledger, principal, config.ledger_display), fd, Console())
 
         run = locally
     try:

@@ -53,6 +53,9 @@ PYTHON_COMMAND: Final = "python"
 STARTER_FILES: Final = ("bastion.toml", "connectors/notes.toml", "policies/default.toml")
 
 _SQLITE_PREFIX: Final = "sqlite:///"
+_POSTGRES_PREFIXES: Final = ("postgresql://", "postgres://")
+DEFAULT_POSTGRES_KEY: Final = "state/ledger.key"
+"""Where a PostgreSQL ledger's key of argument hashes is kept, relative to the config directory, by default."""
 _ENV_REFERENCE: Final = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_START: Final = "${env:"
 _SOURCE_ID: Final = re.compile(r"^[a-z0-9_-]+$")
@@ -109,8 +112,8 @@ def sqlite_path(ledger_url: str) -> Path:
     if path == ledger_url or not path:
         scheme = ledger_url.split(":", 1)[0] if ":" in ledger_url else ledger_url
         raise ConfigError(
-            f'ledger URL scheme "{scheme}" is not supported: only SQLite ledgers work in this version; '
-            'use "sqlite:///state/ledger.db" (relative to the config directory) or "sqlite:////absolute/path.db"'
+            f'ledger URL scheme "{scheme}" is not supported; use "sqlite:///state/ledger.db" (relative to the '
+            'config directory), "sqlite:////absolute/path.db" or "postgresql://user:password@host:5432/database"'
         )
     return Path(path)
 
@@ -155,7 +158,17 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
         issues=issues,
         command_lines={c.id: loader.command_lines[c.id] for c in connectors if c.id in loader.command_lines},
         ledger_url=ledger_url,
+        ledger_key=ledger_key(directory, settings, ledger_url),
     )
+
+
+def ledger_key(directory: Path, settings: Settings, ledger_url: str) -> Path | None:
+    """The file of the key of argument hashes: `[ledger] key_file`, else `state/ledger.key` for PostgreSQL; None
+    lets a SQLite ledger keep it beside its file."""
+    key_file = settings.ledger.key_file
+    if key_file is None and ledger_url.startswith(_POSTGRES_PREFIXES):
+        key_file = DEFAULT_POSTGRES_KEY
+    return None if key_file is None else directory / key_file
 
 
 def embedded_default(*, env: Mapping[str, str], home: Path) -> Config:
@@ -286,6 +299,8 @@ class _Loader:
         return self.validate_salvaging(file, Settings, "the default applies"), file
 
     def ledger_url(self, settings: Settings, file: _TomlFile | None) -> str:
+        if settings.server.ledger.startswith(_POSTGRES_PREFIXES):
+            return settings.server.ledger
         try:
             path = sqlite_path(settings.server.ledger)
         except ConfigError as exc:

@@ -13,10 +13,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final
 
+from bastion.config.models import display_url
 from bastion.errors import ConfigError
 from bastion.ledger.keys import load_key, load_or_create_key
 from bastion.ledger.postgres import PostgresBackend, key_check
-from bastion.ledger.postgres.database import display_url
 from bastion.ledger.postgres.feed import PostgresFeed
 from bastion.ledger.postgres.instances import PostgresInstances
 from bastion.ledger.postgres.limits import PostgresLimits
@@ -30,6 +30,7 @@ from bastion.ledger.sqlite.instances import SqliteInstances
 from bastion.ledger.sqlite.limits import SqliteLimits
 from bastion.ledger.sqlite.pins import SqlitePins
 from bastion.ledger.sqlite.tokens import SqliteTokens
+from bastion.models import Guarantee
 
 __all__ = [
     "POSTGRES_PREFIXES",
@@ -38,6 +39,7 @@ __all__ = [
     "Recorder",
     "Redactor",
     "display_url",
+    "guarantee_of",
     "is_postgres_url",
     "key_path_for",
     "open_ledger",
@@ -76,6 +78,35 @@ class OpenLedger:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+
+_NOT_G2: Final = (
+    "no external orchestrator owns an outbox: Bastion does not retry, and an `unknown` outcome is reconciled by a "
+    "person searching the downstream for its correlation id (io.bastion/correlation-id)"
+)
+SQLITE_GUARANTEE: Final = Guarantee(
+    level="G1",
+    scope="single machine: the ledger is a SQLite file; the processes sharing it (serve, the CLI) see one ledger",
+    recovery="when Bastion starts again on this machine: executing calls become unknown, approved ones run once",
+    not_g2=_NOT_G2,
+)
+POSTGRES_GUARANTEE: Final = Guarantee(
+    level="G1",
+    scope=(
+        "every instance on one PostgreSQL database: intents and outcomes are durable in PostgreSQL, decisions wake "
+        "a waiting call on any instance, rate and pending limits are counted across instances"
+    ),
+    recovery=(
+        "by any other instance once the stopped one's lease lapses (at once on the same host): its executing calls "
+        "become unknown, its approved ones are claimed and run exactly once"
+    ),
+    not_g2=_NOT_G2,
+)
+
+
+def guarantee_of(url: str) -> Guarantee:
+    """The guarantee a ledger at `url` gives (seed 004's levels)."""
+    return POSTGRES_GUARANTEE if is_postgres_url(url) else SQLITE_GUARANTEE
 
 
 def is_postgres_url(url: str) -> bool:

@@ -21,7 +21,6 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import psycopg
@@ -30,6 +29,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from bastion.config.models import display_url
 from bastion.errors import BastionError, ConfigError, LedgerUnavailable
 from bastion.ledger.postgres.schema import migrate
 from bastion.models import Change
@@ -70,25 +70,16 @@ CommitListener = Callable[[Sequence[Change]], Awaitable[None]]
 """Told the events a write of this process appended, once it committed (the change feed announces them)."""
 
 
-def display_url(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def connect_options(url: str) -> dict[str, Any]:
     """Connection parameters: the URL's, with Bastion's defaults for what it leaves out."""
     given = conninfo_to_dict(url)
     return {"autocommit": True} | {name: value for name, value in _CONNECT_DEFAULTS.items() if name not in given}
 
 
-async def connect(url: str) -> Connection:
-    """One connection of the ledger's kind (autocommit, UTC). Raises psycopg.OperationalError."""
-    conn = await AsyncConnection.connect(url, **connect_options(url))
+async def connect(url: str, *, name: str = "bastion") -> Connection:
+    """One connection of the ledger's kind (autocommit, UTC), known to the server as `name` unless the URL names
+    it. Raises psycopg.OperationalError."""
+    conn = await AsyncConnection.connect(url, **(connect_options(url) | {"fallback_application_name": name}))
     try:
         await _configure(conn)
     except BaseException:

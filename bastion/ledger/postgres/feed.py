@@ -53,6 +53,8 @@ IDLE_CHECK: Final = 5.0
 """With no notification for this long, the listening connection is checked (a dead one is replaced)."""
 RECONNECT_MIN: Final = 0.5
 RECONNECT_MAX: Final = 10.0
+LISTENER_NAME: Final = "bastion-changes"
+"""How the listening connection is known to the server (`application_name`)."""
 _PAGE: Final = 1000
 
 _NEWER: Final = """
@@ -145,7 +147,7 @@ class PostgresFeed:
         forget_at = anyio.current_time()
         while True:
             try:
-                listener = await connect(self._db.url)
+                listener = await connect(self._db.url, name=LISTENER_NAME)
             except psycopg.Error as exc:
                 logger.warning("the ledger's change feed cannot listen (%s); polling meanwhile", _line(exc))
             else:
