@@ -166,10 +166,15 @@ class PostgresDatabase:
     # -- reads and writes ------------------------------------------------------------------------------
 
     async def fetchall(self, sql: str, params: Params = None) -> builtins.list[TupleRow]:
-        """All rows of one read."""
+        """All rows of one read, shielded once sent: psycopg closes a connection whose query is cancelled twice,
+        which anyio's cancellation always does, so a read finishes (bounded by statement_timeout) and its
+        connection goes back to the pool."""
+        rows: builtins.list[TupleRow] = []
         async with self.connection() as conn:
-            cursor = await conn.execute(sql, params)
-            return await cursor.fetchall()
+            with anyio.CancelScope(shield=True):
+                cursor = await conn.execute(sql, params)
+                rows = await cursor.fetchall()
+        return rows
 
     async def fetchone(self, sql: str, params: Params = None) -> TupleRow | None:
         rows = await self.fetchall(sql, params)
