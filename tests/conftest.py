@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.postgres import PostgresServer, shared_server, stop_shared_server
+from tests.postgres import PostgresServer
+from tests.postgres_session import shared_server, stop_shared_server
 
 
 @pytest.fixture

@@ -1,10 +1,9 @@
-"""A PostgreSQL server of the tests' own: `initdb` in a temporary directory, started on a free loopback port the
-first time a test needs it, stopped (and its directory removed) when the test session ends.
+"""A PostgreSQL server of one's own, for the tests and the benchmarks: `initdb` in a temporary directory, started
+on a free loopback port with a random password, stopped (and its directory removed) by `stop`.
 
 The binaries come from Debian's package (`/usr/lib/postgresql/<version>/bin`, the newest) or from `pg_ctl` on
 PATH. PostgreSQL refuses to run as root, so as root the server runs as the `postgres` user that Debian's package
-creates (through `runuser`). Without PostgreSQL the tests that need it are skipped, saying how to install it;
-with BASTION_REQUIRE_POSTGRES=1 (CI sets it) they fail instead, so CI never passes without them.
+creates (through `runuser`). The test session shares one server (tests/postgres_session.py).
 """
 
 from __future__ import annotations
@@ -21,11 +20,8 @@ from pathlib import Path
 from typing import Final
 
 import psycopg
-import pytest
 from psycopg import sql
 
-REQUIRE: Final = "BASTION_REQUIRE_POSTGRES"
-"""Set to 1 to make a missing PostgreSQL an error instead of a skip."""
 DEBIAN_BINARIES: Final = Path("/usr/lib/postgresql")
 SERVER_USER: Final = "postgres"
 """Who runs the server when the tests run as root (Debian's package creates this user)."""
@@ -86,9 +82,18 @@ class PostgresServer:
         return ["runuser", "-u", self.run_as, "--", *argv] if self.run_as else argv
 
 
-def start_server(binaries: Path) -> PostgresServer:
-    """Initialise a cluster in a new temporary directory and start it on a free loopback port."""
+def start_server(binaries: Path, *, durable: bool = False) -> PostgresServer:
+    """Initialise a cluster in a new temporary directory and start it on a free loopback port; `durable` keeps
+    PostgreSQL's default fsync and synchronous commit (benchmarks), else they are off (tests)."""
     run_as = SERVER_USER if os.geteuid() == 0 else None
+    if run_as is not None:
+        try:
+            pwd.getpwnam(run_as)
+        except KeyError:
+            raise RuntimeError(
+                f"PostgreSQL refuses to run as root and there is no {run_as!r} user to run it as: install Debian's "
+                f"package (apt-get install postgresql), which creates it, or create it (useradd --system {run_as})"
+            ) from None
     directory = Path(tempfile.mkdtemp(prefix="bastion-postgres-"))
     server = PostgresServer(binaries, directory, 0, secrets.token_urlsafe(16), run_as)
     try:
@@ -117,11 +122,10 @@ def start_server(binaries: Path) -> PostgresServer:
         password_file.unlink()
         for _ in range(_START_ATTEMPTS):
             server.port = _free_port()
-            options = (
-                f"-p {server.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' "
-                # A test server: nothing it holds must survive a crash of the machine.
-                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
-            )
+            options = f"-p {server.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' "
+            options += "-c max_connections=300"
+            if not durable:  # a test server: nothing it holds must survive a crash of the machine
+                options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
             start = [str(binaries / "pg_ctl"), "-D", str(server.data), "-l", str(directory / "server.log")]
             start += ["-w", "-t", str(_PG_CTL_TIMEOUT), "-o", options, "start"]
             if subprocess.run(server._as_owner(start), capture_output=True, check=False).returncode == 0:
@@ -144,31 +148,3 @@ def _run(argv: list[str]) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=_PG_CTL_TIMEOUT + 30)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:4])} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-
-
-_shared: list[PostgresServer] = []
-
-
-def shared_server() -> PostgresServer:
-    """The test session's server, started on first use (`stop_shared_server` stops it when the session ends).
-
-    Skips the calling test when PostgreSQL is not installed, or fails it under BASTION_REQUIRE_POSTGRES=1.
-    """
-    if _shared:
-        return _shared[0]
-    binaries = find_binaries()
-    if binaries is None:
-        reason = (
-            f"PostgreSQL is not installed (no initdb/pg_ctl/postgres under {DEBIAN_BINARIES}/*/bin or on PATH): "
-            "install Debian's package (apt-get install postgresql)"
-        )
-        if os.environ.get(REQUIRE) == "1":
-            pytest.fail(f"{reason}; {REQUIRE}=1 requires it", pytrace=False)
-        pytest.skip(f"{reason}, or set {REQUIRE}=1 to make this an error")
-    _shared.append(start_server(binaries))
-    return _shared[0]
-
-
-def stop_shared_server() -> None:
-    while _shared:
-        _shared.pop().stop()

@@ -2,7 +2,7 @@
 
 An entry opens a ledger on a fresh store, and another connection to that same store (what a second Bastion
 instance or the CLI would open), for races and for changes made elsewhere. PostgreSQL's store is a new
-database on the test session's own server (tests/postgres.py): without PostgreSQL installed its tests are
+database on the test session's own server (tests/postgres_session.py): without PostgreSQL installed its tests are
 skipped, or fail under BASTION_REQUIRE_POSTGRES=1.
 """
 
@@ -16,7 +16,7 @@ from typing import Final
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.ledger.postgres import feed as postgres_feed
 from bastion.ledger.sqlite import feed as sqlite_feed
-from tests.postgres import shared_server
+from tests.postgres_session import shared_server
 
 
 @dataclass(frozen=True)
