@@ -79,7 +79,8 @@ def examine(config: Config, environ: Mapping[str, str], cwd: Path) -> tuple[list
 
 @app.command()
 def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
-    """Check the configuration and each stdio connector's command; every problem with file:line, exit 2 if any."""
+    """Check the configuration and each stdio connector's command, and declare the ledger's guarantee level;
+    every problem with file:line, exit 2 if any."""
     try:
         directory = find_config_dir(config_dir, env=os.environ, cwd=Path.cwd(), home=Path.home())
     except ConfigError as exc:
