@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from bastion.ledger.keys import load_or_create_key
 from bastion.ledger.sqlite import SqliteBackend
 from bastion.ledger.sqlite import tokens as token_table
 from bastion.ledger.sqlite.feed import SqliteFeed
+from bastion.ledger.sqlite.limits import forget_counts
 from bastion.ledger.sqlite.schema import SCHEMA_VERSION, migrate
 from bastion.models import Pin, Principal
 from bastion.policies import canonical_json
@@ -536,3 +538,18 @@ async def test_two_processes_writing_at_once_lose_nothing(ledger: OpenLedger) ->
             assert await other.wait() == 0
     assert await ledger.invocations.count("completed") == 2 * writes
     assert len(await ledger.invocations.events("other-0499")) == len(await ledger.invocations.events("inv-0500")) == 4
+
+
+@pytest.mark.anyio
+async def test_rate_counts_of_keys_that_stopped_coming_back_are_forgotten(tmp_path: Path) -> None:
+    """The feed's upkeep deletes counts older than the window (a key admitted once never deletes its own)."""
+    async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
+        assert isinstance(ledger.backend, SqliteBackend)
+        await ledger.limits.admit("gone", per_minute=5, now=T0)
+        await ledger.limits.admit("still-here", per_minute=5, now=T0 + timedelta(seconds=100))
+        await forget_counts(ledger.backend.database, T0 + timedelta(seconds=120))
+        db = sqlite3.connect(sqlite_path(ledger.url))
+        try:
+            assert db.execute("SELECT key FROM rate_counts").fetchall() == [("still-here",)]
+        finally:
+            db.close()

@@ -192,9 +192,13 @@ class PostgresFeed:
             await anyio.sleep(FALLBACK_POLL)
 
     async def _upkeep(self, forget_at: float) -> float:
+        """Forget rate counts older than the window, once a minute."""
         if anyio.current_time() < forget_at:
             return forget_at
-        await forget_counts(self._db, utcnow())
+        try:
+            await forget_counts(self._db, utcnow())
+        except LedgerUnavailable as exc:  # upkeep only: announcing changes matters more
+            logger.warning("old rate counts could not be forgotten: %s", exc.message)
         return anyio.current_time() + WINDOW_SECONDS
 
     async def _news(self, *, poll: bool) -> None:

@@ -11,6 +11,7 @@ older than the limit's window once a minute: it is the ledger's one background t
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections import deque
 from collections.abc import Sequence
@@ -19,11 +20,13 @@ from typing import Final
 import anyio
 from anyio.abc import TaskStatus
 
-from bastion.errors import ChangesLost
+from bastion.errors import ChangesLost, LedgerUnavailable
 from bastion.ledger.limits import WINDOW_SECONDS
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.limits import forget_counts
 from bastion.models import Change, utcnow
+
+logger = logging.getLogger(__name__)
 
 KEPT: Final = 4096
 """How many recent changes are kept for waiters that fall behind; one further behind gets `ChangesLost`."""
@@ -96,7 +99,10 @@ class SqliteFeed:
                 await self._db.checkpoint()
             if anyio.current_time() >= forget_at:
                 forget_at = anyio.current_time() + WINDOW_SECONDS
-                await forget_counts(self._db, utcnow())
+                try:
+                    await forget_counts(self._db, utcnow())
+                except LedgerUnavailable as exc:  # upkeep only: announcing changes matters more
+                    logger.warning("old rate counts could not be forgotten: %s", exc.message)
             version = await self._db.data_version()
             if version != seen:
                 seen = version

@@ -17,6 +17,7 @@ _ADMIT: Final = """
 """
 _FORGET_KEY: Final = "DELETE FROM rate_counts WHERE key = ? AND second < ?"
 _FORGET: Final = "DELETE FROM rate_counts WHERE second < ?"
+_ANY_FORGOTTEN: Final = "SELECT 1 FROM rate_counts WHERE second < ? LIMIT 1"
 
 
 class SqliteLimits:
@@ -46,8 +47,11 @@ class SqliteLimits:
 
 async def forget_counts(db: SqliteDatabase, now: datetime) -> None:
     """Delete the counts no longer in any key's window: those of keys that stopped coming back (the change feed's
-    upkeep, once a minute)."""
+    upkeep, once a minute). Only writes when there is something to delete, so a process that only watches the
+    ledger does not take its write lock for nothing."""
     oldest = oldest_counted(now)
+    if await db.fetchone(_ANY_FORGOTTEN, (oldest,)) is None:
+        return
 
     def work(conn: sqlite3.Connection) -> None:
         conn.execute(_FORGET, (oldest,))
