@@ -11,9 +11,13 @@ from bastion.ledger.limits import oldest_counted, retry_after, second_of
 from bastion.ledger.sqlite.database import SqliteDatabase
 
 _COUNTED: Final = "SELECT second, count FROM rate_counts WHERE key = ? AND second >= ? ORDER BY second"
+# Counted and admitted in one statement (under the write lock): a row comes back only when it was admitted.
 _ADMIT: Final = """
-    INSERT INTO rate_counts (key, second, count) VALUES (?, ?, 1)
+    INSERT INTO rate_counts (key, second, count)
+    SELECT :key, :second, 1
+    WHERE (SELECT COALESCE(SUM(count), 0) FROM rate_counts WHERE key = :key AND second >= :oldest) < :limit
     ON CONFLICT (key, second) DO UPDATE SET count = count + 1
+    RETURNING count
 """
 _FORGET_KEY: Final = "DELETE FROM rate_counts WHERE key = ? AND second < ?"
 _FORGET: Final = "DELETE FROM rate_counts WHERE second < ?"
@@ -34,15 +38,16 @@ class SqliteLimits:
             raise ValueError(f"per_minute must be at least 1, got {per_minute}")
         second, oldest = second_of(now), oldest_counted(now)
 
-        def work(conn: sqlite3.Connection) -> float | None:
-            counted = conn.execute(_COUNTED, (key, oldest)).fetchall()
-            wait = retry_after(counted, per_minute=per_minute, now=now)
-            if wait is None:
-                conn.execute(_ADMIT, (key, second))
-                conn.execute(_FORGET_KEY, (key, oldest))
-            return wait
+        params = {"key": key, "second": second, "oldest": oldest, "limit": per_minute}
 
-        return await self._db.write(work)
+        def work(conn: sqlite3.Connection) -> float | None:
+            if conn.execute(_ADMIT, params).fetchall():
+                conn.execute(_FORGET_KEY, (key, oldest))
+                return None
+            counted = conn.execute(_COUNTED, (key, oldest)).fetchall()
+            return retry_after(counted, per_minute=per_minute, now=now) or 0.0
+
+        return await self._db.write(work, events=False)
 
 
 async def forget_counts(db: SqliteDatabase, now: datetime) -> None:
