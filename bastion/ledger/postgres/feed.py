@@ -177,8 +177,9 @@ class PostgresFeed:
                 notified = True
             if notified or self._blocked:
                 await self.catch_up()
-            else:
-                await listener.execute("SELECT 1")  # a quiet while: make sure the connection still works
+            else:  # a quiet while: make sure the connection still works (shielded, as every query: see database.py)
+                with anyio.CancelScope(shield=True), anyio.move_on_after(IDLE_CHECK):
+                    await listener.execute("SELECT 1")
             forget_at = await self._upkeep(forget_at)
 
     async def _poll(self, forget_at: float) -> float:
