@@ -47,12 +47,14 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	$(BENCH_BIN)/python -m pip install --quiet -e . 'fastmcp==4.1.2' pyinstrument py-spy
 	touch $@
 
-## bench: the benchmarks of DESIGN.md §11 (latency, throughput, scale, approval wake-up); results under bench/results/
+## bench: the benchmarks of DESIGN.md §11 (latency, throughput, scale, approval wake-up, and across instances on
+## PostgreSQL when it is installed); results under bench/results/
 bench: $(BENCH_VENV)/.installed
 	$(BENCH_BIN)/python -m bench.latency
 	$(BENCH_BIN)/python -m bench.throughput
 	$(BENCH_BIN)/python -m bench.scale
 	$(BENCH_BIN)/python bench/approval_wakeup.py
+	$(BENCH_BIN)/python -m bench.instances_wakeup
 
 ## conformance: the official MCP conformance suite through Bastion (Node 22 + suite in .tools/; tests/conformance/)
 conformance: $(VENV)/.installed

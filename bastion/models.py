@@ -206,3 +206,19 @@ class TokenInfo(BaseModel):
     @property
     def active(self) -> bool:
         return self.revoked_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class Guarantee:
+    """What Bastion guarantees about the side effects it gates, in seed 004's levels (G0 best effort, G1
+    wrapper-enforced, G2 durable/transactional), declared by `bastion doctor` and `/healthz` so Bastion never
+    claims more than its ledger gives."""
+
+    level: str
+    """`G1`: Bastion itself records every call's intent before sending it, and its outcome (or `unknown`) after."""
+    scope: str
+    """Where that holds: one machine (SQLite) or every instance sharing one PostgreSQL database."""
+    recovery: str
+    """What happens to the work of a Bastion that stopped."""
+    not_g2: str
+    """Why it is not G2."""

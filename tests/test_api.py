@@ -179,6 +179,9 @@ async def test_healthz_is_open_even_when_tokens_exist(tmp_path: Path) -> None:
         response = await live.http.get("/healthz")
         assert response.status_code == 200
         assert response.json()["status"] == "ok"
+        guarantee = response.json()["guarantee"]
+        assert guarantee["level"] == "G1"
+        assert guarantee["scope"].startswith("single machine")
 
 
 async def test_the_api_refuses_a_missing_token_with_401_and_says_how_to_create_one(tmp_path: Path) -> None:

@@ -156,6 +156,15 @@ async def test_the_rate_limit_refuses_and_records_why(tmp_path: Path) -> None:
         assert (refused.status, refused.error_class) == ("denied", "rate_limited")
 
 
+async def test_the_rate_limit_is_one_budget_for_every_gateway_sharing_the_ledger(tmp_path: Path) -> None:
+    """Two gateways on one ledger file (two instances on one machine): the session's calls count together."""
+    async with harness(tmp_path, per_minute=2) as first, harness(tmp_path, per_minute=2) as second:
+        assert not (await first.call("fx__echo", {"text": "x"})).is_error
+        assert not (await second.call("fx__echo", {"text": "x"})).is_error
+        for h in (first, second):
+            assert error_of(await h.call("fx__echo", {"text": "x"}))["class"] == "rate_limited"
+
+
 # -- drift -------------------------------------------------------------------------------------------
 
 

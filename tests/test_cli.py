@@ -243,6 +243,23 @@ def test_doctor_checks_each_stdio_command_and_reports_as_json_with_file_and_line
     assert json.loads(clean.stdout)["problems"] == []
 
 
+def test_doctor_declares_the_guarantee_of_the_configured_ledger_without_its_password(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home")
+    config = write_config(tmp_path / "config", notes_file=tmp_path / "notes.json", time_server=False)
+    on_sqlite = run_cli("doctor", "--json", "--config", str(config), env=env)
+    assert on_sqlite.returncode == 0, on_sqlite.stdout
+    assert json.loads(on_sqlite.stdout)["guarantee"]["level"] == "G1"
+    assert json.loads(on_sqlite.stdout)["guarantee"]["scope"].startswith("single machine")
+    (config / "bastion.toml").write_text('[server]\nledger = "postgresql://bastion:hunter2@db.internal/bastion"\n')
+    report = run_cli("doctor", "--json", "--config", str(config), env=env)
+    assert report.returncode == 0, report.stdout
+    assert json.loads(report.stdout)["guarantee"]["scope"].startswith("every instance on one PostgreSQL")
+    assert json.loads(report.stdout)["ledger"] == "postgresql://bastion:***@db.internal/bastion"
+    text = run_cli("doctor", "--config", str(config), env=env)
+    assert "guarantee: G1" in text.stdout
+    assert "hunter2" not in text.stdout + report.stdout
+
+
 @pytest.mark.anyio
 async def test_serve_counts_what_tools_list_answers_and_healthz_is_degraded_while_a_source_is_down(
     tmp_path: Path,

@@ -579,7 +579,7 @@ def test_an_absolute_sqlite_ledger_is_kept(root: Path) -> None:
     assert load(root).ledger_url == "sqlite:////var/lib/bastion/ledger.db"
 
 
-@pytest.mark.parametrize("url", ["postgresql://bastion:secret@db/bastion", "sqlite:///", "ledger.db"])
+@pytest.mark.parametrize("url", ["mysql://bastion:secret@db/bastion", "sqlite:///", "ledger.db"])
 def test_an_unsupported_ledger_url_is_an_issue_and_falls_back_to_the_default(root: Path, url: str) -> None:
     path = write(root, "bastion.toml", f'# ledger\n[server]\nledger = "{url}"\n')
     config = load(root)
@@ -587,6 +587,22 @@ def test_an_unsupported_ledger_url_is_an_issue_and_falls_back_to_the_default(roo
     assert line == 3
     assert "secret" not in message
     assert config.ledger_url == f"sqlite:///{root}/state/ledger.db"
+
+
+def test_a_postgresql_ledger_is_kept_as_given_with_its_key_in_the_config_directory(root: Path) -> None:
+    write(root, "bastion.toml", '[server]\nledger = "postgresql://bastion:secret@db:5432/bastion"\n')
+    config = load(root)
+    assert (config.ledger_url, config.ledger_key) == (
+        "postgresql://bastion:secret@db:5432/bastion",
+        root / "state" / "ledger.key",
+    )
+    assert config.ledger_display == "postgresql://bastion:***@db:5432/bastion"
+    assert config.issues == []
+    write(
+        root, "bastion.toml", '[server]\nledger = "postgres://db/bastion"\n[ledger]\nkey_file = "secrets/bastion.key"\n'
+    )
+    config = load(root)
+    assert (config.ledger_display, config.ledger_key) == ("postgres://db/bastion", root / "secrets" / "bastion.key")
 
 
 def test_sqlite_path_reads_relative_and_absolute_urls() -> None:

@@ -48,7 +48,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.errors": set(),
     "bastion.config": {"pydantic"},
     "bastion.policies": {"pydantic"},
-    "bastion.ledger": {"pydantic", "aiosqlite", "anyio"},
+    "bastion.ledger": {"pydantic", "aiosqlite", "anyio", "psycopg", "psycopg_pool"},
     "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic"},
     "bastion.config.tomlpos": set(),
     "bastion.starter": set(),

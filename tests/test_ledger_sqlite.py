@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,10 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from bastion.errors import ConfigError
 from bastion.ledger import OpenLedger, Redactor, key_path_for, open_ledger, sqlite_path
 from bastion.ledger.keys import load_or_create_key
+from bastion.ledger.sqlite import SqliteBackend
 from bastion.ledger.sqlite import tokens as token_table
+from bastion.ledger.sqlite.feed import SqliteFeed
+from bastion.ledger.sqlite.limits import forget_counts
 from bastion.ledger.sqlite.schema import SCHEMA_VERSION, migrate
 from bastion.models import Pin, Principal
 from bastion.policies import canonical_json
@@ -467,6 +471,7 @@ async def test_writes_leave_checkpoints_to_watch(ledger: OpenLedger) -> None:
     """Commits on the loop only append to the WAL; `watch` copies them into the database file (the fsyncs)
     once enough have piled up, on aiosqlite's thread."""
     database = sqlite_path(ledger.url)
+    assert isinstance(ledger.backend, SqliteBackend) and isinstance(ledger.changes, SqliteFeed)
     await ledger.backend.database.checkpoint()
     size_before = database.stat().st_size
     with anyio.fail_after(30):
@@ -533,3 +538,18 @@ async def test_two_processes_writing_at_once_lose_nothing(ledger: OpenLedger) ->
             assert await other.wait() == 0
     assert await ledger.invocations.count("completed") == 2 * writes
     assert len(await ledger.invocations.events("other-0499")) == len(await ledger.invocations.events("inv-0500")) == 4
+
+
+@pytest.mark.anyio
+async def test_rate_counts_of_keys_that_stopped_coming_back_are_forgotten(tmp_path: Path) -> None:
+    """The feed's upkeep deletes counts older than the window (a key admitted once never deletes its own)."""
+    async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
+        assert isinstance(ledger.backend, SqliteBackend)
+        await ledger.limits.admit("gone", per_minute=5, now=T0)
+        await ledger.limits.admit("still-here", per_minute=5, now=T0 + timedelta(seconds=100))
+        await forget_counts(ledger.backend.database, T0 + timedelta(seconds=120))
+        db = sqlite3.connect(sqlite_path(ledger.url))
+        try:
+            assert db.execute("SELECT key FROM rate_counts").fetchall() == [("still-here",)]
+        finally:
+            db.close()

@@ -149,13 +149,13 @@ async def local_approver(ledger: OpenLedger, config: Config, token: str | None) 
         principal = await ledger.tokens.authenticate(secret.strip())
         if principal is None:
             raise Unauthenticated(
-                f"the token given (--token or ${TOKEN_ENV_VAR}) is not an active token of {config.ledger_url}; "
+                f"the token given (--token or ${TOKEN_ENV_VAR}) is not an active token of {config.ledger_display}; "
                 f"check it, or see `bastion tokens list{config_hint(config)}`"
             )
         return principal
     if await ledger.tokens.has_approver_tokens():
         raise Unauthenticated(
-            f"{config.ledger_url} has owner or admin tokens, so deciding from the command line needs one: pass "
+            f"{config.ledger_display} has owner or admin tokens, so deciding from the command line needs one: pass "
             f"--token TOKEN or set ${TOKEN_ENV_VAR} (keep it out of your agents' environment)"
         )
     return local_owner(approver_principal())
@@ -183,7 +183,7 @@ async def open_ledger(config: Config) -> AsyncIterator[OpenLedger]:
     settings = config.settings.ledger
     redactor = Redactor(extra_secret_keys=settings.extra_secret_keys, max_bytes=settings.max_result_bytes)
     use_redactor(redactor)
-    async with await ledger_at(config.ledger_url, redactor=redactor) as ledger:
+    async with await ledger_at(config.ledger_url, redactor=redactor, key_path=config.ledger_key) as ledger:
         yield ledger
 
 
@@ -192,9 +192,9 @@ async def find_invocation(ledger: OpenLedger, config: Config, text: str) -> Invo
     try:
         invocation = await ledger.invocations.get(await resolve_invocation_id(ledger.invocations, text))
     except NotFound as exc:
-        raise NotFound(f"{exc.message} in {config.ledger_url}", invocation_id=text) from exc
+        raise NotFound(f"{exc.message} in {config.ledger_display}", invocation_id=text) from exc
     if invocation is None:
-        raise NotFound(f"no invocation {text!r} in {config.ledger_url}", invocation_id=text)
+        raise NotFound(f"no invocation {text!r} in {config.ledger_display}", invocation_id=text)
     return invocation
 
 

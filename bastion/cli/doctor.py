@@ -3,7 +3,9 @@
 Besides what loading finds (syntax, unknown keys, bad values: `Config.issues`), it checks that each enabled stdio
 connector's `command` can be started: an absolute or relative path must be an executable file, a bare name must
 be found on the PATH the connector will get (its own `env` PATH, else Bastion's); and that each enabled provider's
-credential is bound (a provider without it is `binding_required`). It never calls a provider's API.
+credential is bound (a provider without it is `binding_required`). It never calls a provider's API. It also
+declares the guarantee the configured ledger gives (seed 004's levels: G1 on SQLite, G1 across instances on
+PostgreSQL).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, out
 from bastion.config import Config, ConfigIssue, ConnectorConfig, find_config_dir, load_config
 from bastion.connectors.providers import provider_source
 from bastion.errors import ConfigError
+from bastion.ledger import guarantee_of
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ def examine(config: Config, environ: Mapping[str, str], cwd: Path) -> tuple[list
 @app.command()
 def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Check the configuration, each stdio connector's command and each provider's credential (without calling
-    anything); every problem with file:line, exit 2 if any."""
+    anything), and declare the ledger's guarantee level; every problem with file:line, exit 2 if any."""
     try:
         directory = find_config_dir(config_dir, env=os.environ, cwd=Path.cwd(), home=Path.home())
     except ConfigError as exc:
@@ -106,15 +109,20 @@ def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None
         out.print(f"error: {problem}", markup=False, highlight=False)
     if problems:
         raise Exit(f"error: {len(problems)} problem(s) in {where}", 2, ConfigError.error_class)
+    counts = f"{len(config.connectors)} connector(s), {len(config.providers)} provider(s)"
     out.print(
-        f"ok: {where}: {len(config.connectors)} connector(s), {len(config.providers)} provider(s), "
-        f"{len(config.policy.modes)} org mode(s), {len(config.policy.profiles)} profile(s); ledger {config.ledger_url}",
+        f"ok: {where}: {counts}, {len(config.policy.modes)} org mode(s), {len(config.policy.profiles)} profile(s); "
+        f"ledger {config.ledger_display}",
         markup=False,
         highlight=False,
     )
     for check in checks[1:]:
         line = f"connector {check.subject} runs" if check.check == "command" else f"provider {check.subject}:"
         out.print(f"ok: {line} {check.detail}", markup=False, highlight=False)
+    guarantee = guarantee_of(config.ledger_url)
+    out.print(f"guarantee: {guarantee.level} (wrapper-enforced), {guarantee.scope}", markup=False, highlight=False)
+    out.print(f"  recovery: {guarantee.recovery}", markup=False, highlight=False)
+    out.print(f"  not G2: {guarantee.not_g2}", markup=False, highlight=False)
 
 
 def report_json(config: Config, checks: list[Check], problems: list[ConfigIssue]) -> dict[str, Any]:
@@ -122,7 +130,8 @@ def report_json(config: Config, checks: list[Check], problems: list[ConfigIssue]
     return {
         "ok": not problems,
         "config_dir": str(config.directory) if config.directory else None,
-        "ledger": config.ledger_url,
+        "ledger": config.ledger_display,
+        "guarantee": asdict(guarantee_of(config.ledger_url)),
         "counts": {
             "connectors": len(config.connectors),
             "providers": len(config.providers),

@@ -117,7 +117,7 @@ def pins_accept(
             approver = await local_approver(ledger, config, token)
             if action_id is None and not await ledger.pins.pins(source_id):
                 listing = f"bastion pins list{config_hint(config)}"
-                raise NotFound(f"no pins of source {source_id!r} in {config.ledger_url}; see `{listing}`")
+                raise NotFound(f"no pins of source {source_id!r} in {config.ledger_display}; see `{listing}`")
             accepted = await accept_pins(ledger, principal=approver, source_id=source_id, action_id=action_id)
             if key is not None and not accepted:
                 raise Conflict(f"pin {key} is not drifted; there is nothing to accept")

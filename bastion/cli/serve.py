@@ -215,7 +215,7 @@ def _print_connect_help(
     err.print(
         f"  MCP (streamable HTTP): {url}   legacy SSE: {base_url}/sse   health: {base_url}/healthz", highlight=False
     )
-    err.print(f"  ledger: {config.ledger_url}", markup=False, highlight=False)
+    err.print(f"  ledger: {config.ledger_display}", markup=False, highlight=False)
     header = ' --header "Authorization: Bearer $BASTION_AGENT_TOKEN"' if tokens else ""
     if tokens:
         err.print(

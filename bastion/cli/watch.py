@@ -465,7 +465,7 @@ def approvals_watch(config_dir: ConfigOption = None, url: UrlOption = None, toke
         async def locally() -> None:
             async with open_ledger(config) as ledger:
                 principal = await local_approver(ledger, config, token)  # refused before the screen is taken
-                feed = LedgerFeed(ledger, principal, config.ledger_url, config_hint(config))
+                feed = LedgerFeed(ledger, principal, config.ledger_display, config_hint(config))
                 await watch_approvals(feed, fd, Console())
 
         run = locally

@@ -6,6 +6,7 @@ from bastion.config.loader import (
     CONFIG_ENV_VAR,
     CONFIG_FILE,
     PYTHON_COMMAND,
+    POSTGRES_PREFIXES,
     SQLITE_PREFIX,
     STARTER_FILES,
     config_hint,
@@ -15,6 +16,7 @@ from bastion.config.loader import (
     find_config_dir,
     init_config_dir,
     load_config,
+    is_postgres_url,
     sqlite_path,
     validate_profile,
 )
@@ -45,6 +47,7 @@ __all__ = [
     "CONFIG_FILE",
     "PROVIDER_KINDS",
     "PYTHON_COMMAND",
+    "POSTGRES_PREFIXES",
     "SQLITE_PREFIX",
     "STARTER_FILES",
     "ApprovalSettings",
@@ -72,6 +75,7 @@ __all__ = [
     "host_name",
     "init_config_dir",
     "load_config",
+    "is_postgres_url",
     "sqlite_path",
     "validate_profile",
 ]

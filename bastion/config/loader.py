@@ -56,6 +56,9 @@ PYTHON_COMMAND: Final = "python"
 STARTER_FILES: Final = ("bastion.toml", "connectors/notes.toml", "policies/default.toml")
 
 SQLITE_PREFIX: Final = "sqlite:///"
+POSTGRES_PREFIXES: Final = ("postgresql://", "postgres://")
+DEFAULT_POSTGRES_KEY: Final = "state/ledger.key"
+"""Where a PostgreSQL ledger's key of argument hashes is kept, relative to the config directory, by default."""
 _ENV_REFERENCE: Final = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_START: Final = "${env:"
 _SOURCE_ID: Final = re.compile(r"^[a-z0-9_-]+$")
@@ -136,10 +139,15 @@ def sqlite_path(ledger_url: str) -> Path:
     if path == ledger_url or not path:
         scheme = ledger_url.split(":", 1)[0] if ":" in ledger_url else ledger_url
         raise ConfigError(
-            f'ledger URL scheme "{scheme}" is not supported: only SQLite ledgers work in this version; '
-            'use "sqlite:///state/ledger.db" (relative to the config directory) or "sqlite:////absolute/path.db"'
+            f'ledger URL scheme "{scheme}" is not supported; use "sqlite:///state/ledger.db" (relative to the '
+            'config directory), "sqlite:////absolute/path.db" or "postgresql://user:password@host:5432/database"'
         )
     return Path(path)
+
+
+def is_postgres_url(url: str) -> bool:
+    """Whether `url` names a PostgreSQL ledger (`postgresql://...` or `postgres://...`)."""
+    return url.startswith(POSTGRES_PREFIXES)
 
 
 def validate_profile(config: Config, name: str) -> None:
@@ -185,7 +193,17 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
         providers=providers,
         unbound={pid: issue for pid, issue in loader.unbound.items() if pid in providers},
         ledger_url=ledger_url,
+        ledger_key=ledger_key(directory, settings, ledger_url),
     )
+
+
+def ledger_key(directory: Path, settings: Settings, ledger_url: str) -> Path | None:
+    """The file of the key of argument hashes: `[ledger] key_file`, else `state/ledger.key` for PostgreSQL; None
+    lets a SQLite ledger keep it beside its file."""
+    key_file = settings.ledger.key_file
+    if key_file is None and is_postgres_url(ledger_url):
+        key_file = DEFAULT_POSTGRES_KEY
+    return None if key_file is None else directory / key_file
 
 
 def embedded_default(*, env: Mapping[str, str], home: Path) -> Config:
@@ -348,6 +366,8 @@ class _Loader:
         return providers
 
     def ledger_url(self, settings: Settings, file: _TomlFile | None) -> str:
+        if is_postgres_url(settings.server.ledger):
+            return settings.server.ledger
         try:
             path = sqlite_path(settings.server.ledger)
         except ConfigError as exc:

@@ -10,6 +10,7 @@ import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, get_args
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 
@@ -101,6 +102,9 @@ class LimitSettings(_Strict):
 class LedgerSettings(_Strict):
     max_result_bytes: int = Field(default=16384, ge=256)
     extra_secret_keys: list[str] = Field(default_factory=list)
+    key_file: str | None = None
+    """The file of the key of argument hashes, relative to the config directory. Default: beside a SQLite ledger;
+    `state/ledger.key` for PostgreSQL, where every instance on one database needs the same key."""
 
 
 class Settings(_Strict):
@@ -231,6 +235,13 @@ class Config(BaseModel):
     loaded, listed as `unavailable` and refuse their calls; `bastion doctor` reports them as problems."""
     ledger_url: str
     """The ledger URL with relative SQLite paths resolved against the config directory."""
+    ledger_key: Path | None = None
+    """The file of the ledger's key of argument hashes; None: beside the SQLite file."""
+
+    @property
+    def ledger_display(self) -> str:
+        """The ledger URL as messages show it: without a password."""
+        return display_url(self.ledger_url)
 
     @property
     def has_errors(self) -> bool:
@@ -243,3 +254,12 @@ class Config(BaseModel):
         for issue in self.issues:
             grouped.setdefault(issue.file, []).append(issue)
         return grouped
+
+
+def display_url(url: str) -> str:
+    """`url` without its password (a PostgreSQL ledger URL may carry one), for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -12,7 +12,7 @@ import builtins
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status
 
@@ -29,6 +29,10 @@ class Scrubbed:
 
 
 EMPTY_DETAIL = Scrubbed("{}")
+
+LAST_CODE_POINT: Final = chr(0x10FFFF)
+FIRST_SURROGATE: Final = 0xD800
+AFTER_SURROGATES: Final = 0xE000
 
 
 def stored_json(value: object) -> str | None:
@@ -120,3 +124,16 @@ class InvocationBackend(Protocol):
     async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]: ...
 
     async def count(self, status: Status | None = None, *, session_id: str | None = None) -> int: ...
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The least text after every text that starts with `prefix`, in code point order (SQLite compares UTF-8 bytes,
+    and so does PostgreSQL's "C" collation: both sort the same); None when there is none (the prefix is empty or
+    all U+10FFFF). Finding ids by prefix is then a range on the primary key."""
+    stem = prefix.rstrip(LAST_CODE_POINT)
+    if not stem:
+        return None
+    following = ord(stem[-1]) + 1
+    if following == FIRST_SURROGATE:
+        following = AFTER_SURROGATES  # surrogates are no text: the next character is U+E000
+    return stem[:-1] + chr(following)

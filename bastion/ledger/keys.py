@@ -26,10 +26,16 @@ _KEY_BYTES: Final = 32
 
 def load_or_create_key(path: Path) -> bytes:
     """The key in `path`, created (mode 0600, atomically, so two processes agree on one) if it is missing."""
+    key = load_key(path)
+    return _create(path) if key is None else key
+
+
+def load_key(path: Path) -> bytes | None:
+    """The key in `path`; None when there is no such file. ConfigError when it cannot be read or is malformed."""
     try:
         text = path.read_text(encoding="ascii").strip()
     except FileNotFoundError:
-        return _create(path)
+        return None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: the ledger's key cannot be read ({exc}); check its permissions") from exc
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -45,7 +46,7 @@ from bastion.pipeline.observer import Observers
 from bastion.pipeline.outcomes import Outcomes
 from bastion.pipeline.pinning import PinBook
 from bastion.pipeline.seams import ActionSource, Ledger, ProgressFn, Relay
-from bastion.policies import RateLimiter, guard_drift, resolve_mode
+from bastion.policies import guard_drift, resolve_mode
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,6 @@ class Gateway:
             wait_without_progress_seconds=config.settings.approvals.wait_without_progress_seconds,
             config_option=config_hint(config),
         )
-        self._rate = RateLimiter(config.settings.limits.invocations_per_minute)
         self._relays: dict[str, Relay] = {}
         """Invocation id -> the host request its downstream messages go to, while its call() runs."""
         self._draining = False
@@ -220,13 +220,14 @@ class Gateway:
         decision = self.mode_of(entry, context, drifted=drift is not None)
         invocation = self._new_invocation(entry, arguments, hashed, decision, context, drift)
         with self._relaying(invocation.id, relay):
-            if not self._rate.admit(context.session_id, time.monotonic()):
-                wait = self._rate.retry_after(context.session_id, time.monotonic())
-                limit = self.config.settings.limits.invocations_per_minute
+            limit = self.config.settings.limits.invocations_per_minute
+            # Counted in the ledger: every instance sharing it counts against the session's one budget.
+            wait = await self.ledger.limits.admit(context.session_id, per_minute=limit, now=invocation.created_at)
+            if wait is not None:
                 await self._refuse(
                     invocation,
                     RateLimited,
-                    f"session over its limit of {limit} invocations per minute; retry in {wait:.0f} s",
+                    f"session over its limit of {limit} invocations per minute; retry in {math.ceil(wait)} s",
                 )
             if decision.mode == "deny":
                 reason = f"policy ({decision.source}) denies {entry.key}"

@@ -3,7 +3,7 @@
 They are `typing.Protocol`s owned by the pipeline; connectors/ and ledger/ satisfy them structurally
 without importing this module. The ledger is split by what each consumer needs: invocations (the call
 pipeline and the approval desk), pins (the pin book), tokens (authentication), the change feed (whoever
-waits for a decision) and instance leases (recovery).
+waits for a decision), instance leases (recovery) and rate limits (the call pipeline).
 """
 
 from __future__ import annotations
@@ -343,6 +343,16 @@ class InstanceRegistry(Protocol):
         ...
 
 
+class RateLimits(Protocol):
+    """The rate limit (DESIGN.md §6) counted in the ledger, so every instance sharing it counts against one budget
+    per key (a session)."""
+
+    async def admit(self, key: str, *, per_minute: int, now: datetime) -> float | None:
+        """Count one admission of `key` at `now`, unless it had `per_minute` in the last minute, atomically across
+        instances. None when admitted; else the seconds until one more fits (nothing was counted)."""
+        ...
+
+
 class Ledger(Protocol):
     """The durable store (DESIGN.md §6), as the stores each consumer takes what it needs from."""
 
@@ -360,3 +370,6 @@ class Ledger(Protocol):
 
     @property
     def instances(self) -> InstanceRegistry: ...
+
+    @property
+    def limits(self) -> RateLimits: ...

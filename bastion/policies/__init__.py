@@ -13,7 +13,6 @@ from bastion.policies.drift import (
     is_drifted,
     structural_fingerprint,
 )
-from bastion.policies.limits import RateLimiter
 from bastion.policies.modes import MODE_STRICTNESS, is_mode, resolve_mode, stricter, strictness
 from bastion.policies.naming import (
     MAX_TOOL_NAME,
@@ -33,7 +32,6 @@ __all__ = [
     "NameAssignment",
     "NameRequest",
     "NestingTooDeep",
-    "RateLimiter",
     "assign_tool_names",
     "canonical_json",
     "derive_risk",

@@ -13,6 +13,7 @@ import logging
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import asdict
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -32,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from bastion import __version__
 from bastion.config import host_name
 from bastion.errors import BastionError, ConfigError, HostNotAllowed, OriginNotAllowed
+from bastion.ledger import guarantee_of
 from bastion.models import SourceStatus
 from bastion.server.api import build_api, routing_error
 from bastion.server.auth import BearerAuth
@@ -190,8 +192,15 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
         gateway = front.gateway
         statuses = gateway.statuses()
         sources: list[dict[str, Any]] = [{"id": s.source_id, "state": s.state, "tools": s.tools} for s in statuses]
+        guarantee = asdict(guarantee_of(gateway.config.ledger_url))
         return JSONResponse(
-            {"status": health(statuses), "version": __version__, "tools": len(gateway.tools), "sources": sources}
+            {
+                "status": health(statuses),
+                "version": __version__,
+                "tools": len(gateway.tools),
+                "sources": sources,
+                "guarantee": guarantee,
+            }
         )
 
     @asynccontextmanager

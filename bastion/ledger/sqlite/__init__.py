@@ -1,5 +1,5 @@
 """The SQLite backend of the ledger: one file (`database`), its tables and migrations (`schema`), and a store per
-table (`invocations`, `pins`, `tokens`, `instances`) plus the change feed (`feed`)."""
+table (`invocations`, `pins`, `tokens`, `instances`, `limits`) plus the change feed (`feed`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.feed import SqliteFeed
 from bastion.ledger.sqlite.instances import SqliteInstances
 from bastion.ledger.sqlite.invocations import SqliteInvocations
+from bastion.ledger.sqlite.limits import SqliteLimits
 from bastion.ledger.sqlite.pins import SqlitePins
 from bastion.ledger.sqlite.tokens import SqliteTokens
 
@@ -26,6 +27,7 @@ class SqliteBackend:
     tokens: SqliteTokens
     changes: SqliteFeed
     instances: SqliteInstances
+    limits: SqliteLimits
 
     @classmethod
     async def open(cls, path: Path) -> SqliteBackend:
@@ -43,6 +45,7 @@ class SqliteBackend:
             tokens=SqliteTokens(database),
             changes=feed,
             instances=SqliteInstances(database),
+            limits=SqliteLimits(database),
         )
 
     async def close(self) -> None:

@@ -149,7 +149,7 @@ class SqliteDatabase:
 
     # -- writes --------------------------------------------------------------------------------------------
 
-    async def write(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+    async def write(self, work: Callable[[sqlite3.Connection], _T], *, events: bool = True) -> _T:
         """Run `work` in one `BEGIN IMMEDIATE` transaction on the writer; if it changed anything, tell the
         commit listeners (the change feed).
 
@@ -161,7 +161,7 @@ class SqliteDatabase:
         the worker's run is shielded, and the caller is cancelled at its next checkpoint.
 
         A BastionError raised by `work` (a conflict, say) passes through after the rollback; any other SQLite
-        failure is `LedgerUnavailable`.
+        failure is `LedgerUnavailable`. `events=False` says `work` appends no event: the listeners are not told.
         """
         try:
             if not self._writer_busy.locked():
@@ -172,27 +172,28 @@ class SqliteDatabase:
                     if not _is_busy(exc):
                         raise
                 else:
-                    self._committed(changes)
+                    self._committed(changes, events)
                     return result
             async with self._writer_busy:
                 changes = self._writer.total_changes
                 with anyio.CancelScope(shield=True):
                     result = await anyio.to_thread.run_sync(_wait_and_write, self._writer, work)
-                self._committed(changes)  # still holding the writer: listeners read on it
+                self._committed(changes, events)  # still holding the writer: listeners read on it
             return result
         except (sqlite3.IntegrityError, BastionError):
             raise
         except sqlite3.Error as exc:
             raise _unavailable(self.path, exc) from exc
 
-    def _committed(self, changes_before: int) -> None:
+    def _committed(self, changes_before: int, events: bool) -> None:
         if self._writer.total_changes == changes_before:
             return  # nothing written (an expiry sweep that found nothing): no news, no WAL pages
         self.uncheckpointed += 1
         if self.uncheckpointed >= CHECKPOINT_AFTER:
             self.checkpoint_due.set()
-        for listener in self._commit_listeners:
-            listener(self._writer)
+        if events:
+            for listener in self._commit_listeners:
+                listener(self._writer)
 
 
 def _unavailable(path: Path, exc: sqlite3.Error) -> LedgerUnavailable:

@@ -5,12 +5,13 @@ events are always a prefix of the ids: reading `WHERE id > last` after a commit 
 This process's own commits are read right after they commit (one indexed read on the writer, on the loop);
 other processes' commits are noticed by `run`, which polls `PRAGMA data_version` every `interval` seconds.
 
-`run` also checkpoints the WAL off the event loop once enough transactions accumulated: it is the ledger's
-one background task.
+`run` also checkpoints the WAL off the event loop once enough transactions accumulated, and forgets rate counts
+older than the limit's window once a minute: it is the ledger's one background task.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections import deque
 from collections.abc import Sequence
@@ -19,9 +20,13 @@ from typing import Final
 import anyio
 from anyio.abc import TaskStatus
 
-from bastion.errors import ChangesLost
+from bastion.errors import ChangesLost, LedgerUnavailable
+from bastion.ledger.limits import WINDOW_SECONDS
 from bastion.ledger.sqlite.database import SqliteDatabase
-from bastion.models import Change
+from bastion.ledger.sqlite.limits import forget_counts
+from bastion.models import Change, utcnow
+
+logger = logging.getLogger(__name__)
 
 KEPT: Final = 4096
 """How many recent changes are kept for waiters that fall behind; one further behind gets `ChangesLost`."""
@@ -86,11 +91,18 @@ class SqliteFeed:
         seen = await self._db.data_version()
         await self._db.read_on_writer(self._read_new)
         task_status.started()
+        forget_at = anyio.current_time()
         while True:
             with anyio.move_on_after(interval):
                 await self._db.checkpoint_due.wait()
             if self._db.checkpoint_due.is_set():
                 await self._db.checkpoint()
+            if anyio.current_time() >= forget_at:
+                forget_at = anyio.current_time() + WINDOW_SECONDS
+                try:
+                    await forget_counts(self._db, utcnow())
+                except LedgerUnavailable as exc:  # upkeep only: announcing changes matters more
+                    logger.warning("old rate counts could not be forgotten: %s", exc.message)
             version = await self._db.data_version()
             if version != seen:
                 seen = version

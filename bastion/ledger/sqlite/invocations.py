@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from bastion.errors import ApprovalExpired, Conflict, NotFound
-from bastion.ledger.backend import GoneFn, Scrubbed, stored_json
+from bastion.ledger.backend import GoneFn, Scrubbed, prefix_end, stored_json
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.schema import dumps, optional_timestamp, timestamp
 from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
@@ -128,10 +128,6 @@ NEVER_STARTED: Final = f"""
     SELECT id FROM invocations WHERE status = 'approved' AND {_ORPHANED} ORDER BY created_at, rowid
 """
 PROCESS_STOPPED: Final = "the Bastion process running it stopped"
-
-_LAST_CODE_POINT: Final = chr(0x10FFFF)
-_FIRST_SURROGATE: Final = 0xD800
-_AFTER_SURROGATES: Final = 0xE000
 
 
 def event_params(invocation_id: str, kind: EventKind, at: str, detail: str = "{}") -> dict[str, str]:
@@ -391,7 +387,7 @@ class SqliteInvocations:
         in order. The prefix is taken literally."""
         if limit < 0:
             raise ValueError(f"limit must not be negative, got {limit}")
-        end = _prefix_end(prefix)
+        end = prefix_end(prefix)
         sql = (
             FIND
             + (FIND_BEFORE if end is not None else "")
@@ -437,18 +433,6 @@ class SqliteInvocations:
         """The earliest expires_at among pending invocations (None when none of them expires)."""
         row = await self._db.fetchone(NEXT_EXPIRY)
         return None if row[0] is None else datetime.fromisoformat(row[0])
-
-
-def _prefix_end(prefix: str) -> str | None:
-    """The least text after every text that starts with `prefix`, in code point order (SQLite compares UTF-8
-    bytes, which sorts the same); None when there is none (the prefix is empty or all U+10FFFF)."""
-    stem = prefix.rstrip(_LAST_CODE_POINT)
-    if not stem:
-        return None
-    following = ord(stem[-1]) + 1
-    if following == _FIRST_SURROGATE:
-        following = _AFTER_SURROGATES  # surrogates are no text: the next character is U+E000
-    return stem[:-1] + chr(following)
 
 
 def _invocation_row(invocation: Invocation) -> tuple[Any, ...]:

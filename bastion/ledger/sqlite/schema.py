@@ -189,12 +189,27 @@ _MIGRATION_5: Final = (
     "CREATE INDEX invocations_pending_session ON invocations (session_id) WHERE status = 'pending'",
 )
 
+_MIGRATION_6: Final = (
+    # The rate limit (DESIGN.md §6), counted in the file so every process sharing it counts together: admissions
+    # per key (a session) and second since the epoch (see bastion.ledger.limits). Rows older than the window are
+    # deleted as the key is admitted again, and by the change feed's upkeep.
+    """
+    CREATE TABLE rate_counts (
+        key    TEXT NOT NULL,
+        second INTEGER NOT NULL,
+        count  INTEGER NOT NULL,
+        PRIMARY KEY (key, second)
+    ) WITHOUT ROWID
+    """,
+)
+
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_1,
     _MIGRATION_2,
     _MIGRATION_3,
     _MIGRATION_4,
     _MIGRATION_5,
+    _MIGRATION_6,
 )
 """Migration N (1-based) brings a ledger from user_version N-1 to N."""
 

@@ -1,0 +1,77 @@
+"""The PostgreSQL backend of the ledger, for several Bastion instances on one database: its connections and
+writes (`database`), versioned migrations (`schema`), a store per table (`invocations`, `pins`, `tokens`,
+`instances`, `limits`) and the change feed over LISTEN/NOTIFY (`feed`)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Final
+
+from bastion.ledger.postgres.database import PostgresDatabase
+from bastion.ledger.postgres.feed import PostgresFeed
+from bastion.ledger.postgres.instances import PostgresInstances
+from bastion.ledger.postgres.invocations import PostgresInvocations
+from bastion.ledger.postgres.limits import PostgresLimits
+from bastion.ledger.postgres.pins import PostgresPins
+from bastion.ledger.postgres.tokens import PostgresTokens
+
+__all__ = ["PostgresBackend", "key_check"]
+
+_KEY_CHECK: Final = "key_check"
+_READ_META: Final = "SELECT value FROM ledger_meta WHERE name = %s"
+_WRITE_META: Final = "INSERT INTO ledger_meta (name, value) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING"
+
+
+def key_check(key: bytes) -> str:
+    """What the database keeps to recognise the key of its argument hashes: a MAC of a constant, which says
+    nothing about the key."""
+    return hmac.new(key, b"bastion ledger key check", hashlib.sha256).hexdigest()
+
+
+@dataclass(eq=False)
+class PostgresBackend:
+    """The stores of one PostgreSQL ledger, as `bastion.ledger.open_ledger` composes them."""
+
+    database: PostgresDatabase
+    invocations: PostgresInvocations
+    pins: PostgresPins
+    tokens: PostgresTokens
+    changes: PostgresFeed
+    instances: PostgresInstances
+    limits: PostgresLimits
+
+    @classmethod
+    async def open(cls, url: str) -> PostgresBackend:
+        """Connect to and migrate the database at `url`. Raises ConfigError when it cannot be used."""
+        database = await PostgresDatabase.open(url)
+        try:
+            feed = await PostgresFeed.open(database)
+        except BaseException:
+            await database.close()
+            raise
+        return cls(
+            database=database,
+            invocations=PostgresInvocations(database),
+            pins=PostgresPins(database),
+            tokens=PostgresTokens(database),
+            changes=feed,
+            instances=PostgresInstances(database),
+            limits=PostgresLimits(database),
+        )
+
+    async def recorded_key_check(self) -> str | None:
+        """The check of the key this ledger's argument hashes are made with; None before any instance used it."""
+        row = await self.database.fetchone(_READ_META, (_KEY_CHECK,))
+        return None if row is None else str(row[0])
+
+    async def record_key_check(self, check: str) -> str:
+        """Record `check` unless one is recorded already (another instance was first); the one recorded."""
+        await self.database.write(_WRITE_META, (_KEY_CHECK, check))
+        recorded = await self.recorded_key_check()
+        assert recorded is not None
+        return recorded
+
+    async def close(self) -> None:
+        await self.database.close()

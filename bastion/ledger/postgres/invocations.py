@@ -1,0 +1,471 @@
+"""The `invocations` and `events` tables on PostgreSQL: the invocation store (`PostgresInvocations`).
+
+A write that changes an invocation appends its event in the same statement: a data-modifying CTE updates (or
+inserts) the row, bumping its `last_seq`, and inserts the event numbered from the row it updated, so the number
+is right even when the update waited for another transaction's lock. Event ids come from the events' identity
+sequence only after the invocation row was written, which the change feed relies on (bastion.ledger.postgres.
+feed). What it stores arrives scrubbed from the `Recorder`: it redacts nothing itself.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final, Literal
+
+import psycopg
+
+from bastion.errors import ApprovalExpired, Conflict, NotFound
+from bastion.ledger.backend import GoneFn, Scrubbed, prefix_end, stored_json
+from bastion.ledger.postgres.database import NOTIFY, Connection, PostgresDatabase, changes_of
+from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
+
+COLUMNS: Final = (
+    "id",
+    "status",
+    "policy_key",
+    "tool",
+    "source_id",
+    "action_id",
+    "risk",
+    "mode",
+    "mode_source",
+    "fingerprint",
+    "session_id",
+    "profile",
+    "principal",
+    "args",
+    "args_hash",
+    "result",
+    "error_class",
+    "error_message",
+    "owner",
+    "drift",
+    "created_at",
+    "updated_at",
+    "expires_at",
+)
+_COLUMN_LIST: Final = ", ".join(COLUMNS)
+_UPDATED_COLUMNS: Final = ", ".join(f"updated.{name}" for name in COLUMNS)
+_APPENDED: Final = "appended.id, appended.invocation_id, appended.kind"
+"""The event columns a write returns after the invocation's: what the change feed announces."""
+
+SELECT: Final = f"SELECT {_COLUMN_LIST} FROM invocations"
+SELECT_ONE: Final = f"{SELECT} WHERE id = %s"
+NEWEST_FIRST: Final = " ORDER BY created_at DESC, position DESC LIMIT %s"
+LIST_FILTERS: Final = ("status = %s", "source_id = %s", "session_id = %s", "principal = %s")
+COUNT: Final = "SELECT COUNT(*) FROM invocations"
+COUNT_FILTERS: Final = ("status = %s", "session_id = %s")
+COUNT_PENDING: Final = f"{COUNT} WHERE status = 'pending'"
+SELECT_EVENTS: Final = (
+    "SELECT id, invocation_id, seq, kind, at, detail FROM events WHERE invocation_id = %s ORDER BY seq"
+)
+NEXT_EXPIRY: Final = "SELECT MIN(expires_at) FROM invocations WHERE status = 'pending'"
+
+# A new invocation and its first events (one timestamp; the detail on the last), in one statement.
+RECORD: Final = f"""
+    WITH inserted AS (
+        INSERT INTO invocations ({_COLUMN_LIST}, last_seq)
+        VALUES ({", ".join(f"%({name})s" for name in COLUMNS)}, cardinality(%(kinds)s::text[]))
+        RETURNING id, last_seq
+    ), appended AS (
+        INSERT INTO events (invocation_id, seq, kind, at, detail)
+        SELECT inserted.id, event.seq, event.kind, %(at)s,
+               CASE WHEN event.seq = inserted.last_seq THEN %(detail)s ELSE '{{}}' END
+        FROM inserted CROSS JOIN unnest(%(kinds)s::text[]) WITH ORDINALITY AS event (kind, seq)
+        ORDER BY event.seq
+        RETURNING id, invocation_id, kind
+    )
+    SELECT {_APPENDED}, {NOTIFY} FROM appended
+"""
+# The pending limit: counted after taking the session's lock, so two instances cannot both take the last slot.
+LOCK_SESSION: Final = "SELECT pg_advisory_xact_lock(hashtextextended('bastion pending ' || %s, 0))"
+COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_id = %s AND status = 'pending'"
+
+
+def _changing(update: str) -> str:
+    """`update` (an UPDATE of invocations ... RETURNING {columns}, last_seq, named `updated`) with its event
+    appended, returning each updated invocation with its event's id, invocation and kind."""
+    return f"""
+        WITH updated AS ({update}), appended AS (
+            INSERT INTO events (invocation_id, seq, kind, at, detail)
+            SELECT updated.id, updated.last_seq, %(event)s, %(now)s, %(detail)s FROM updated
+            RETURNING id, invocation_id, kind
+        )
+        SELECT {_UPDATED_COLUMNS}, {_APPENDED}, {NOTIFY}
+        FROM updated JOIN appended ON appended.invocation_id = updated.id
+    """
+
+
+TRANSITION_FIELDS: Final = ("result", "error_class", "error_message", "owner", "expires_at")
+"""The columns `transition` may set besides status and updated_at."""
+
+# `%(set_<field>)s` says whether the field is being set: one statement serves every transition.
+TRANSITION: Final = _changing(
+    f"""
+    UPDATE invocations SET
+        status = %(to)s,
+        updated_at = %(now)s,
+        {", ".join(f"{name} = CASE WHEN %(set_{name})s THEN %({name})s ELSE {name} END" for name in TRANSITION_FIELDS)},
+        last_seq = last_seq + 1
+    WHERE id = %(id)s AND status = ANY(%(from_statuses)s)
+    RETURNING {_COLUMN_LIST}, last_seq
+    """
+)
+FINISH: Final = _changing(
+    f"""
+    UPDATE invocations SET
+        status = %(to)s, updated_at = %(now)s, result = %(result)s, error_class = %(error_class)s,
+        error_message = %(error_message)s, last_seq = last_seq + 1
+    WHERE id = %(id)s AND status = 'executing'
+    RETURNING {_COLUMN_LIST}, last_seq
+    """
+)
+SELECT_FOR_DECISION: Final = "SELECT status, expires_at FROM invocations WHERE id = %s FOR UPDATE"
+DECIDE: Final = _changing(
+    f"""
+    UPDATE invocations SET
+        status = %(to)s,
+        updated_at = %(now)s,
+        error_class = CASE WHEN %(approve)s THEN error_class ELSE 'approval_denied' END,
+        error_message = CASE WHEN %(approve)s THEN error_message ELSE %(error_message)s END,
+        last_seq = last_seq + 1
+    WHERE id = %(id)s AND status = 'pending'
+    RETURNING {_COLUMN_LIST}, last_seq
+    """
+)
+_EXPIRE: Final = """
+    UPDATE invocations SET
+        status = 'expired',
+        updated_at = %(now)s,
+        error_class = 'approval_expired',
+        error_message = 'no decision before '
+            || to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+        last_seq = last_seq + 1
+    WHERE status = 'pending' AND expires_at <= %(now)s {also}
+    RETURNING {columns}, last_seq
+"""
+EXPIRE_DUE: Final = _changing(_EXPIRE.format(also="", columns=_COLUMN_LIST))
+EXPIRE_ONE: Final = _changing(_EXPIRE.format(also="AND id = %(id)s", columns=_COLUMN_LIST))
+
+# Recovery after a restart: `%(gone)s` is the list of owners that are no longer running.
+OWNERS: Final = "SELECT DISTINCT owner FROM invocations WHERE status IN ('executing', 'approved') AND owner IS NOT NULL"
+_ORPHANED: Final = "(owner IS NULL OR owner = ANY(%(gone)s))"
+MARK_UNKNOWN: Final = _changing(
+    f"""
+    UPDATE invocations SET
+        status = 'unknown',
+        updated_at = %(now)s,
+        error_class = 'unknown_outcome',
+        error_message = %(reason)s,
+        last_seq = last_seq + 1
+    WHERE status = 'executing' AND {_ORPHANED}
+    RETURNING {_COLUMN_LIST}, last_seq
+    """
+)
+NEVER_STARTED: Final = (
+    f"SELECT id FROM invocations WHERE status = 'approved' AND {_ORPHANED} ORDER BY created_at, position"
+)
+PROCESS_STOPPED: Final = "the Bastion process running it stopped"
+
+_INVOCATION_WIDTH: Final = len(COLUMNS)
+
+
+def invocation_from_row(row: Sequence[Any]) -> Invocation:
+    data = dict(zip(COLUMNS, row[:_INVOCATION_WIDTH], strict=True))
+    for name in ("args", "result", "drift"):
+        if data[name] is not None:
+            data[name] = json.loads(data[name])
+    return Invocation.model_validate(data)
+
+
+def _event_rows(rows: Sequence[Sequence[Any]]) -> builtins.list[Sequence[Any]]:
+    """The `(event id, invocation id, kind)` part of rows returned by a `_changing` statement."""
+    return [row[_INVOCATION_WIDTH : _INVOCATION_WIDTH + 3] for row in rows]
+
+
+class PostgresInvocations:
+    """Invocations and their events in one PostgreSQL database; satisfies `bastion.ledger.backend.InvocationBackend`."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    # -- writes ----------------------------------------------------------------------------------------
+
+    async def insert(self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed) -> None:
+        """Insert a new invocation and its first events (seq 1..n, one timestamp) in one statement. `detail` goes
+        on the last event. Raises Conflict if an invocation with this id already exists."""
+        try:
+            rows = await self._db.write(RECORD, _record_params(invocation, events, detail))
+        except psycopg.errors.UniqueViolation as exc:
+            raise Conflict(f"invocation {invocation.id} is already recorded", invocation_id=invocation.id) from exc
+        await self._db.committed(changes_of(rows))
+
+    async def insert_pending(
+        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, limit: int
+    ) -> int | None:
+        """Insert it only if its session has fewer than `limit` pending invocations, counted under the session's
+        advisory lock in the same transaction (so two instances cannot both take the last slot). None when
+        inserted; else how many were pending."""
+        params = _record_params(invocation, events, detail)
+
+        async def work(conn: Connection) -> tuple[int | None, builtins.list[Any]]:
+            await conn.execute(LOCK_SESSION, (invocation.session_id,))
+            counted = await (await conn.execute(COUNT_SESSION_PENDING, (invocation.session_id,))).fetchone()
+            pending = int(counted[0]) if counted is not None else 0
+            if pending >= limit:
+                return pending, []
+            return None, await (await conn.execute(RECORD, params)).fetchall()
+
+        try:
+            refused, rows = await self._db.transaction(work)
+        except psycopg.errors.UniqueViolation as exc:
+            raise Conflict(f"invocation {invocation.id} is already recorded", invocation_id=invocation.id) from exc
+        await self._db.committed(changes_of(rows))
+        return refused
+
+    async def transition(
+        self,
+        invocation_id: str,
+        *,
+        from_statuses: Collection[Status],
+        to: Status,
+        event: EventKind,
+        detail: Scrubbed,
+        fields: Mapping[str, Any],
+    ) -> Invocation | None:
+        """Move an invocation to `to` if its status is one of `from_statuses`, set `fields` and append the
+        event, in one statement. Returns the updated invocation, or None when the condition did not hold or the
+        id is unknown. Raises ValueError for a field outside `TRANSITION_FIELDS`."""
+        unknown = set(fields) - set(TRANSITION_FIELDS)
+        if unknown:
+            raise ValueError(f"transition cannot set {sorted(unknown)}; allowed: {', '.join(TRANSITION_FIELDS)}")
+        params: dict[str, Any] = {
+            "id": invocation_id,
+            "to": to,
+            "now": utcnow(),
+            "from_statuses": builtins.list(from_statuses),
+            "event": event,
+            "detail": detail.json,
+        }
+        for name in TRANSITION_FIELDS:
+            params[f"set_{name}"] = name in fields
+            params[name] = _field_value(name, fields[name]) if name in fields else None
+        rows = await self._db.write(TRANSITION, params)
+        await self._db.committed(changes_of(_event_rows(rows)))
+        return invocation_from_row(rows[0]) if rows else None
+
+    async def finish(
+        self,
+        invocation_id: str,
+        to: Status,
+        *,
+        result: Scrubbed | None,
+        error_class: str | None,
+        error_message: str | None,
+    ) -> bool:
+        """Record the outcome of a call that ran: executing -> `to`, with its result and error, and the event, in
+        one statement. False when it was no longer executing (recovery marked it unknown meanwhile)."""
+        params = {
+            "id": invocation_id,
+            "to": to,
+            "now": utcnow(),
+            "result": stored_json(result),
+            "error_class": error_class,
+            "error_message": _text(error_message),
+            "event": to,
+            "detail": "{}",
+        }
+        rows = await self._db.write(FINISH, params)
+        await self._db.committed(changes_of(_event_rows(rows)))
+        return bool(rows)
+
+    async def decide(
+        self, invocation_id: str, *, approve: bool, detail: Scrubbed, error_message: str | None, now: datetime
+    ) -> Invocation:
+        """An approver's decision on a pending invocation, in one transaction holding its row: `approved` or
+        `denied` (error class `approval_denied`, `error_message`). `now` stamps it.
+
+        Raises NotFound for an unknown id; ApprovalExpired when it is pending but past its expires_at, after
+        marking it `expired` in the same transaction; Conflict when it is no longer pending (whoever decided
+        first won), naming its status.
+        """
+        to: Literal["approved", "denied"] = "approved" if approve else "denied"
+        params = {
+            "id": invocation_id,
+            "to": to,
+            "now": now,
+            "approve": approve,
+            "error_message": _text(error_message),
+            "event": to,
+            "detail": detail.json,
+        }
+
+        async def work(conn: Connection) -> tuple[builtins.list[Any], bool]:
+            """The updated rows, and whether it expired instead of being decided."""
+            found = await (await conn.execute(SELECT_FOR_DECISION, (invocation_id,))).fetchone()
+            if found is None:
+                raise NotFound(f"no invocation {invocation_id}", invocation_id=invocation_id)
+            status, expires_at = found
+            if status != "pending":
+                raise Conflict(f"invocation {invocation_id} is already {status}", invocation_id=invocation_id)
+            if expires_at is not None and expires_at <= now:
+                expired = {"id": invocation_id, "now": now, "event": "expired", "detail": "{}"}
+                return await (await conn.execute(EXPIRE_ONE, expired)).fetchall(), True
+            return await (await conn.execute(DECIDE, params)).fetchall(), False
+
+        rows, expired = await self._db.transaction(work)
+        await self._db.committed(changes_of(_event_rows(rows)))
+        invocation = invocation_from_row(rows[0])
+        if expired:
+            raise ApprovalExpired(
+                f"invocation {invocation_id} expired at {invocation.expires_at} before a decision",
+                invocation_id=invocation_id,
+            )
+        return invocation
+
+    async def expire_due(self, now: datetime) -> builtins.list[Invocation]:
+        """Mark every pending invocation whose expires_at <= now as `expired` in one statement; return them sorted
+        by expiry."""
+        rows = await self._db.write(EXPIRE_DUE, {"now": now, "event": "expired", "detail": "{}"})
+        await self._db.committed(changes_of(_event_rows(rows)))
+        expired = [invocation_from_row(row) for row in rows]
+        return sorted(expired, key=lambda invocation: (invocation.expires_at, invocation.id))
+
+    async def claim(self, invocation_id: str, *, owner: str) -> Invocation | None:
+        """Take an approved invocation to run it: approved -> executing, owned by `owner`. Of several claimers, on
+        any instances, exactly one gets it; the others (and any claim of a non-approved one) get None."""
+        approved: tuple[Status] = ("approved",)
+        return await self.transition(
+            invocation_id,
+            from_statuses=approved,
+            to="executing",
+            event="executing",
+            detail=Scrubbed("{}"),
+            fields={"owner": owner},
+        )
+
+    async def recover(self, gone_of: GoneFn) -> RecoveryReport:
+        """Every `executing` invocation whose owner is gone becomes `unknown`; report the approved ones whose owner
+        is gone (oldest first: they never started, claim and run them) and how many are pending.
+
+        `gone_of` is asked once, with the owners found, after they are read. A missing owner counts as gone; an
+        owner that was gone when asked stays gone (instance ids are never reused).
+        """
+        owners = [row[0] for row in await self._db.fetchall(OWNERS)]
+        gone = sorted(await gone_of(owners)) if owners else []
+        params = {
+            "gone": gone,
+            "now": utcnow(),
+            "reason": PROCESS_STOPPED,
+            "event": "unknown",
+            "detail": json.dumps({"reason": PROCESS_STOPPED}, separators=(",", ":")),
+        }
+
+        async def work(conn: Connection) -> tuple[builtins.list[Any], builtins.list[Any], int]:
+            unknown = await (await conn.execute(MARK_UNKNOWN, params)).fetchall()
+            approved = await (await conn.execute(NEVER_STARTED, {"gone": gone})).fetchall()
+            counted = await (await conn.execute(COUNT_PENDING)).fetchone()
+            return unknown, approved, int(counted[0]) if counted is not None else 0
+
+        unknown, approved, pending = await self._db.transaction(work)
+        await self._db.committed(changes_of(_event_rows(unknown)))
+        return RecoveryReport(
+            unknown=sorted(row[0] for row in unknown), approved=[row[0] for row in approved], pending=pending
+        )
+
+    # -- reads -------------------------------------------------------------------------------------------
+
+    async def get(self, invocation_id: str) -> Invocation | None:
+        row = await self._db.fetchone(SELECT_ONE, (invocation_id,))
+        return invocation_from_row(row) if row is not None else None
+
+    async def find(self, prefix: str, *, principal: str | None = None, limit: int = 2) -> builtins.list[str]:
+        """The ids that start with `prefix` (of `principal`'s invocations only, when given), at most `limit`, in
+        order. The prefix is taken literally."""
+        if limit < 0:
+            raise ValueError(f"limit must not be negative, got {limit}")
+        end = prefix_end(prefix)
+        sql = (
+            "SELECT id FROM invocations WHERE id >= %(prefix)s"
+            + (" AND id < %(end)s" if end is not None else "")
+            + (" AND principal = %(principal)s" if principal is not None else "")
+            + " ORDER BY id LIMIT %(limit)s"
+        )
+        rows = await self._db.fetchall(sql, {"prefix": prefix, "end": end, "principal": principal, "limit": limit})
+        return [row[0] for row in rows]
+
+    async def list(
+        self,
+        *,
+        status: Status | None = None,
+        source_id: str | None = None,
+        session_id: str | None = None,
+        principal: str | None = None,
+        limit: int = 100,
+    ) -> builtins.list[Invocation]:
+        """Newest first (by created_at, then insertion order), at most `limit`."""
+        if limit < 0:
+            raise ValueError(f"limit must not be negative, got {limit}")
+        filters = zip(LIST_FILTERS, (status, source_id, session_id, principal), strict=True)
+        used = [(clause, value) for clause, value in filters if value is not None]
+        where = " WHERE " + " AND ".join(clause for clause, _ in used) if used else ""
+        params = [value for _, value in used] + [limit]
+        rows = await self._db.fetchall(SELECT + where + NEWEST_FIRST, params)
+        return [invocation_from_row(row) for row in rows]
+
+    async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]:
+        """The invocation's history, oldest first (by seq)."""
+        rows = await self._db.fetchall(SELECT_EVENTS, (invocation_id,))
+        return [
+            InvocationEvent(
+                id=row[0], invocation_id=row[1], seq=row[2], kind=row[3], at=row[4], detail=json.loads(row[5])
+            )
+            for row in rows
+        ]
+
+    async def count(self, status: Status | None = None, *, session_id: str | None = None) -> int:
+        """How many invocations there are, optionally only those with `status` and of `session_id`."""
+        filters = zip(COUNT_FILTERS, (status, session_id), strict=True)
+        used = [(clause, value) for clause, value in filters if value is not None]
+        where = " WHERE " + " AND ".join(clause for clause, _ in used) if used else ""
+        row = await self._db.fetchone(COUNT + where, [value for _, value in used])
+        return int(row[0]) if row is not None else 0
+
+    async def next_expiry(self) -> datetime | None:
+        """The earliest expires_at among pending invocations (None when none of them expires)."""
+        row = await self._db.fetchone(NEXT_EXPIRY)
+        expiry: datetime | None = None if row is None else row[0]
+        return expiry
+
+
+def _record_params(invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed) -> dict[str, Any]:
+    params = {name: getattr(invocation, name) for name in COLUMNS}
+    params["args"] = stored_json(invocation.args)
+    params["result"] = stored_json(invocation.result)
+    params["error_message"] = _text(invocation.error_message)
+    # The drift diff is stored verbatim, as on SQLite (it comes from definitions the pins hold verbatim).
+    params["drift"] = None if invocation.drift is None else json.dumps(invocation.drift, ensure_ascii=False)
+    params["kinds"] = builtins.list(events)
+    params["at"] = utcnow()
+    params["detail"] = detail.json
+    return params
+
+
+def _field_value(name: str, value: Any) -> Any:
+    if name == "result":
+        return stored_json(value)
+    if name == "expires_at":
+        if value is not None and not isinstance(value, datetime):
+            raise TypeError(f"expected a datetime, got {type(value).__name__}")
+        return value
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"transition field {name!r} must be a string or None, got {type(value).__name__}")
+    return _text(value) if name == "error_message" else value
+
+
+def _text(message: str | None) -> str | None:
+    """Free text as PostgreSQL can store it: its text type holds no NUL character (U+FFFD stands in)."""
+    return None if message is None else message.replace("\x00", "\ufffd")

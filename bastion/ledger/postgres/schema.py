@@ -1,0 +1,186 @@
+"""The PostgreSQL ledger's schema and its versioned migrations, applied at start under an advisory lock.
+
+`bastion_schema` holds one row per migration applied. Every instance opening the database takes the same
+session-level advisory lock before it reads that table, so of several instances starting at once exactly one
+applies each missing migration (each in its own transaction, with its row) while the others wait, then find it
+done. Migrations are only ever appended: later ones go at the end of `MIGRATIONS`.
+
+The tables mirror the SQLite ledger's (bastion.ledger.sqlite.schema) with PostgreSQL's own types: timestamps
+are `timestamptz`, ids compare by code point (`COLLATE "C"`, as SQLite compares UTF-8 bytes), JSON is text
+stored exactly as the Recorder scrubbed it. Two columns exist only here: `invocations.position` orders rows
+inserted with the same `created_at` (SQLite's rowid), and `invocations.last_seq` numbers an invocation's events
+inside the statement that changes it (see bastion.ledger.postgres.invocations).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from psycopg import AsyncConnection
+from psycopg.rows import TupleRow
+
+from bastion.errors import ConfigError
+
+MIGRATION_LOCK: Final = 0x6261_7374_696F_6E01
+"""The advisory lock key every instance takes while it migrates (`bastion` in ASCII, then 1)."""
+
+_MIGRATION_1: Final = (
+    """
+    CREATE TABLE invocations (
+        id            text COLLATE "C" PRIMARY KEY,
+        position      bigint GENERATED ALWAYS AS IDENTITY,
+        status        text NOT NULL,
+        policy_key    text NOT NULL,
+        tool          text NOT NULL,
+        source_id     text NOT NULL,
+        action_id     text NOT NULL,
+        risk          text NOT NULL,
+        mode          text NOT NULL,
+        mode_source   text NOT NULL,
+        fingerprint   text,
+        session_id    text NOT NULL,
+        profile       text,
+        principal     text,
+        args          text,            -- JSON, redacted then truncated
+        args_hash     text NOT NULL,   -- keyed hash of the raw args (bastion.ledger.keys)
+        result        text,            -- JSON, redacted then truncated
+        error_class   text,
+        error_message text,            -- redacted
+        owner         text,
+        drift         text,            -- JSON list of diff lines, or NULL
+        created_at    timestamptz NOT NULL,
+        updated_at    timestamptz NOT NULL,
+        expires_at    timestamptz,
+        last_seq      integer NOT NULL -- the seq of its newest event
+    )
+    """,
+    "CREATE INDEX invocations_status ON invocations (status, created_at)",
+    "CREATE INDEX invocations_source ON invocations (source_id, created_at)",
+    "CREATE INDEX invocations_session ON invocations (session_id, created_at)",
+    "CREATE INDEX invocations_created ON invocations (created_at, position)",
+    "CREATE INDEX invocations_pending_expiry ON invocations (expires_at) WHERE status = 'pending'",
+    "CREATE INDEX invocations_pending_session ON invocations (session_id) WHERE status = 'pending'",
+    # One history for the whole ledger: ids from a sequence, so they have gaps (a rolled-back insert) and commit
+    # out of order (see bastion.ledger.postgres.feed for how the change feed copes).
+    """
+    CREATE TABLE events (
+        id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        invocation_id text COLLATE "C" NOT NULL REFERENCES invocations (id),
+        seq           integer NOT NULL,   -- 1..n per invocation
+        kind          text NOT NULL,
+        at            timestamptz NOT NULL,
+        detail        text NOT NULL DEFAULT '{}',   -- JSON object, redacted then truncated
+        UNIQUE (invocation_id, seq)
+    )
+    """,
+    """
+    CREATE FUNCTION events_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        RAISE EXCEPTION 'the events table is append-only';
+    END
+    $$
+    """,
+    """
+    CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
+    FOR EACH STATEMENT EXECUTE FUNCTION events_append_only()
+    """,
+    """
+    CREATE TABLE pins (
+        source_id         text COLLATE "C" NOT NULL,
+        action_id         text COLLATE "C" NOT NULL,
+        fingerprint       text NOT NULL,
+        structural        text NOT NULL,
+        definition        text NOT NULL,   -- JSON object, verbatim
+        seen_at           timestamptz NOT NULL,
+        pinned_by         text,
+        drift_fingerprint text,
+        drift_structural  text,
+        drift_definition  text,
+        drift_seen_at     timestamptz,
+        PRIMARY KEY (source_id, action_id),
+        CHECK (
+            (drift_fingerprint IS NULL) = (drift_structural IS NULL)
+            AND (drift_fingerprint IS NULL) = (drift_definition IS NULL)
+            AND (drift_fingerprint IS NULL) = (drift_seen_at IS NULL)
+        )
+    )
+    """,
+    """
+    CREATE TABLE tokens (
+        id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        name        text NOT NULL,
+        role        text NOT NULL,
+        profile     text,
+        secret_hash text NOT NULL,
+        created_at  timestamptz NOT NULL,
+        revoked_at  timestamptz
+    )
+    """,
+    "CREATE UNIQUE INDEX tokens_secret_hash ON tokens (secret_hash)",
+    "CREATE UNIQUE INDEX tokens_active_name ON tokens (name) WHERE revoked_at IS NULL",
+    """
+    CREATE TABLE instances (
+        id          text PRIMARY KEY,
+        started_at  timestamptz NOT NULL,
+        renewed_at  timestamptz NOT NULL,
+        lease_until timestamptz NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE rate_counts (
+        key    text NOT NULL,
+        second bigint NOT NULL,
+        count  integer NOT NULL,
+        PRIMARY KEY (key, second)
+    )
+    """,
+    # Facts about the ledger itself: `key_check` proves which key of argument hashes it is used with.
+    "CREATE TABLE ledger_meta (name text PRIMARY KEY, value text NOT NULL)",
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1,)
+"""Migration N (1-based) brings a database from version N-1 to N."""
+
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+_CREATE_VERSIONS: Final = """
+    CREATE TABLE IF NOT EXISTS bastion_schema (
+        version    integer PRIMARY KEY,
+        applied_at timestamptz NOT NULL DEFAULT now()
+    )
+"""
+_CURRENT: Final = "SELECT COALESCE(MAX(version), 0) FROM bastion_schema"
+_APPLIED: Final = "INSERT INTO bastion_schema (version) VALUES (%s)"
+
+
+async def migrate(conn: AsyncConnection[TupleRow], *, where: str, to_version: int = SCHEMA_VERSION) -> None:
+    """Bring the database to `to_version` (tests build old ones with a lower one), under the migration lock.
+
+    `conn` must be in autocommit mode and used by nobody else. Raises ConfigError when the database was written
+    by a newer Bastion (`where` names it in the message).
+    """
+    if not 0 <= to_version <= SCHEMA_VERSION:
+        raise ValueError(f"to_version must be between 0 and {SCHEMA_VERSION}, got {to_version}")
+    await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
+    try:
+        await conn.execute(_CREATE_VERSIONS)
+        current = await schema_version(conn)
+        if current > SCHEMA_VERSION:
+            raise ConfigError(
+                f"{where}: the ledger has schema version {current} but this Bastion knows only up to "
+                f"{SCHEMA_VERSION}; upgrade Bastion to use this ledger (or point [server] ledger at another database)"
+            )
+        for version in range(current + 1, to_version + 1):
+            async with conn.transaction():
+                for statement in MIGRATIONS[version - 1]:
+                    await conn.execute(statement)
+                await conn.execute(_APPLIED, (version,))
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
+
+
+async def schema_version(conn: AsyncConnection[TupleRow]) -> int:
+    """The number of migrations applied (0 for a new database)."""
+    cursor = await conn.execute(_CURRENT)
+    row = await cursor.fetchone()
+    return int(row[0]) if row is not None else 0
