@@ -86,6 +86,8 @@ class Invocation(BaseModel):
     """The instance id of the Bastion process that is executing (or last touched) this invocation."""
     drift: list[str] | None = None
     """When the action's definition had drifted from its pin at call time: the diff (pinned -> current)."""
+    parent_id: str | None = None
+    """For a step of a manifest action: the manifest's invocation, whose approval covered this one."""
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
     expires_at: datetime | None = None
@@ -132,6 +134,7 @@ class SourceStatus(BaseModel):
     since: datetime = Field(default_factory=utcnow)
     protocol_version: str | None = None
     server_name: str | None = None
+    server_version: str | None = None
 
 
 class PinObservation(BaseModel):

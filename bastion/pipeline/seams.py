@@ -248,9 +248,10 @@ class InvocationStore(Protocol):
         source_id: str | None = None,
         session_id: str | None = None,
         principal: str | None = None,
+        parent_id: str | None = None,
         limit: int = 100,
     ) -> builtins.list[Invocation]:
-        """Newest first; each filter given narrows the list."""
+        """Newest first; each filter given narrows the list (`parent_id`: the steps of a manifest invocation)."""
         ...
 
     async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]: ...

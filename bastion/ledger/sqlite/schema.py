@@ -189,12 +189,21 @@ _MIGRATION_5: Final = (
     "CREATE INDEX invocations_pending_session ON invocations (session_id) WHERE status = 'pending'",
 )
 
+_MIGRATION_6: Final = (
+    # A step of a manifest action is an invocation of its own, recorded as a child of the manifest's invocation
+    # (whose approval covered it). NULL for every other invocation.
+    "ALTER TABLE invocations ADD COLUMN parent_id TEXT REFERENCES invocations (id)",
+    # A manifest invocation's steps, in order. Partial: the ordinary calls (no parent) never write to it.
+    "CREATE INDEX invocations_parent ON invocations (parent_id, created_at) WHERE parent_id IS NOT NULL",
+)
+
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_1,
     _MIGRATION_2,
     _MIGRATION_3,
     _MIGRATION_4,
     _MIGRATION_5,
+    _MIGRATION_6,
 )
 """Migration N (1-based) brings a ledger from user_version N-1 to N."""
 
