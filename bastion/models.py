@@ -28,6 +28,10 @@ RISKS: Final[tuple[Risk, ...]] = get_args(Risk)
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
 STATUSES: Final[tuple[Status, ...]] = get_args(Status)
 
+MANIFEST_SOURCE_ID: Final = "actions"
+"""The source id (and namespace) of the manifest actions of `actions/*.md`: policy keys `actions:<name>`, tools
+`actions__<name>`. No connector may take it."""
+
 RISK_ALIASES: Final[dict[str, Risk]] = {"R0": "read", "R1": "read", "R2": "write", "R3": "danger", "R4": "danger"}
 """Seed 000's risk tiers, accepted wherever a risk is configured."""
 

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.anyio
 
 async def test_a_version_5_file_upgrades_keeping_its_rows_without_a_parent(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
-    async with aiosqlite.connect(path, isolation_level=None) as old:
-        await migrate(old, to_version=5)
+    async with aiosqlite.connect(path, isolation_level=None) as version_5:
+        await migrate(version_5, to_version=5)
     with sqlite3.connect(path, isolation_level=None) as db:
         db.execute(
             "INSERT INTO invocations (id, status, policy_key, tool, source_id, action_id, risk, mode, mode_source,"

@@ -26,14 +26,17 @@ from rich.text import Text
 
 from bastion import __version__
 from bastion.cli.logs import use_redactor
-from bastion.config import Config, find_config_dir, load_config
+from bastion.config import Config, ConfigIssue, find_config_dir, load_config, sqlite_path
 from bastion.connectors import McpConnector
 from bastion.errors import BastionError, ConfigError, NotFound
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
+from bastion.manifests import ACTIONS_DIR, STATE_FILE, ActionState, Manifest, load_manifests
 from bastion.models import Invocation
 from bastion.pipeline.authority import resolve_invocation_id
 from bastion.pipeline.gateway import Gateway
+from bastion.pipeline.manifests import ManifestSource
+from bastion.pipeline.seams import ActionSource
 
 USAGE_ERROR: Final = "usage_error"
 """The error class of a command line used wrongly (exit 2), in `--json` error output."""
@@ -151,6 +154,24 @@ def load(config_dir: Path | None, *, report: bool = True) -> Config:
     return config
 
 
+def load_actions(config: Config) -> tuple[list[Manifest], list[ConfigIssue]]:
+    """The manifest actions of the configuration's `actions/*.md` and every problem of those files (none for the
+    embedded default)."""
+    if config.directory is None:
+        return [], []
+    manifests, problems = load_manifests(config.directory / ACTIONS_DIR, sources={c.id for c in config.connectors})
+    issues = [
+        ConfigIssue(file=p.file, line=p.line, message=p.message, error_class=p.error_class, boundary=p.boundary)
+        for p in problems
+    ]
+    return manifests, issues
+
+
+def action_state(config: Config) -> ActionState:
+    """Which manifest actions are enabled: `action-state.json` beside the ledger, outside the action files."""
+    return ActionState(sqlite_path(config.ledger_url).parent / STATE_FILE if config.directory is not None else None)
+
+
 @asynccontextmanager
 async def open_ledger(config: Config) -> AsyncIterator[OpenLedger]:
     """The configured ledger, closed on exit."""
@@ -207,8 +228,13 @@ async def open_gateway(
     `wait_for_sources` (`serve`) it is yielded at once, while the connectors start (`Gateway.running`)."""
     list_timeout = config.settings.limits.list_timeout_seconds
     sources = [McpConnector(c, list_timeout=list_timeout) for c in config.connectors]
+    manifests, problems = load_actions(config)
+    for problem in problems:
+        skipped = " (this action file is skipped)" if problem.error_class in ("parse_error", "validation_error") else ""
+        err.print(f"warning: {problem}{skipped}", markup=False, highlight=False)
+    composites: list[ActionSource] = [ManifestSource(manifests, action_state(config))] if manifests else []
     async with open_ledger(config) as ledger, AsyncExitStack() as running:
-        gateway = Gateway(config, ledger, sources)
+        gateway = Gateway(config, ledger, [*sources, *composites])
         disabled = set(config.policy.sources.disabled)
         with startup_spinner([s for s in sources if s.source_id not in disabled], show=progress):
             await running.enter_async_context(gateway.running(wait_for_sources=wait_for_sources))

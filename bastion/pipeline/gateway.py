@@ -45,7 +45,8 @@ from bastion.pipeline.content import ContentRelay
 from bastion.pipeline.instances import Instance
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.pinning import PinBook
-from bastion.pipeline.seams import ActionSource, ContentSource, Ledger, ProgressFn, Relay
+from bastion.pipeline.seams import ActionSource, CompositeSource, ContentSource, Ledger, ProgressFn, Relay
+from bastion.pipeline.steps import GatewaySteps
 from bastion.policies import RateLimiter, guard_drift, resolve_mode
 
 logger = logging.getLogger(__name__)
@@ -140,6 +141,23 @@ class Gateway:
         """Set once every source has listed or failed once (see `first_listings`)."""
         self._ready_by = -math.inf
         """Until when (`anyio.current_time()`) listings wait for sources still starting."""
+        self.steps = GatewaySteps(
+            sources=self._sources,
+            lookup=self._lookup,
+            mode_of=self.mode_of,
+            drift=self.pins.drift,
+            current_drift=self.pins.current_drift,
+            invocations=self.invocations,
+            observers=self.observers,
+            run=self._run_counted,
+            relaying=self._relaying,
+            new_id=new_invocation_id,
+            owner=self.instance_id,
+        )
+        """Runs the steps of composite sources (manifest actions), which depend on the other sources' listings."""
+        self._composites = [s for s in self._sources.values() if isinstance(s, CompositeSource)]
+        for composite in self._composites:
+            composite.bind(self.steps)
 
     # -- catalog ---------------------------------------------------------------------------------
 
@@ -175,6 +193,9 @@ class Gateway:
         if self.content.offers(source_id):
             self._dirty.update(self.content.observe(source_id, source.namespace))
         await self.pins.observe(source_id, prepared)
+        for composite in self._composites:
+            if composite.source_id != source_id:
+                composite.observe(source_id)
         self._changed.set()
 
     def _rebuild(self) -> frozenset[ListingKind]:
@@ -273,7 +294,7 @@ class Gateway:
         """The mode of one action for one session (DESIGN.md §4); a drifted one is judged by §5."""
         if drifted is None:
             drifted = self.pins.drift(entry.source_id, entry.action_id) is not None
-        current = self._resolve(entry, entry.action.risk, context)
+        current = self.steps.compose(entry, context, self._resolve(entry, entry.action.risk, context))
         if not drifted:
             return current
         trusted = self.pins.pinned_definition(entry.source_id, entry.action_id)
@@ -381,6 +402,10 @@ class Gateway:
                 f"{name} belongs to source {owner!r}, which is {status.state}{why}; retry once it is back "
                 "(bastion connectors list shows its state)"
             )
+        for composite in self._composites:
+            refusal = composite.refusal(name)
+            if refusal is not None:
+                raise refusal
         raise NotFound(f"no tool named {name!r}; list the tools to see what this gateway offers")
 
     def _new_invocation(
@@ -531,7 +556,7 @@ class Gateway:
             await self._finish(invocation, "unknown", error=exc)
             exc.invocation_id = invocation.id
             raise
-        except (ConnectorUnavailable, UpstreamError) as exc:
+        except BastionError as exc:  # the source refused or failed it (a manifest action: one of its steps)
             await self._finish(invocation, "failed", error=exc)
             exc.invocation_id = invocation.id
             raise

@@ -14,7 +14,7 @@ from bastion.policies.drift import (
     structural_fingerprint,
 )
 from bastion.policies.limits import RateLimiter
-from bastion.policies.modes import MODE_STRICTNESS, is_mode, resolve_mode, stricter, strictness
+from bastion.policies.modes import MODE_STRICTNESS, compose_mode, is_mode, resolve_mode, stricter, strictness
 from bastion.policies.naming import (
     MAX_TOOL_NAME,
     NameAssignment,
@@ -36,6 +36,7 @@ __all__ = [
     "RateLimiter",
     "assign_tool_names",
     "canonical_json",
+    "compose_mode",
     "derive_risk",
     "diff_definitions",
     "fingerprint",
