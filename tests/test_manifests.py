@@ -32,6 +32,7 @@ from tests.test_gateway import error_of
 pytestmark = pytest.mark.anyio
 
 WAIT = 30
+SHIPPED = Path(__file__).resolve().parent.parent / "manifests" / "actions"
 
 
 def manifest(
@@ -106,9 +107,11 @@ async def manifest_bastion(
     modes: dict[str, str] | None = None,
     fixture: FixtureServer | None = None,
     real: bool = False,
+    git: Path | None = None,
     poll_seconds: float = 0.05,
 ) -> AsyncIterator[Bastion]:
-    """A Bastion over the fixture server (`fx`), or with `real` over the demo notes server and mcp-server-time."""
+    """A Bastion over the fixture server (`fx`), or with `real` over the demo notes server and mcp-server-time (and
+    mcp-server-git started in the repository `git`)."""
     folder = tmp_path / "actions"
     folder.mkdir(exist_ok=True)
     for name, text in files.items():
@@ -125,6 +128,9 @@ async def manifest_bastion(
             id="time", command=sys.executable, args=["-m", "mcp_server_time", "--local-timezone", "UTC"]
         )
         connectors = [notes, time]
+        if git is not None:
+            args = ["-m", "mcp_server_git", "--repository", str(git)]
+            connectors.append(ConnectorConfig(id="git", command=sys.executable, args=args, cwd=str(git)))
         sources = [McpConnector(c, list_timeout=WAIT) for c in connectors]
     else:
         served = fixture or FixtureServer()
@@ -252,6 +258,32 @@ async def test_a_manifest_chains_two_real_connectors_the_second_step_using_the_f
             "executing",
             "completed",
         ]
+
+
+async def test_the_shipped_repo_snapshot_action_chains_git_and_notes_end_to_end(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    identity = ["-c", "user.name=t", "-c", "user.email=t@e"]
+    await anyio.run_process(["git", "init", "-q"], cwd=repo)
+    await anyio.run_process(["git", *identity, "commit", "-q", "--allow-empty", "-m", "first commit"], cwd=repo)
+    (repo / "untracked.txt").write_text("new\n")
+    files = {name: (SHIPPED / name).read_text() for name in ("repo-snapshot.md", "stamped-note.md")}
+    modes = {"actions:repo-snapshot": "allow"}
+    async with manifest_bastion(tmp_path, files, real=True, git=repo, modes=modes) as b:
+        assert b.problems == [], "the shipped examples load clean"
+        await b.wait_listed("actions__repo-snapshot")
+        result = await b.client.call_tool("actions__repo-snapshot", {"note": "snapshot", "commits": 1})
+        assert not result.is_error, result.content
+
+        note = json.loads((tmp_path / "notes.json").read_text())["snapshot"]
+        assert "untracked.txt" in note and "first commit" in note
+        steps = await b.steps_of((await b.manifest_invocation()).id)
+        assert [(s.policy_key, s.status) for s in steps] == [
+            ("git:git_status", "completed"),
+            ("git:git_log", "completed"),
+            ("notes:write_note", "completed"),
+        ]
+        assert steps[1].args == {"repo_path": ".", "max_count": 1}
 
 
 # -- checks before any step runs ------------------------------------------------------------------------------
