@@ -60,6 +60,19 @@ async def test_a_disabled_action_stays_hidden_and_refused_across_restarts_until_
         assert not result.is_error, result.content
     assert json.loads((tmp_path / "notes.json").read_text())["log"].startswith("hi (")
 
+    listed = json.loads(run_cli("invocations", "list", "--config", str(config), "--json", env=env).stdout)
+    (parent,) = [i for i in listed if i["tool"] == TOOL and i["status"] == "completed"]
+    assert sorted(i["policy_key"] for i in listed if i["parent_id"] == parent["id"]) == [
+        "notes:write_note",
+        "time:get_current_time",
+    ]
+    shown = run_cli("invocations", "show", parent["id"], "--config", str(config), "--json", env=env)
+    steps = json.loads(shown.stdout)["steps"]
+    assert [(s["policy_key"], s["status"]) for s in steps] == [
+        ("time:get_current_time", "completed"),
+        ("notes:write_note", "completed"),
+    ]
+
 
 async def test_actions_show_names_what_each_required_connector_runs_now_to_pin_it(tmp_path: Path) -> None:
     config = _config(tmp_path)
