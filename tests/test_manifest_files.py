@@ -98,6 +98,10 @@ BROKEN: dict[str, tuple[str, list[tuple[str, str, int]]]] = {
         [("not_found", "connector", 18)],
     ),
     "j_same_name.md": (GOOD, [("validation_error", "manifest", 2)]),
+    "l_toml_date.md": (
+        GOOD.replace('name = "n", text', 'name = "n", when = 2026-01-02, text').replace('"stamp"', '"dated"'),
+        [("validation_error", "manifest", 26)],
+    ),
     "k_no_description.md": (
         GOOD.replace('name = "stamp"', 'name = "quiet"').split("+++\nWrite")[0] + "+++\n",
         [("validation_error", "manifest", 30)],

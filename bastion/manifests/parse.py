@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Collection, Mapping
+from datetime import date, time
 from pathlib import Path
 from typing import Any, Final
 
@@ -198,7 +199,21 @@ def _check_structure(file: _File, front: FrontMatter) -> None:
                 f'an entry with id = "{step.source}" and the actions it may call in capabilities',
             )
         _check_references(file, i, step.inputs, seen_inputs, steps)
+        for at in _not_json(step.inputs, ()):
+            file.report(
+                file.line_of(("execute", i, "inputs", *at)),
+                f"a TOML date or time in the inputs of step {step.id!r} is not a JSON value; quote it as a string",
+            )
         steps.add(step.id)
+
+
+def _not_json(value: Any, at: KeyPath) -> list[KeyPath]:
+    """Where a value holds a TOML date or time (which tools, taking JSON, cannot be given)."""
+    if isinstance(value, dict):
+        return [found for key, item in value.items() for found in _not_json(item, (*at, key))]
+    if isinstance(value, list):
+        return [found for index, item in enumerate(value) for found in _not_json(item, (*at, index))]
+    return [at] if isinstance(value, date | time) else []
 
 
 def _check_references(file: _File, index: int, inputs: dict[str, Any], names: set[str], earlier: set[str]) -> None:
