@@ -62,6 +62,11 @@ class ActionSpec:
     idempotency_key: bool = False
     """Whether the action takes the invocation's correlation id as an idempotency key (a retry is then safe)."""
     reconcile: Reconciliation = "manual"
+    steps: tuple[tuple[str, str], ...] = ()
+    """For a composite action (a manifest action): the (source_id, action_id) of each action it runs. A step that
+    policy denies denies it, and a drifted one holds it for an approver; its approval covers the others."""
+    approval_required: bool = False
+    """The action waits for an approver even where policy would allow it (a manifest's `[approval] required`)."""
 
     @property
     def action_id(self) -> str:

@@ -39,6 +39,13 @@ class PolicyDenied(BastionError):
     http_status = 403
 
 
+class CapabilityDenied(BastionError):
+    """A manifest action's step outside the capabilities its manifest declares for that source (seed 002)."""
+
+    error_class = "capability_denied"
+    http_status = 403
+
+
 class SourceDisabled(BastionError):
     error_class = "source_disabled"
     http_status = 403

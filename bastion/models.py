@@ -28,6 +28,10 @@ RISKS: Final[tuple[Risk, ...]] = get_args(Risk)
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
 STATUSES: Final[tuple[Status, ...]] = get_args(Status)
 
+MANIFEST_SOURCE_ID: Final = "actions"
+"""The source id (and namespace) of the manifest actions of `actions/*.md`: policy keys `actions:<name>`, tools
+`actions__<name>`. No connector may take it."""
+
 RISK_ALIASES: Final[dict[str, Risk]] = {"R0": "read", "R1": "read", "R2": "write", "R3": "danger", "R4": "danger"}
 """Seed 000's risk tiers, accepted wherever a risk is configured."""
 
@@ -86,6 +90,8 @@ class Invocation(BaseModel):
     """The instance id of the Bastion process that is executing (or last touched) this invocation."""
     drift: list[str] | None = None
     """When the action's definition had drifted from its pin at call time: the diff (pinned -> current)."""
+    parent_id: str | None = None
+    """For a step of a manifest action: the manifest's invocation, whose approval covered this one."""
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
     expires_at: datetime | None = None
@@ -134,6 +140,7 @@ class SourceStatus(BaseModel):
     since: datetime = Field(default_factory=utcnow)
     protocol_version: str | None = None
     server_name: str | None = None
+    server_version: str | None = None
 
 
 class PinObservation(BaseModel):

@@ -19,6 +19,7 @@ LAYERS: dict[str, int] = {
     "bastion.starter": 1,
     "bastion.actions": 2,  # what a source declares about its actions (ActionSpec)
     "bastion.policies": 2,  # pure functions over the vocabulary: anyone above may call them
+    "bastion.manifests": 3,  # action files (seed 002), beside config: parsed and checked; the pipeline runs them
     "bastion.config": 3,
     "bastion.connectors": 4,  # sources, beside the ledger: they never import each other
     "bastion.ledger": 4,
@@ -32,8 +33,10 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.approvals": 6,
     "bastion.pipeline.authority": 6,
     "bastion.pipeline.views": 6,  # the JSON shapes the CLI prints and the API answers
-    "bastion.pipeline.listings": 7,  # the sources and what hosts list of them
     "bastion.pipeline.outcomes": 6,  # recording what came of a call that was sent
+    "bastion.pipeline.steps": 6,  # the gateway's step runner: a composite's steps, each a child invocation
+    "bastion.pipeline.manifests": 6,  # manifest actions as a source, run through the step runner
+    "bastion.pipeline.listings": 7,  # the sources and what hosts list of them
     "bastion.pipeline.gateway": 8,
     "bastion.server": 9,
     "bastion.cli": 10,
@@ -47,6 +50,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.actions": {"mcp_types"},
     "bastion.errors": set(),
     "bastion.config": {"pydantic"},
+    "bastion.manifests": {"pydantic"},
     "bastion.policies": {"pydantic"},
     "bastion.ledger": {"pydantic", "aiosqlite", "anyio", "psycopg", "psycopg_pool"},
     "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic"},
@@ -64,6 +68,8 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.views": {"pydantic"},
     "bastion.pipeline.listings": {"mcp_types", "anyio"},
     "bastion.pipeline.outcomes": {"mcp_types", "anyio"},
+    "bastion.pipeline.steps": {"mcp_types"},
+    "bastion.pipeline.manifests": {"mcp_types", "anyio"},
     "bastion.pipeline.gateway": {"mcp_types", "anyio", "pydantic"},
     "bastion.server": None,
     "bastion.cli": None,

@@ -134,8 +134,11 @@ async def test_a_cursor_ahead_of_an_open_gap_waits_instead_of_being_told_it_is_l
         assert [change.invocation_id for change in stored] == ["inv-0001", "inv-0002"]
         with anyio.fail_after(10):
             async with anyio.create_task_group() as group:
+                # The feed runs, as in every gateway: what `next` waits for comes by NOTIFY, whenever it commits.
+                group.start_soon(ledger.changes.run)
                 group.start_soon(another.invocations.record, make_invocation(3), PLANNED)
                 changes = await ledger.changes.next(stored[-1].id)
+                group.cancel_scope.cancel()
     assert [change.invocation_id for change in changes] == ["inv-0003"]
 
 

@@ -2,7 +2,7 @@
 
 `app` holds the typer application and what commands share; each other module registers one command
 group on it when imported: `serve`, `inspect` (catalog, connectors, invocations, init), `doctor`,
-`approvals` (+ `watch`), `pins` and `tokens`. Exit statuses: 0 success, 1 a refused operation, 2 a usage or
+`approvals` (+ `watch`), `pins`, `tokens` and `actions`. Exit statuses: 0 success, 1 a refused operation, 2 a usage or
 config error.
 """
 
@@ -13,7 +13,7 @@ import sys
 
 # Each module registers its commands on `app` when imported; this order is the order of `bastion --help`.
 # isort: off
-from bastion.cli import serve, inspect, doctor, approvals, watch, pins, tokens
+from bastion.cli import serve, inspect, doctor, approvals, watch, pins, tokens, actions
 
 # isort: on
 import typer
@@ -23,7 +23,7 @@ from bastion.cli.logs import LOG_LEVEL_ENV_VAR, configure_logging, parse_level
 
 __all__ = ["app", "main"]
 
-COMMAND_GROUPS = (serve, inspect, doctor, approvals, watch, pins, tokens)
+COMMAND_GROUPS = (serve, inspect, doctor, approvals, watch, pins, tokens, actions)
 PROG_NAME = "bastion"
 
 

@@ -27,15 +27,18 @@ from rich.text import Text
 from bastion import __version__
 from bastion.cli.logs import use_redactor
 from bastion.cli.remote import TOKEN_ENV_VAR
-from bastion.config import Config, config_hint, find_config_dir, load_config
+from bastion.config import Config, ConfigIssue, config_hint, find_config_dir, load_config, sqlite_path
 from bastion.connectors import McpConnector
 from bastion.connectors.providers import provider_source
 from bastion.errors import BastionError, ConfigError, NotFound, Unauthenticated
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
+from bastion.manifests import ACTIONS_DIR, STATE_FILE, ActionState, Manifest, load_manifests
 from bastion.models import Invocation, Principal
 from bastion.pipeline.authority import local_owner, resolve_invocation_id
 from bastion.pipeline.gateway import Gateway
+from bastion.pipeline.manifests import ManifestSource
+from bastion.pipeline.seams import ActionSource
 
 USAGE_ERROR: Final = "usage_error"
 """The error class of a command line used wrongly (exit 2), in `--json` error output."""
@@ -177,6 +180,30 @@ def load(config_dir: Path | None, *, report: bool = True) -> Config:
     return config
 
 
+def load_actions(config: Config) -> tuple[list[Manifest], list[ConfigIssue]]:
+    """The manifest actions of the configuration's `actions/*.md` and every problem of those files (none for the
+    embedded default)."""
+    if config.directory is None:
+        return [], []
+    manifests, problems = load_manifests(
+        config.directory / ACTIONS_DIR, sources={c.id for c in config.connectors} | set(config.providers)
+    )
+    issues = [
+        ConfigIssue(file=p.file, line=p.line, message=p.message, error_class=p.error_class, boundary=p.boundary)
+        for p in problems
+    ]
+    return manifests, issues
+
+
+def action_state(config: Config) -> ActionState:
+    """Which manifest actions are enabled: `action-state.json` outside the action files, beside the SQLite ledger
+    (beside the ledger's key file for a PostgreSQL one)."""
+    if config.directory is None:
+        return ActionState(None)
+    beside = config.ledger_key if config.ledger_key is not None else sqlite_path(config.ledger_url)
+    return ActionState(beside.parent / STATE_FILE)
+
+
 @asynccontextmanager
 async def open_ledger(config: Config) -> AsyncIterator[OpenLedger]:
     """The configured ledger, closed on exit."""
@@ -228,9 +255,10 @@ def startup_spinner(sources: Sequence[McpConnector], *, show: bool) -> Iterator[
 async def open_gateway(
     config: Config, *, progress: bool = False, wait_for_sources: bool = True
 ) -> AsyncIterator[Gateway]:
-    """A running gateway over every configured connector and provider (the disabled ones are not started) and
-    the ledger. With `progress`, a spinner on stderr (a terminal only) says how the connectors are starting.
-    Without `wait_for_sources` (`serve`) it is yielded at once, while the sources start (`Gateway.running`)."""
+    """A running gateway over every configured connector, provider and manifest action (the disabled ones are not
+    started) and the ledger. With `progress`, a spinner on stderr (a terminal only) says how the connectors are
+    starting. Without `wait_for_sources` (`serve`) it is yielded at once, while the sources start
+    (`Gateway.running`)."""
     limits = config.settings.limits
     connectors = [McpConnector(c, list_timeout=limits.list_timeout_seconds) for c in config.connectors]
     providers = [
@@ -242,8 +270,13 @@ async def open_gateway(
         )
         for provider_id, provider in config.providers.items()
     ]
+    manifests, problems = load_actions(config)
+    for problem in problems:
+        skipped = " (this action file is skipped)" if problem.error_class in ("parse_error", "validation_error") else ""
+        err.print(f"warning: {problem}{skipped}", markup=False, highlight=False)
+    composites: list[ActionSource] = [ManifestSource(manifests, action_state(config))] if manifests else []
     async with open_ledger(config) as ledger, AsyncExitStack() as running:
-        gateway = Gateway(config, ledger, [*connectors, *providers])
+        gateway = Gateway(config, ledger, [*connectors, *providers, *composites])
         disabled = set(config.policy.sources.disabled)
         with startup_spinner([s for s in connectors if s.source_id not in disabled], show=progress):
             await running.enter_async_context(gateway.running(wait_for_sources=wait_for_sources))

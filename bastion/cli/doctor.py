@@ -1,29 +1,31 @@
 """`bastion doctor`: check a configuration without starting anything; every problem with file:line and its fix.
 
-Besides what loading finds (syntax, unknown keys, bad values: `Config.issues`), it checks that each enabled stdio
-connector's `command` can be started: an absolute or relative path must be an executable file, a bare name must
-be found on the PATH the connector will get (its own `env` PATH, else Bastion's); and that each enabled provider's
-credential is bound (a provider without it is `binding_required`). It never calls a provider's API. It also
-declares the guarantee the configured ledger gives (seed 004's levels: G1 on SQLite, G1 across instances on
-PostgreSQL).
+Besides what loading finds (syntax, unknown keys, bad values: `Config.issues`), it checks every action file of
+`actions/*.md` (each problem with its seed 002 class: `parse_error`, `validation_error`, `capability_denied`,
+`not_found`) and the overlay that enables them; that each enabled stdio connector's `command` can be started: an
+absolute or relative path must be an executable file, a bare name must be found on the PATH the connector will get
+(its own `env` PATH, else Bastion's); and that each enabled provider's credential is bound (a provider without it
+is `binding_required`). It never calls a provider's API. It also declares the guarantee the configured ledger
+gives (seed 004's levels: G1 on SQLite, G1 across instances on PostgreSQL).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, out
+from bastion.cli.app import ConfigOption, Exit, JsonOption, action_state, app, emit_json, load_actions, out
 from bastion.config import Config, ConfigIssue, ConnectorConfig, find_config_dir, load_config
 from bastion.connectors.providers import provider_source
 from bastion.errors import ConfigError
 from bastion.ledger import guarantee_of
+from bastion.manifests import Manifest
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,24 @@ def find_command(connector: ConnectorConfig, environ: Mapping[str, str], cwd: Pa
     return found, found
 
 
-def examine(config: Config, environ: Mapping[str, str], cwd: Path) -> tuple[list[Check], list[ConfigIssue]]:
-    """Every check on a loaded configuration, and every problem found (the loader's first, then the commands')."""
+def examine(
+    config: Config, manifests: Sequence[Manifest], issues: Sequence[ConfigIssue], environ: Mapping[str, str], cwd: Path
+) -> tuple[list[Check], list[ConfigIssue]]:
+    """Every check on a loaded configuration and its action files (loaded as `manifests`, with `issues`), and every
+    problem found (the loader's first, then the action files', then the commands')."""
     where = str(config.directory) if config.directory else "embedded default configuration"
     problems = list(config.issues)
     checks = [Check("configuration", where, not problems, f"{len(problems)} problem(s)" if problems else "loaded")]
+    if manifests or issues:
+        detail = f"{len(manifests)} loaded" + (f", {len(issues)} problem(s)" if issues else "")
+        checks.append(Check("actions", str(Path(where) / "actions"), not issues, detail))
+    problems += issues
+    state = action_state(config)
+    try:
+        state.read()
+    except ConfigError as exc:
+        checks.append(Check("action state", str(state.path), False, exc.message))
+        problems.append(ConfigIssue(file=state.path or Path(where), line=1, message=exc.message))
     disabled = set(config.policy.sources.disabled)
     for connector in config.connectors:
         if connector.transport != "stdio" or connector.id in disabled:
@@ -98,9 +113,10 @@ def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None
     except ConfigError as exc:
         raise Exit.of(exc) from exc
     config = load_config(directory)
-    checks, problems = examine(config, os.environ, Path.cwd())
+    manifests, issues = load_actions(config)
+    checks, problems = examine(config, manifests, issues, os.environ, Path.cwd())
     if as_json:
-        emit_json(report_json(config, checks, problems))
+        emit_json(report_json(config, len(manifests), checks, problems))
         if problems:
             raise typer.Exit(2)  # the report is the whole answer, problems included
         return
@@ -111,21 +127,22 @@ def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None
         raise Exit(f"error: {len(problems)} problem(s) in {where}", 2, ConfigError.error_class)
     counts = f"{len(config.connectors)} connector(s), {len(config.providers)} provider(s)"
     out.print(
-        f"ok: {where}: {counts}, {len(config.policy.modes)} org mode(s), {len(config.policy.profiles)} profile(s); "
-        f"ledger {config.ledger_display}",
+        f"ok: {where}: {counts}, {len(config.policy.modes)} org mode(s), {len(config.policy.profiles)} profile(s), "
+        f"{len(manifests)} manifest action(s); ledger {config.ledger_display}",
         markup=False,
         highlight=False,
     )
     for check in checks[1:]:
-        line = f"connector {check.subject} runs" if check.check == "command" else f"provider {check.subject}:"
-        out.print(f"ok: {line} {check.detail}", markup=False, highlight=False)
+        if check.check in ("command", "credential"):
+            line = f"connector {check.subject} runs" if check.check == "command" else f"provider {check.subject}:"
+            out.print(f"ok: {line} {check.detail}", markup=False, highlight=False)
     guarantee = guarantee_of(config.ledger_url)
     out.print(f"guarantee: {guarantee.level} (wrapper-enforced), {guarantee.scope}", markup=False, highlight=False)
     out.print(f"  recovery: {guarantee.recovery}", markup=False, highlight=False)
     out.print(f"  not G2: {guarantee.not_g2}", markup=False, highlight=False)
 
 
-def report_json(config: Config, checks: list[Check], problems: list[ConfigIssue]) -> dict[str, Any]:
+def report_json(config: Config, actions: int, checks: list[Check], problems: list[ConfigIssue]) -> dict[str, Any]:
     """`doctor --json`: whether all is well, what was checked, and every problem with file and line."""
     return {
         "ok": not problems,
@@ -137,7 +154,11 @@ def report_json(config: Config, checks: list[Check], problems: list[ConfigIssue]
             "providers": len(config.providers),
             "org_modes": len(config.policy.modes),
             "profiles": len(config.policy.profiles),
+            "actions": actions,
         },
         "checks": [asdict(check) for check in checks],
-        "problems": [{"file": str(p.file), "line": p.line, "message": p.message} for p in problems],
+        "problems": [
+            {"file": str(p.file), "line": p.line, "message": p.message, "class": p.error_class, "boundary": p.boundary}
+            for p in problems
+        ],
     }

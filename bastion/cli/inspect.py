@@ -217,13 +217,20 @@ def invocations_show(
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show one invocation with its redacted args, result and event history."""
+    """Show one invocation with its redacted args, result and event history (and a manifest action's steps)."""
     config = load(config_dir, report=False)
 
     async def run() -> dict[str, Any]:
         async with open_ledger(config) as ledger:
             invocation = await find_invocation(ledger, config, invocation_id)
-            return invocation_detail_json(invocation, await ledger.invocations.events(invocation.id))
+            detail = invocation_detail_json(invocation, await ledger.invocations.events(invocation.id))
+            steps = await ledger.invocations.list(parent_id=invocation.id, limit=1000)
+            if steps:
+                detail["steps"] = [
+                    {"id": s.id, "policy_key": s.policy_key, "status": s.status, "error_class": s.error_class}
+                    for s in reversed(steps)
+                ]
+            return detail
 
     data = run_async(run)
     if as_json:
@@ -244,6 +251,8 @@ def details_table(data: dict[str, Any]) -> Table:
             )
         elif key == "drift" and value is not None:
             value = "\n".join(value)
+        elif key == "steps":
+            value = "\n".join(f"{s['id']} {s['policy_key']} {s['status']} {s['error_class'] or ''}" for s in value)
         table.add_row(f"[bold]{key}[/bold]", "" if value is None else str(value))
     return table
 

@@ -5,8 +5,8 @@ TOML position scanner behind those lines (`tomlpos`)."""
 from bastion.config.loader import (
     CONFIG_ENV_VAR,
     CONFIG_FILE,
-    PYTHON_COMMAND,
     POSTGRES_PREFIXES,
+    PYTHON_COMMAND,
     SQLITE_PREFIX,
     STARTER_FILES,
     config_hint,
@@ -15,8 +15,8 @@ from bastion.config.loader import (
     embedded_default,
     find_config_dir,
     init_config_dir,
-    load_config,
     is_postgres_url,
+    load_config,
     sqlite_path,
     validate_profile,
 )
@@ -45,9 +45,9 @@ from bastion.config.models import (
 __all__ = [
     "CONFIG_ENV_VAR",
     "CONFIG_FILE",
+    "POSTGRES_PREFIXES",
     "PROVIDER_KINDS",
     "PYTHON_COMMAND",
-    "POSTGRES_PREFIXES",
     "SQLITE_PREFIX",
     "STARTER_FILES",
     "ApprovalSettings",
@@ -74,8 +74,8 @@ __all__ = [
     "find_config_dir",
     "host_name",
     "init_config_dir",
-    "load_config",
     "is_postgres_url",
+    "load_config",
     "sqlite_path",
     "validate_profile",
 ]

@@ -44,7 +44,7 @@ from bastion.config.tomlpos import (
     line_containing,
 )
 from bastion.errors import ConfigError
-from bastion.models import MODES
+from bastion.models import MANIFEST_SOURCE_ID, MODES
 from bastion.policies import strictness
 
 # -- discovery
@@ -418,6 +418,14 @@ class _Loader:
         except ValidationError as exc:
             for error in exc.errors():
                 self.report_invalid(file, ConnectorConfig, error, "this file is ignored")
+            return None
+        if connector.id == MANIFEST_SOURCE_ID:
+            self.report(
+                path,
+                file.index.line_of(("id",)),
+                f'connector id "{MANIFEST_SOURCE_ID}" is reserved for the manifest actions of actions/*.md; rename the '
+                "file or set another id (this file is ignored until then)",
+            )
             return None
         needed = "command" if connector.transport == "stdio" else "url"
         if not getattr(connector, needed):

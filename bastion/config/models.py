@@ -213,9 +213,15 @@ class ConfigIssue(BaseModel):
     file: Path
     line: int
     message: str
+    error_class: str = "config_error"
+    """`config_error`, or for an action file seed 002's `parse_error`, `validation_error`, `capability_denied` or
+    `not_found`."""
+    boundary: str = "config"
+    """Which side to fix: `config` (the file), or for an action file `manifest` (it) or `connector` (one it needs)."""
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.message}"
+        kind = "" if self.error_class == "config_error" else f"{self.error_class}: "
+        return f"{self.file}:{self.line}: {kind}{self.message}"
 
 
 class Config(BaseModel):

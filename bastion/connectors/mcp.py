@@ -413,6 +413,7 @@ class McpConnector:
             tools=len(tools),
             protocol_version=client.protocol_version,
             server_name=client.server_info.name if client.server_info else None,
+            server_version=client.server_info.version if client.server_info else None,
         )
         link.ready = True
         self._link = link

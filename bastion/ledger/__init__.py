@@ -103,6 +103,7 @@ def guarantee_of(url: str) -> Guarantee:
     """The guarantee a ledger at `url` gives (seed 004's levels)."""
     return POSTGRES_GUARANTEE if is_postgres_url(url) else SQLITE_GUARANTEE
 
+
 def key_path_for(database: Path) -> Path:
     """Where the key of a SQLite ledger's argument hashes is kept: beside the file, never in it."""
     return database.with_name(f"{database.stem}.key")

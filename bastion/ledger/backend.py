@@ -118,6 +118,7 @@ class InvocationBackend(Protocol):
         source_id: str | None = None,
         session_id: str | None = None,
         principal: str | None = None,
+        parent_id: str | None = None,
         limit: int = 100,
     ) -> builtins.list[Invocation]: ...
 

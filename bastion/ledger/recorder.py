@@ -143,11 +143,17 @@ class Recorder:
         source_id: str | None = None,
         session_id: str | None = None,
         principal: str | None = None,
+        parent_id: str | None = None,
         limit: int = 100,
     ) -> builtins.list[Invocation]:
-        """Newest first; each filter given narrows the list."""
+        """Newest first; each filter given narrows the list (`parent_id`: the steps of a manifest invocation)."""
         return await self._backend.list(
-            status=status, source_id=source_id, session_id=session_id, principal=principal, limit=limit
+            status=status,
+            source_id=source_id,
+            session_id=session_id,
+            principal=principal,
+            parent_id=parent_id,
+            limit=limit,
         )
 
     async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]:

@@ -46,6 +46,7 @@ from bastion.pipeline.observer import Observers
 from bastion.pipeline.outcomes import Outcomes
 from bastion.pipeline.pinning import PinBook
 from bastion.pipeline.seams import ActionSource, Ledger, ProgressFn, Relay
+from bastion.pipeline.steps import GatewaySteps
 from bastion.policies import guard_drift, resolve_mode
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,22 @@ class Gateway:
         self._running: set[anyio.CancelScope] = set()
         self._waiting: set[anyio.CancelScope] = set()
         self._call_ended = anyio.Event()
+        self.steps = GatewaySteps(
+            sources=self.listings.sources,
+            lookup=self.listings.lookup,
+            mode_of=self.mode_of,
+            drift=self.pins.drift,
+            current_drift=self.pins.current_drift,
+            invocations=self.invocations,
+            observers=self.observers,
+            run=self._run_counted,
+            relaying=self._relaying,
+            new_id=new_invocation_id,
+            owner=self.instance_id,
+        )
+        """Runs the steps of composite sources (manifest actions), which depend on the other sources' listings."""
+        for composite in self.listings.composites:
+            composite.bind(self.steps)
 
     # -- what hosts list (see bastion.pipeline.listings) -------------------------------------------
 
@@ -160,7 +177,7 @@ class Gateway:
         """The mode of one action for one session (DESIGN.md §4); a drifted one is judged by §5."""
         if drifted is None:
             drifted = self.pins.drift(entry.source_id, entry.action_id) is not None
-        current = self._resolve(entry, entry.action.risk, context)
+        current = self.steps.compose(entry, context, self._resolve(entry, entry.action.risk, context))
         if not drifted:
             return current
         if self.listings.drift_listing(entry.action) == "hide":
@@ -402,7 +419,7 @@ class Gateway:
             await self._outcomes.finish(invocation, "unknown", error=exc)
             exc.invocation_id = invocation.id
             raise
-        except (ConnectorUnavailable, UpstreamError, RateLimited) as exc:  # the upstream did not act
+        except BastionError as exc:  # the source refused or failed it (a manifest action: one of its steps)
             await self._outcomes.finish(invocation, "failed", error=exc)
             exc.invocation_id = invocation.id
             raise

@@ -25,7 +25,7 @@ from bastion.models import SourceStatus
 from bastion.pipeline.catalog import Catalog, CatalogEntry, PreparedAction, listed_tool, prepare_actions
 from bastion.pipeline.content import ContentRelay
 from bastion.pipeline.pinning import PinBook
-from bastion.pipeline.seams import ActionSource, ContentSource
+from bastion.pipeline.seams import ActionSource, CompositeSource, ContentSource
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,8 @@ class Listings:
         disabled = frozenset(config.policy.sources.disabled)
         self.sources: Mapping[str, ActionSource] = {s.source_id: s for s in sources if s.source_id not in disabled}
         self._disabled = {s.source_id: s for s in sources if s.source_id in disabled}
+        self.composites = [s for s in self.sources.values() if isinstance(s, CompositeSource)]
+        """The sources whose actions call the others' (manifest actions): told when another source changes."""
         self._pins = pins
         self._prepared: dict[str, list[PreparedAction]] = {}
         self.catalog = Catalog()
@@ -168,6 +170,10 @@ class Listings:
                 f"{name} belongs to source {owner!r}, which is {status.state}{why}; retry once it is back "
                 "(bastion connectors list shows its state)"
             )
+        for composite in self.composites:
+            refusal = composite.refusal(name)
+            if refusal is not None:
+                raise refusal
         raise NotFound(f"no tool named {name!r}; list the tools to see what this gateway offers")
 
     # -- rebuilding ------------------------------------------------------------------------------------
@@ -183,6 +189,9 @@ class Listings:
         if self.content.offers(source_id):
             self._dirty.update(self.content.observe(source_id, source.namespace))
         await self._pins.observe(source_id, prepared)
+        for composite in self.composites:
+            if composite.source_id != source_id:
+                composite.observe(source_id)
         self._changed.set()
 
     def _rebuild(self) -> frozenset[ListingKind]:

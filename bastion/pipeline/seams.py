@@ -18,6 +18,7 @@ import mcp_types as types
 from anyio.abc import TaskStatus
 
 from bastion.actions import ActionSpec
+from bastion.errors import BastionError
 from bastion.models import (
     Change,
     EventKind,
@@ -116,6 +117,54 @@ class ActionSource(Protocol):
         """Run one action. Raises ConnectorUnavailable (nothing was sent), CallTimeout or
         UnknownOutcome (sent, outcome unknown) or UpstreamError (the upstream answered with an error).
         `relay` receives what the upstream asks or logs while it runs."""
+        ...
+
+
+class StepRunner(Protocol):
+    """What the gateway gives a composite source (manifest actions) to run its steps: other sources' actions.
+
+    A step is recorded as a child invocation of the composite's invocation (`parent_id`), in its session and under
+    its principal. Its mode is resolved as for any call: `deny` refuses it (recorded `denied`), while
+    `require_approval` is covered by the composite's own approval (or the policy that allowed it) and runs.
+    """
+
+    def source(self, source_id: str) -> ActionSource | None:
+        """A configured source that policy does not disable, else None."""
+        ...
+
+    async def run_step(
+        self,
+        parent_id: str,
+        *,
+        step_id: str,
+        source_id: str,
+        action_id: str,
+        arguments: dict[str, Any],
+        relay: Relay | None = None,
+    ) -> tuple[str, types.CallToolResult]:
+        """Run one step for the invocation `parent_id`: its own invocation id and result. Raises as the gateway's
+        call does (NotFound, InvalidArguments and ConnectorUnavailable before anything is recorded; PolicyDenied
+        recorded `denied`; the errors of `ActionSource.call` recorded as its outcome), with the step's id."""
+        ...
+
+
+@runtime_checkable
+class CompositeSource(Protocol):
+    """A source whose actions run other sources' actions (manifest actions): the gateway binds it a step runner and
+    tells it whenever another source's listing changed, since its own actions depend on those."""
+
+    @property
+    def source_id(self) -> str: ...
+
+    def bind(self, steps: StepRunner) -> None: ...
+
+    def observe(self, source_id: str) -> None:
+        """Another source listed, changed or went away."""
+        ...
+
+    def refusal(self, name: str) -> BastionError | None:
+        """Why a host name of its own that is not listed cannot be called now (disabled, unavailable), if it is
+        one of its actions."""
         ...
 
 
@@ -248,9 +297,10 @@ class InvocationStore(Protocol):
         source_id: str | None = None,
         session_id: str | None = None,
         principal: str | None = None,
+        parent_id: str | None = None,
         limit: int = 100,
     ) -> builtins.list[Invocation]:
-        """Newest first; each filter given narrows the list."""
+        """Newest first; each filter given narrows the list (`parent_id`: the steps of a manifest invocation)."""
         ...
 
     async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]: ...

@@ -13,7 +13,7 @@ from bastion.policies.drift import (
     is_drifted,
     structural_fingerprint,
 )
-from bastion.policies.modes import MODE_STRICTNESS, is_mode, resolve_mode, stricter, strictness
+from bastion.policies.modes import MODE_STRICTNESS, compose_mode, is_mode, resolve_mode, stricter, strictness
 from bastion.policies.naming import (
     MAX_TOOL_NAME,
     NameAssignment,
@@ -34,6 +34,7 @@ __all__ = [
     "NestingTooDeep",
     "assign_tool_names",
     "canonical_json",
+    "compose_mode",
     "derive_risk",
     "diff_definitions",
     "fingerprint",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final, TypeGuard
 
 from bastion.models import MODES, Mode, ModeDecision, Risk, policy_key
@@ -53,3 +53,28 @@ def resolve_mode(
                 return ModeDecision(mode=value, source=source)
             return ModeDecision(mode="deny", source=f"unknown_mode:{value}")
     return ModeDecision(mode=_INFERRED[risk], source="inferred")
+
+
+def compose_mode(
+    own: ModeDecision, *, approval_required: bool, steps: Sequence[tuple[str, ModeDecision, bool]]
+) -> ModeDecision:
+    """The mode of a composite action (a manifest action) from its own and its steps' (policy key, mode, drifted).
+
+    A composite never looks safer than its steps: a step that policy denies denies it (source `step:<key>`), and a
+    drifted step holds it for an approver (source `drift:<key>`), who then sees which step changed. A declared
+    `approval_required` holds it too (source `declared`). A step that merely needs approval does not: the
+    composite's own approval, or the policy that allows the composite, covers its steps.
+    """
+    if own.mode == "deny":
+        return own
+    for key, step, _ in steps:
+        if step.mode == "deny":
+            return ModeDecision(mode="deny", source=f"step:{key}")
+    if own.mode != "allow":
+        return own
+    drifted = next((key for key, _, step_drifted in steps if step_drifted), None)
+    if drifted is not None:
+        return ModeDecision(mode="require_approval", source=f"drift:{drifted}")
+    if approval_required:
+        return ModeDecision(mode="require_approval", source="declared")
+    return own

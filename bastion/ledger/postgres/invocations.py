@@ -46,6 +46,7 @@ COLUMNS: Final = (
     "created_at",
     "updated_at",
     "expires_at",
+    "parent_id",
 )
 _COLUMN_LIST: Final = ", ".join(COLUMNS)
 _UPDATED_COLUMNS: Final = ", ".join(f"updated.{name}" for name in COLUMNS)
@@ -55,7 +56,7 @@ _APPENDED: Final = "appended.id, appended.invocation_id, appended.kind"
 SELECT: Final = f"SELECT {_COLUMN_LIST} FROM invocations"
 SELECT_ONE: Final = f"{SELECT} WHERE id = %s"
 NEWEST_FIRST: Final = " ORDER BY created_at DESC, position DESC LIMIT %s"
-LIST_FILTERS: Final = ("status = %s", "source_id = %s", "session_id = %s", "principal = %s")
+LIST_FILTERS: Final = ("status = %s", "source_id = %s", "session_id = %s", "principal = %s", "parent_id = %s")
 COUNT: Final = "SELECT COUNT(*) FROM invocations"
 COUNT_FILTERS: Final = ("status = %s", "session_id = %s")
 COUNT_PENDING: Final = f"{COUNT} WHERE status = 'pending'"
@@ -404,12 +405,13 @@ class PostgresInvocations:
         source_id: str | None = None,
         session_id: str | None = None,
         principal: str | None = None,
+        parent_id: str | None = None,
         limit: int = 100,
     ) -> builtins.list[Invocation]:
         """Newest first (by created_at, then insertion order), at most `limit`."""
         if limit < 0:
             raise ValueError(f"limit must not be negative, got {limit}")
-        filters = zip(LIST_FILTERS, (status, source_id, session_id, principal), strict=True)
+        filters = zip(LIST_FILTERS, (status, source_id, session_id, principal, parent_id), strict=True)
         used = [(clause, value) for clause, value in filters if value is not None]
         where = " WHERE " + " AND ".join(clause for clause, _ in used) if used else ""
         params = [value for _, value in used] + [limit]

@@ -51,6 +51,7 @@ _MIGRATION_1: Final = (
         created_at    timestamptz NOT NULL,
         updated_at    timestamptz NOT NULL,
         expires_at    timestamptz,
+        parent_id     text COLLATE "C" REFERENCES invocations (id),  -- a manifest step's manifest invocation
         last_seq      integer NOT NULL -- the seq of its newest event
     )
     """,
@@ -58,6 +59,7 @@ _MIGRATION_1: Final = (
     "CREATE INDEX invocations_source ON invocations (source_id, created_at)",
     "CREATE INDEX invocations_session ON invocations (session_id, created_at)",
     "CREATE INDEX invocations_created ON invocations (created_at, position)",
+    "CREATE INDEX invocations_parent ON invocations (parent_id, created_at) WHERE parent_id IS NOT NULL",
     "CREATE INDEX invocations_pending_expiry ON invocations (expires_at) WHERE status = 'pending'",
     "CREATE INDEX invocations_pending_session ON invocations (session_id) WHERE status = 'pending'",
     # One history for the whole ledger: ids from a sequence, so they have gaps (a rolled-back insert) and commit

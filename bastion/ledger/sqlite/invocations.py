@@ -44,13 +44,14 @@ COLUMNS: Final = (
     "created_at",
     "updated_at",
     "expires_at",
+    "parent_id",
 )
 _COLUMN_LIST: Final = ", ".join(COLUMNS)
 
 SELECT: Final = f"SELECT {_COLUMN_LIST} FROM invocations"
 SELECT_ONE: Final = f"{SELECT} WHERE id = ?"
 NEWEST_FIRST: Final = " ORDER BY created_at DESC, rowid DESC LIMIT ?"
-LIST_FILTERS: Final = ("status = ?", "source_id = ?", "session_id = ?", "principal = ?")
+LIST_FILTERS: Final = ("status = ?", "source_id = ?", "session_id = ?", "principal = ?", "parent_id = ?")
 COUNT: Final = "SELECT COUNT(*) FROM invocations"
 COUNT_FILTERS: Final = ("status = ?", "session_id = ?")
 COUNT_PENDING: Final = f"{COUNT} WHERE status = 'pending'"
@@ -404,13 +405,14 @@ class SqliteInvocations:
         source_id: str | None = None,
         session_id: str | None = None,
         principal: str | None = None,
+        parent_id: str | None = None,
         limit: int = 100,
     ) -> builtins.list[Invocation]:
         """Newest first (by created_at, then insertion order), at most `limit`. The principal filter has
         no index of its own (one more page written by every call): it scans newest first until `limit`."""
         if limit < 0:
             raise ValueError(f"limit must not be negative, got {limit}")
-        filters = zip(LIST_FILTERS, (status, source_id, session_id, principal), strict=True)
+        filters = zip(LIST_FILTERS, (status, source_id, session_id, principal, parent_id), strict=True)
         used = [(clause, value) for clause, value in filters if value is not None]
         where = " WHERE " + " AND ".join(clause for clause, _ in used) if used else ""
         params = [value for _, value in used] + [limit]

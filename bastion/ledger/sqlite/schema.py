@@ -203,6 +203,14 @@ _MIGRATION_6: Final = (
     """,
 )
 
+_MIGRATION_7: Final = (
+    # A step of a manifest action is an invocation of its own, recorded as a child of the manifest's invocation
+    # (whose approval covered it). NULL for every other invocation.
+    "ALTER TABLE invocations ADD COLUMN parent_id TEXT REFERENCES invocations (id)",
+    # A manifest invocation's steps, in order. Partial: the ordinary calls (no parent) never write to it.
+    "CREATE INDEX invocations_parent ON invocations (parent_id, created_at) WHERE parent_id IS NOT NULL",
+)
+
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_1,
     _MIGRATION_2,
@@ -210,6 +218,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_4,
     _MIGRATION_5,
     _MIGRATION_6,
+    _MIGRATION_7,
 )
 """Migration N (1-based) brings a ledger from user_version N-1 to N."""
 

@@ -1,0 +1,162 @@
+"""The gateway's step runner (`seams.StepRunner`): the steps of composite actions (manifest actions), each run as an
+invocation of its own, recorded as a child of the composite's invocation.
+
+It also composes a composite's mode from its steps' (`compose`), so the gateway's `mode_of` stays one pipeline
+for every action: a composite never looks safer than its steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import mcp_types as types
+
+from bastion.errors import ConnectorUnavailable, InvalidArguments, NotFound, PolicyDenied
+from bastion.models import CallContext, Invocation, ModeDecision, utcnow
+from bastion.pipeline.catalog import CatalogEntry
+from bastion.pipeline.observer import Observers
+from bastion.pipeline.seams import ActionSource, InvocationStore, Relay
+from bastion.policies import compose_mode
+
+
+class ModeOf(Protocol):
+    """The gateway's `mode_of`."""
+
+    def __call__(self, entry: CatalogEntry, context: CallContext, *, drifted: bool | None = None) -> ModeDecision: ...
+
+
+Lookup = Callable[[str, str], CatalogEntry | None]
+DriftFn = Callable[[str, str], list[str] | None]
+CurrentDriftFn = Callable[[str, str], Awaitable[list[str] | None]]
+RunFn = Callable[[CatalogEntry, Invocation, dict[str, Any], None], Awaitable[types.CallToolResult]]
+"""Runs an `executing` invocation and records its outcome (the gateway's `_run_counted`)."""
+RelayingFn = Callable[[str, Relay | None], AbstractContextManager[None]]
+
+
+class GatewaySteps:
+    """Runs steps through the gateway's own pieces: its catalog, policy, pins, ledger, observers and runner."""
+
+    def __init__(
+        self,
+        *,
+        sources: Mapping[str, ActionSource],
+        lookup: Lookup,
+        mode_of: ModeOf,
+        drift: DriftFn,
+        current_drift: CurrentDriftFn,
+        invocations: InvocationStore,
+        observers: Observers,
+        run: RunFn,
+        relaying: RelayingFn,
+        new_id: Callable[[], str],
+        owner: str,
+    ) -> None:
+        self._sources = sources
+        self._lookup = lookup
+        self._mode_of = mode_of
+        self._drift = drift
+        self._current_drift = current_drift
+        self._invocations = invocations
+        self._observers = observers
+        self._run = run
+        self._relaying = relaying
+        self._new_id = new_id
+        self._owner = owner
+
+    def source(self, source_id: str) -> ActionSource | None:
+        return self._sources.get(source_id)
+
+    def compose(self, entry: CatalogEntry, context: CallContext, own: ModeDecision) -> ModeDecision:
+        """The mode of `entry` given its own resolved mode: for a composite, tightened by its steps (see
+        `compose_mode`); any other action's is `own`."""
+        spec = entry.action.spec
+        if not spec.steps and not spec.approval_required:
+            return own
+        steps = []
+        for source_id, action_id in spec.steps:
+            step = self._lookup(source_id, action_id)
+            if step is None:
+                continue  # not offered now: the composite is unavailable, and refused if called
+            drifted = self._drift(source_id, action_id) is not None
+            steps.append((step.key, self._mode_of(step, context, drifted=drifted), drifted))
+        return compose_mode(own, approval_required=spec.approval_required, steps=steps)
+
+    async def run_step(
+        self,
+        parent_id: str,
+        *,
+        step_id: str,
+        source_id: str,
+        action_id: str,
+        arguments: dict[str, Any],
+        relay: Relay | None = None,
+    ) -> tuple[str, types.CallToolResult]:
+        """See `seams.StepRunner.run_step`."""
+        parent = await self._invocations.get(parent_id)
+        if parent is None:
+            raise NotFound(f"no invocation {parent_id} to run step {step_id!r} for")
+        entry = self._entry(step_id, source_id, action_id)
+        entry.validate_arguments(arguments)
+        try:
+            hashed = self._invocations.hash_args(arguments)
+        except ValueError as exc:
+            raise InvalidArguments(f"invalid arguments for step {step_id!r} ({entry.key}): {exc}") from exc
+        drift = await self._current_drift(source_id, action_id)
+        context = CallContext(session_id=parent.session_id, profile=parent.profile, principal=parent.principal)
+        decision = self._mode_of(entry, context, drifted=drift is not None)
+        now = utcnow()
+        invocation = Invocation(
+            id=self._new_id(),
+            status="executing",
+            policy_key=entry.key,
+            tool=entry.name,
+            source_id=entry.source_id,
+            action_id=entry.action_id,
+            risk=entry.action.risk,
+            mode=decision.mode,
+            mode_source=decision.source,
+            fingerprint=entry.action.fingerprints.full,
+            session_id=parent.session_id,
+            profile=parent.profile,
+            principal=parent.principal,
+            args=arguments,
+            args_hash=hashed,
+            owner=self._owner,
+            drift=drift,
+            parent_id=parent.id,
+            created_at=now,
+            updated_at=now,
+        )
+        if decision.mode == "deny":
+            reason = f"policy ({decision.source}) denies {entry.key} (step {step_id!r} of invocation {parent.id})"
+            refused = invocation.model_copy(
+                update={"status": "denied", "error_class": PolicyDenied.error_class, "error_message": reason}
+            )
+            await self._invocations.record(refused, ("planned", "denied"), {"reason": reason, "step": step_id})
+            await self._observers.planned(refused)
+            await self._observers.decided(refused)
+            raise PolicyDenied(reason, invocation_id=invocation.id)
+        detail: dict[str, Any] = {"step": step_id, "parent_id": parent.id}
+        if decision.mode == "require_approval":
+            detail["approval"] = f"covered by invocation {parent.id} ({parent.mode}, {parent.mode_source})"
+        await self._invocations.record(invocation, ("planned", "approved", "executing"), detail)
+        await self._observers.planned(invocation)
+        await self._observers.decided(invocation)
+        await self._observers.executing(invocation)
+        with self._relaying(invocation.id, relay):
+            return invocation.id, await self._run(entry, invocation, arguments, None)
+
+    def _entry(self, step_id: str, source_id: str, action_id: str) -> CatalogEntry:
+        """The step's action as hosts may call it; ConnectorUnavailable or NotFound (nothing recorded) when it is not
+        offered now."""
+        entry = self._lookup(source_id, action_id)
+        if entry is not None and not entry.action.hidden:
+            return entry
+        source = self._sources.get(source_id)
+        if source is None:
+            raise NotFound(f"step {step_id!r}: no source {source_id!r} is configured and enabled")
+        if source.status.state != "ready":
+            raise ConnectorUnavailable(f"step {step_id!r}: source {source_id!r} is {source.status.state}")
+        raise NotFound(f"step {step_id!r}: source {source_id!r} offers hosts no action {action_id!r}")
