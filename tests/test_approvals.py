@@ -151,6 +151,7 @@ async def test_the_rate_limit_refuses_and_records_why(tmp_path: Path) -> None:
         error = error_of(await h.call("fx__echo", {"text": "x"}))
         assert error["class"] == "rate_limited"
         assert error["retriable"] is True
+        assert f"retry in {error['retry_after']} s" in error["message"]  # the wait, also in whole seconds
         refused = await h.ledger.invocations.get(error["invocation_id"])
         assert refused is not None
         assert (refused.status, refused.error_class) == ("denied", "rate_limited")

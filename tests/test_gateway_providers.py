@@ -56,7 +56,7 @@ async def test_an_api_rate_limit_reaches_the_host_as_rate_limited_and_the_call_i
         result = await client.call_tool(*LIST)
         (invocation,) = await ledger.invocations.list()
     error = error_of(result)
-    assert (error["class"], error["retriable"]) == ("rate_limited", True)
+    assert (error["class"], error["retriable"], error["retry_after"]) == ("rate_limited", True, 30)
     assert "30 s" in error["message"]
     assert (invocation.status, invocation.error_class) == ("failed", "rate_limited")
 

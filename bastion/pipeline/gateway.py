@@ -238,16 +238,13 @@ class Gateway:
             # Counted in the ledger: every instance sharing it counts against the session's one budget.
             wait = await self.ledger.limits.admit(context.session_id, per_minute=limit, now=invocation.created_at)
             if wait is not None:
-                await self._refuse(
-                    invocation,
-                    RateLimited,
-                    f"session over its limit of {limit} invocations per minute; retry in {math.ceil(wait)} s",
-                )
+                reason = f"session over its limit of {limit} invocations per minute; retry in {math.ceil(wait)} s"
+                await self._refuse(invocation, RateLimited(reason, retry_after=math.ceil(wait)))
             if decision.mode == "deny":
                 reason = f"policy ({decision.source}) denies {entry.key}"
                 if drift is not None and self.listings.drift_listing(entry.action) == "hide":
                     reason = f"{entry.key} changed since it was trusted; it is withheld until an approver accepts it"
-                await self._refuse(invocation, PolicyDenied, reason)
+                await self._refuse(invocation, PolicyDenied(reason))
             if decision.mode == "require_approval":
                 return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
             await self.invocations.record(invocation, ("planned", "approved", "executing"))
@@ -268,14 +265,17 @@ class Gateway:
         finally:
             self._relays.pop(invocation_id, None)
 
-    async def _refuse(self, invocation: Invocation, error: type[BastionError], reason: str) -> NoReturn:
+    async def _refuse(self, invocation: Invocation, error: BastionError) -> NoReturn:
+        """Record the call as refused by `error` (nothing was sent) and raise it, naming the invocation."""
+        reason = error.message
         refused = invocation.model_copy(
             update={"status": "denied", "error_class": error.error_class, "error_message": reason, "owner": None}
         )
         await self.invocations.record(refused, ("planned", "denied"), {"reason": reason})
         await self.observers.planned(refused)
         await self.observers.decided(refused)
-        raise error(reason, invocation_id=invocation.id)
+        error.invocation_id = invocation.id
+        raise error
 
     async def _hold(
         self,
@@ -305,7 +305,7 @@ class Gateway:
         try:
             return await self._wait_unless_stopping(held.id, holding)
         except PendingLimit as refused:
-            await self._refuse(invocation, PendingLimit, refused.message)
+            await self._refuse(invocation, PendingLimit(refused.message))
 
     async def resume(self, invocation_id: str, *, on_progress: ProgressFn | None = None) -> types.CallToolResult:
         """Wait for a held call again (the host answered an inline approval in a new request)."""

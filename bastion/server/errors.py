@@ -9,26 +9,31 @@ The error classes, their retriability and their HTTP statuses are defined once, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Final
 
 import mcp_types as types
 from starlette.responses import JSONResponse
 
-from bastion.errors import ERROR_CLASSES, BastionError
+from bastion.errors import ERROR_CLASSES, BastionError, RateLimited
 
 ERROR_META_KEY: Final = "io.bastion/error"
 """The `_meta` key of an error result that carries the error's class, message, invocation and retriability."""
 
 
 def error_detail(exc: BastionError) -> dict[str, Any]:
-    """The error as a host sees it: class, message, invocation id and whether a retry may succeed."""
-    return {
+    """The error as a host sees it: class, message, invocation id and whether a retry may succeed; for a rate
+    limit whose wait is known, `retry_after` (whole seconds) too."""
+    detail: dict[str, Any] = {
         "class": exc.error_class,
         "message": exc.message,
         "invocation_id": exc.invocation_id,
         "retriable": exc.retriable,
     }
+    if isinstance(exc, RateLimited) and exc.retry_after is not None:
+        detail["retry_after"] = math.ceil(exc.retry_after)
+    return detail
 
 
 def tool_result(exc: BastionError, *, output_schema: bool = False) -> types.CallToolResult:
