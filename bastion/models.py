@@ -32,6 +32,10 @@ MANIFEST_SOURCE_ID: Final = "actions"
 """The source id (and namespace) of the manifest actions of `actions/*.md`: policy keys `actions:<name>`, tools
 `actions__<name>`. No connector may take it."""
 
+PLUGIN_SOURCE_ID: Final = "plugins"
+"""The source id (and namespace) of the plugin action packages of `actions/<name>/action.json`: policy keys
+`plugins:<name>`, tools `plugins__<name>`. No connector may take it."""
+
 RISK_ALIASES: Final[dict[str, Risk]] = {"R0": "read", "R1": "read", "R2": "write", "R3": "danger", "R4": "danger"}
 """Seed 000's risk tiers, accepted wherever a risk is configured."""
 

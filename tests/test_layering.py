@@ -53,7 +53,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.manifests": {"pydantic"},
     "bastion.policies": {"pydantic"},
     "bastion.ledger": {"pydantic", "aiosqlite", "anyio", "psycopg", "psycopg_pool"},
-    "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic"},
+    "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic", "jsonschema"},  # plugins: action.json
     "bastion.config.tomlpos": set(),
     "bastion.starter": set(),
     "bastion.pipeline": set(),

@@ -44,7 +44,7 @@ from bastion.config.tomlpos import (
     line_containing,
 )
 from bastion.errors import ConfigError
-from bastion.models import MANIFEST_SOURCE_ID, MODES
+from bastion.models import MANIFEST_SOURCE_ID, MODES, PLUGIN_SOURCE_ID
 from bastion.policies import strictness
 
 # -- discovery
@@ -419,12 +419,12 @@ class _Loader:
             for error in exc.errors():
                 self.report_invalid(file, ConnectorConfig, error, "this file is ignored")
             return None
-        if connector.id == MANIFEST_SOURCE_ID:
+        if connector.id in (MANIFEST_SOURCE_ID, PLUGIN_SOURCE_ID):
             self.report(
                 path,
                 file.index.line_of(("id",)),
-                f'connector id "{MANIFEST_SOURCE_ID}" is reserved for the manifest actions of actions/*.md; rename the '
-                "file or set another id (this file is ignored until then)",
+                f'connector id "{connector.id}" is reserved for the actions of actions/ (manifests, plugins); rename '
+                "the file or set another id (this file is ignored until then)",
             )
             return None
         needed = "command" if connector.transport == "stdio" else "url"

@@ -107,6 +107,25 @@ class LedgerSettings(_Strict):
     `state/ledger.key` for PostgreSQL, where every instance on one database needs the same key."""
 
 
+class PluginSettings(_Strict):
+    """`[plugins]` in `bastion.toml`: plugin action packages `actions/<name>/action.json` (seed 000)."""
+
+    allow_plugin_code: bool = False
+    """Plugin packages run code of their own; they are loaded only when this is true."""
+    workspace: str = "."
+    """The working directory of every step of every plugin, relative to the config directory; path arguments are
+    checked against it (and their scopes) with symlinks and `..` resolved."""
+    allowed_commands: list[Annotated[list[str], Field(min_length=1)]] = Field(default_factory=list)
+    """The global command allowlist: argument vectors. A package's verification command runs only if its vector
+    starts with one of these (write the whole vector to allow exactly one command); never through a shell."""
+    timeout_seconds: float = Field(default=30, gt=0)
+    """How long each step (execute, verify, repair, rollback, each verification command) may run."""
+    max_output_bytes: int = Field(default=1_048_576, ge=1024)
+    """The most a step may write to stdout (its JSON output); past it the step is stopped and fails."""
+    env: dict[str, SecretStr] = Field(default_factory=dict)
+    """The bound credentials: the whole environment of every step (nothing else of Bastion's is passed)."""
+
+
 class Settings(_Strict):
     """`bastion.toml`."""
 
@@ -114,6 +133,7 @@ class Settings(_Strict):
     approvals: ApprovalSettings = Field(default_factory=ApprovalSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    plugins: PluginSettings = Field(default_factory=PluginSettings)
 
 
 class ToolPin(_Strict):

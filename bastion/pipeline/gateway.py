@@ -251,6 +251,10 @@ class Gateway:
                 if drift is not None and self.listings.drift_listing(entry.action) == "hide":
                     reason = f"{entry.key} changed since it was trusted; it is withheld until an approver accepts it"
                 await self._refuse(invocation, PolicyDenied, reason)
+            admit = entry.action.spec.admit
+            refusal = admit(arguments) if admit is not None else None
+            if refusal is not None:
+                await self._refuse(invocation, PolicyDenied, f"{entry.key} refused before it ran: {refusal}")
             if decision.mode == "require_approval":
                 return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
             await self.invocations.record(invocation, ("planned", "approved", "executing"))

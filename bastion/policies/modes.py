@@ -56,7 +56,11 @@ def resolve_mode(
 
 
 def compose_mode(
-    own: ModeDecision, *, approval_required: bool, steps: Sequence[tuple[str, ModeDecision, bool]]
+    own: ModeDecision,
+    *,
+    approval_required: bool,
+    steps: Sequence[tuple[str, ModeDecision, bool]],
+    held_steps: Sequence[str] = (),
 ) -> ModeDecision:
     """The mode of a composite action (a manifest action) from its own and its steps' (policy key, mode, drifted).
 
@@ -77,4 +81,6 @@ def compose_mode(
         return ModeDecision(mode="require_approval", source=f"drift:{drifted}")
     if approval_required:
         return ModeDecision(mode="require_approval", source="declared")
+    if held_steps:
+        return ModeDecision(mode="require_approval", source=f"declared:{held_steps[0]}")
     return own
