@@ -58,6 +58,18 @@ class ModeDecision(BaseModel):
     source: str
 
 
+class PolicyRule(BaseModel):
+    """`[[rules]]` of a policy file (org, or a profile's): the mode of `key` when the CEL condition `when` holds for
+    the call's arguments. Rules of a key are tried before its plain mode, in the order written."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    when: str
+    mode: str
+    """Kept as text, as in `[modes]`: a value that is not a mode resolves to deny."""
+
+
 class CallContext(BaseModel):
     """Who is calling: the host session, the profile bound to it and the authenticated principal."""
 

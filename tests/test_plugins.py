@@ -21,8 +21,11 @@ from mcp import Client
 
 from bastion.cli.app import load_actions, open_gateway
 from bastion.config import load_config
-from bastion.models import CallContext, Invocation, utcnow
+from bastion.connectors.plugins import load_plugins
+from bastion.connectors.plugins.runner import run_step
+from bastion.models import CallContext, Invocation, ModeDecision, utcnow
 from bastion.pipeline.gateway import Gateway
+from bastion.policies import compose_mode
 from bastion.server.mcp import FrontDoor
 from tests.test_gateway import error_of
 
@@ -282,3 +285,61 @@ async def test_verification_commands_in_the_allowlist_run_as_argument_vectors(tm
     checks = envelope["verification"]["checks"]
     assert [check["ok"] for check in checks] == [True, True]
     assert checks[1]["command"] == [sys.executable, "-c", "import sys; sys.exit(0)"]
+
+
+def test_a_composite_with_a_step_that_needs_an_approver_is_held_even_when_policy_allows_it() -> None:
+    allowed = ModeDecision(mode="allow", source="org")
+    steps = [("plugins:deploy", ModeDecision(mode="require_approval", source="declared"), False)]
+    held = compose_mode(allowed, approval_required=False, steps=steps, held_steps=["plugins:deploy"])
+    assert held == ModeDecision(mode="require_approval", source="declared:plugins:deploy")
+    assert compose_mode(allowed, approval_required=False, steps=steps) == allowed
+
+
+async def test_a_step_that_runs_too_long_is_stopped(tmp_path: Path) -> None:
+    code = "import time; print('{}', flush=True); time.sleep(60)"
+    run = await run_step([sys.executable, "-c", code], {}, cwd=tmp_path, env={}, timeout=0.5, max_output=1024)
+    assert not run.ok
+    assert run.error is not None
+    assert "longer than" in run.error
+
+
+async def test_a_step_that_writes_past_the_output_cap_is_stopped(tmp_path: Path) -> None:
+    code = "import sys\nwhile True: sys.stdout.write('x' * 65536)"
+    run = await run_step([sys.executable, "-c", code], None, cwd=tmp_path, env={}, timeout=20, max_output=100_000)
+    assert not run.ok
+    assert run.error is not None
+    assert "more than 100000 bytes" in run.error
+
+
+async def test_a_step_whose_output_is_not_a_json_object_fails(tmp_path: Path) -> None:
+    run = await run_step([sys.executable, "-c", "print('[1]')"], {}, cwd=tmp_path, env={}, timeout=20, max_output=1024)
+    assert not run.ok
+    assert run.exit_code == 0
+
+
+def test_packages_are_not_loaded_without_allow_plugin_code(tmp_path: Path) -> None:
+    config = make_config(tmp_path, allow=False)
+    package = write_package(config, "edit", action_json("edit"))
+    _, issues = load_actions(load_config(config))
+    [issue] = issues
+    assert issue.file == package / "action.json"
+    assert "allow_plugin_code" in issue.message
+
+
+def test_an_r2_package_without_rollback_is_rejected_at_load_with_file_and_line(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    package = write_package(config, "edit", action_json("edit", rollback={"required": False}))
+    (package / "rollback.py").unlink()
+    _, issues = load_actions(load_config(config))
+    [issue] = issues
+    lines = (package / "action.json").read_text().splitlines()
+    assert '"rollback"' in lines[issue.line - 1]
+
+
+def test_a_plugin_never_takes_a_manifest_action_name(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    package = write_package(config, "edit", action_json("edit"))
+    packages, problems = load_plugins(config / "actions", allowed_commands=[], taken={"edit"})
+    assert packages == []
+    [problem] = problems
+    assert problem.file == package / "action.json"

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 
 from bastion.actions import DriftListing
-from bastion.models import Risk
+from bastion.models import PolicyRule, Risk
 from bastion.policies import normalize_risk
 
 
@@ -210,6 +210,8 @@ class ProviderConfig(_Strict):
 class Profile(_Strict):
     modes: dict[str, str] = Field(default_factory=dict)
     """Mode values stay strings: an unknown value must fail safe to `deny` at resolution (§4)."""
+    rules: list[PolicyRule] = Field(default_factory=list)
+    """Conditional modes (`[[profiles.<name>.rules]]`), tried before `modes` for their key."""
     inline_approval: bool = False
 
 
@@ -221,6 +223,8 @@ class PolicyConfig(_Strict):
     """`policies/*.toml`, all files merged into one."""
 
     modes: dict[str, str] = Field(default_factory=dict)
+    rules: list[PolicyRule] = Field(default_factory=list)
+    """Conditional organisation modes (`[[rules]]`), tried before `modes` for their key."""
     profiles: dict[str, Profile] = Field(default_factory=dict)
     sources: SourcesPolicy = Field(default_factory=SourcesPolicy)
 

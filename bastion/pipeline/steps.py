@@ -24,7 +24,14 @@ from bastion.policies import compose_mode
 class ModeOf(Protocol):
     """The gateway's `mode_of`."""
 
-    def __call__(self, entry: CatalogEntry, context: CallContext, *, drifted: bool | None = None) -> ModeDecision: ...
+    def __call__(
+        self,
+        entry: CatalogEntry,
+        context: CallContext,
+        *,
+        drifted: bool | None = None,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> ModeDecision: ...
 
 
 Lookup = Callable[[str, str], CatalogEntry | None]
@@ -108,7 +115,7 @@ class GatewaySteps:
             raise InvalidArguments(f"invalid arguments for step {step_id!r} ({entry.key}): {exc}") from exc
         drift = await self._current_drift(source_id, action_id)
         context = CallContext(session_id=parent.session_id, profile=parent.profile, principal=parent.principal)
-        decision = self._mode_of(entry, context, drifted=drift is not None)
+        decision = self._mode_of(entry, context, drifted=drift is not None, arguments=arguments)
         now = utcnow()
         invocation = Invocation(
             id=self._new_id(),
