@@ -35,7 +35,7 @@ from bastion.errors import BastionError, ConfigError, NotFound, Unauthenticated
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
 from bastion.manifests import ACTIONS_DIR, STATE_FILE, ActionState, Manifest, load_manifests
-from bastion.models import Invocation, Principal
+from bastion.models import PLUGIN_SOURCE_ID, Invocation, Principal
 from bastion.pipeline.authority import local_owner, resolve_invocation_id
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.manifests import ManifestSource
@@ -220,6 +220,16 @@ def load_plugin_source(config: Config, *, taken: Collection[str]) -> tuple[Plugi
         return None, refused + problems
     if not packages:
         return None, problems
+    if PLUGIN_SOURCE_ID in config.providers:
+        clash = [
+            PluginProblem(
+                config.directory / "bastion.toml",
+                1,
+                f"[providers.{PLUGIN_SOURCE_ID}] takes the source id of the plugin actions, which are not loaded "
+                "until it is renamed",
+            )
+        ]
+        return None, clash + problems
     limits = StepLimits(
         workspace=config.directory / settings.workspace,
         env={name: value.get_secret_value() for name, value in settings.env.items()},
