@@ -23,7 +23,13 @@ from bastion.cli.app import ConfigOption, Exit, app, err, load, open_gateway, op
 from bastion.config import Config, config_hint, host_name, validate_profile
 from bastion.errors import ConfigError
 from bastion.pipeline.gateway import Gateway
-from bastion.server.http import bind_listener, is_loopback, listener_problem, serve_http
+from bastion.server.http import (
+    bind_listener,
+    is_loopback,
+    listener_problem,
+    require_tokens_beyond_loopback,
+    serve_http,
+)
 from bastion.server.mcp import FrontDoor, serve_stdio
 
 logger = logging.getLogger(__name__)
@@ -72,13 +78,8 @@ def serve(
 
     async def run() -> None:
         if transport == "http" and not is_loopback(host):
-            async with open_ledger(config) as ledger:
-                if not await ledger.tokens.has_tokens():  # refuse before starting any connector
-                    raise ConfigError(
-                        f"refusing to serve on {host} without tokens: anyone who can reach it could call tools. "
-                        f"Create one first with `bastion tokens create NAME --role admin{config_hint(config)}` "
-                        "(and agent tokens for hosts), or bind to 127.0.0.1."
-                    )
+            async with open_ledger(config) as ledger:  # refused before any connector starts
+                await require_tokens_beyond_loopback(host, ledger.tokens, config_hint(config))
         shutdown = Shutdown(config.settings.server.shutdown_grace_seconds)
         try:
             async with anyio.create_task_group() as everything:

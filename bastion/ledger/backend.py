@@ -30,6 +30,34 @@ class Scrubbed:
 
 EMPTY_DETAIL = Scrubbed("{}")
 
+INVOCATION_COLUMNS: Final = (
+    "id",
+    "status",
+    "policy_key",
+    "tool",
+    "source_id",
+    "action_id",
+    "risk",
+    "mode",
+    "mode_source",
+    "fingerprint",
+    "session_id",
+    "profile",
+    "principal",
+    "args",
+    "args_hash",
+    "result",
+    "error_class",
+    "error_message",
+    "owner",
+    "drift",
+    "created_at",
+    "updated_at",
+    "expires_at",
+    "parent_id",
+)
+"""The columns of the `invocations` table, in the order every backend selects them: the fields of `Invocation`."""
+
 LAST_CODE_POINT: Final = chr(0x10FFFF)
 FIRST_SURROGATE: Final = 0xD800
 AFTER_SURROGATES: Final = 0xE000

@@ -10,6 +10,8 @@ a way to steer the agent.
 from __future__ import annotations
 
 import logging
+import secrets
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +24,7 @@ from pydantic import ValidationError
 
 from bastion.actions import ActionSpec, DriftListing
 from bastion.errors import InvalidArguments
-from bastion.models import Risk, policy_key
+from bastion.models import CallContext, Invocation, ModeDecision, Risk, policy_key, utcnow
 from bastion.policies import Fingerprints, NameRequest, assign_tool_names, fingerprints
 
 logger = logging.getLogger(__name__)
@@ -83,6 +85,43 @@ class CatalogEntry:
     @property
     def key(self) -> str:
         return policy_key(self.action.source_id, self.action.action_id)
+
+    def new_invocation(
+        self,
+        arguments: dict[str, Any],
+        args_hash: str,
+        decision: ModeDecision,
+        context: CallContext,
+        *,
+        owner: str,
+        drift: list[str] | None,
+        parent_id: str | None = None,
+    ) -> Invocation:
+        """A call of this action as it is first recorded: `executing` (the pipeline's checks then hold or refuse
+        it), under a new id, owned by the instance `owner`."""
+        now = utcnow()
+        return Invocation(
+            id=new_invocation_id(),
+            status="executing",
+            policy_key=self.key,
+            tool=self.name,
+            source_id=self.source_id,
+            action_id=self.action_id,
+            risk=self.action.risk,
+            mode=decision.mode,
+            mode_source=decision.source,
+            fingerprint=self.action.fingerprints.full,
+            session_id=context.session_id,
+            profile=context.profile,
+            principal=context.principal,
+            args=arguments,
+            args_hash=args_hash,
+            owner=owner,
+            drift=drift,
+            parent_id=parent_id,
+            created_at=now,
+            updated_at=now,
+        )
 
     def validate_arguments(self, arguments: Mapping[str, Any]) -> None:
         """Check arguments against the upstream input schema; raise InvalidArguments naming the problem."""
@@ -157,3 +196,8 @@ class Catalog:
 
     def get(self, name: str) -> CatalogEntry | None:
         return self.entries.get(name)
+
+
+def new_invocation_id() -> str:
+    """A short id that sorts by creation time: 12 hex digits of milliseconds, then 12 random ones."""
+    return f"{int(time.time() * 1000):012x}{secrets.token_hex(6)}"

@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import secrets
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
@@ -111,7 +109,6 @@ class Gateway:
             observers=self.observers,
             run=self._run_counted,
             relaying=self._relaying,
-            new_id=new_invocation_id,
             owner=self.instance_id,
         )
         """Runs the steps of composite sources (manifest actions), which depend on the other sources' listings."""
@@ -258,7 +255,7 @@ class Gateway:
             raise InvalidArguments(f"invalid arguments for {name}: {exc}; send arguments nested less deeply") from exc
         drift = await self.pins.current_drift(entry.source_id, entry.action_id)
         decision = self.mode_of(entry, context, drifted=drift is not None, arguments=arguments)
-        invocation = self._new_invocation(entry, arguments, hashed, decision, context, drift)
+        invocation = entry.new_invocation(arguments, hashed, decision, context, owner=self.instance_id, drift=drift)
         with self._relaying(invocation.id, relay):
             limit = self.config.settings.limits.invocations_per_minute
             # Counted in the ledger: every instance sharing it counts against the session's one budget.
@@ -297,38 +294,6 @@ class Gateway:
             yield
         finally:
             self._relays.pop(invocation_id, None)
-
-    def _new_invocation(
-        self,
-        entry: CatalogEntry,
-        arguments: dict[str, Any],
-        args_hash: str,
-        decision: ModeDecision,
-        context: CallContext,
-        drift: list[str] | None,
-    ) -> Invocation:
-        now = utcnow()
-        return Invocation(
-            id=new_invocation_id(),
-            status="executing",
-            policy_key=entry.key,
-            tool=entry.name,
-            source_id=entry.source_id,
-            action_id=entry.action_id,
-            risk=entry.action.risk,
-            mode=decision.mode,
-            mode_source=decision.source,
-            fingerprint=entry.action.fingerprints.full,
-            session_id=context.session_id,
-            profile=context.profile,
-            principal=context.principal,
-            args=arguments,
-            args_hash=args_hash,
-            owner=self.instance_id,
-            drift=drift,
-            created_at=now,
-            updated_at=now,
-        )
 
     async def _refuse(self, invocation: Invocation, error: type[BastionError], reason: str) -> NoReturn:
         refused = invocation.model_copy(
@@ -491,11 +456,6 @@ class Gateway:
             summary += f": it {self.desk.waiting_for(invocation.id)}"
         text = summary + "\n" + json.dumps(view.get("result"), ensure_ascii=False)[:4000]
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=view)
-
-
-def new_invocation_id() -> str:
-    """A short id that sorts by creation time: 12 hex digits of milliseconds, then 12 random ones."""
-    return f"{int(time.time() * 1000):012x}{secrets.token_hex(6)}"
 
 
 def _error_text(result: types.CallToolResult) -> str:

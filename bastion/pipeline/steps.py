@@ -14,7 +14,7 @@ from typing import Any, NoReturn, Protocol
 import mcp_types as types
 
 from bastion.errors import ConnectorUnavailable, InvalidArguments, NotFound, PolicyDenied
-from bastion.models import CallContext, Invocation, ModeDecision, utcnow
+from bastion.models import CallContext, Invocation, ModeDecision
 from bastion.pipeline.catalog import CatalogEntry
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.seams import ActionSource, InvocationStore, Relay
@@ -57,7 +57,6 @@ class GatewaySteps:
         observers: Observers,
         run: RunFn,
         relaying: RelayingFn,
-        new_id: Callable[[], str],
         owner: str,
     ) -> None:
         self._sources = sources
@@ -69,7 +68,6 @@ class GatewaySteps:
         self._observers = observers
         self._run = run
         self._relaying = relaying
-        self._new_id = new_id
         self._owner = owner
 
     def source(self, source_id: str) -> ActionSource | None:
@@ -116,28 +114,8 @@ class GatewaySteps:
         drift = await self._current_drift(source_id, action_id)
         context = CallContext(session_id=parent.session_id, profile=parent.profile, principal=parent.principal)
         decision = self._mode_of(entry, context, drifted=drift is not None, arguments=arguments)
-        now = utcnow()
-        invocation = Invocation(
-            id=self._new_id(),
-            status="executing",
-            policy_key=entry.key,
-            tool=entry.name,
-            source_id=entry.source_id,
-            action_id=entry.action_id,
-            risk=entry.action.risk,
-            mode=decision.mode,
-            mode_source=decision.source,
-            fingerprint=entry.action.fingerprints.full,
-            session_id=parent.session_id,
-            profile=parent.profile,
-            principal=parent.principal,
-            args=arguments,
-            args_hash=hashed,
-            owner=self._owner,
-            drift=drift,
-            parent_id=parent.id,
-            created_at=now,
-            updated_at=now,
+        invocation = entry.new_invocation(
+            arguments, hashed, decision, context, owner=self._owner, drift=drift, parent_id=parent.id
         )
         if decision.mode == "deny":
             await self._refuse(

@@ -31,10 +31,11 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bastion import __version__
-from bastion.config import host_name
+from bastion.config import config_hint, host_name
 from bastion.errors import BastionError, ConfigError, HostNotAllowed, OriginNotAllowed
 from bastion.ledger import guarantee_of
 from bastion.models import SourceStatus
+from bastion.pipeline.seams import TokenStore
 from bastion.server.api import build_api, routing_error
 from bastion.server.auth import BearerAuth
 from bastion.server.errors import http_response
@@ -48,6 +49,18 @@ WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 STREAMS_CLOSE_TIMEOUT: Final = 3
 """Seconds connections get to close when serving stops before uvicorn cancels what is left."""
+
+
+async def require_tokens_beyond_loopback(host: str, tokens: TokenStore, config_option: str = "") -> None:
+    """Refuse (ConfigError) to serve on a non-loopback `host` while the ledger holds no active token: anyone who
+    could reach it could call tools and decide (DESIGN.md §10). `bastion serve` asks before starting anything;
+    `serve_http` asks again for every other caller."""
+    if not is_loopback(host) and not await tokens.has_tokens():
+        raise ConfigError(
+            f"refusing to serve on {host} without tokens: anyone who can reach it could call tools and decide. "
+            f"Create one first with `bastion tokens create NAME --role admin{config_option}` (and agent tokens "
+            "for hosts), or bind to 127.0.0.1."
+        )
 
 
 def is_loopback(host: str) -> bool:
@@ -284,13 +297,12 @@ async def serve_http(
     to close, and the MCP sessions end.
     """
     non_loopback = not is_loopback(host)
-    if non_loopback and not await front.gateway.ledger.tokens.has_tokens():
+    try:
+        await require_tokens_beyond_loopback(host, front.gateway.ledger.tokens, config_hint(front.gateway.config))
+    except ConfigError:
         if listener is not None:
             listener.close()
-        raise ConfigError(
-            f"refusing to serve on {host} without tokens: anyone who can reach it could call tools and decide. "
-            "Create one first with `bastion tokens create NAME --role admin`, or bind to 127.0.0.1."
-        )
+        raise
     app = build_app(front, allowed_hosts=allowed_hosts_for(host, extra_hosts), non_loopback=non_loopback)
     sock = listener if listener is not None else bind_listener(host, port)
     family = sock.family

@@ -18,38 +18,12 @@ from typing import Any, Final, Literal
 import psycopg
 
 from bastion.errors import ApprovalExpired, Conflict, NotFound
-from bastion.ledger.backend import GoneFn, Scrubbed, prefix_end, stored_json
+from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, prefix_end, stored_json
 from bastion.ledger.postgres.database import NOTIFY, Connection, PostgresDatabase, changes_of
 from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
 
-COLUMNS: Final = (
-    "id",
-    "status",
-    "policy_key",
-    "tool",
-    "source_id",
-    "action_id",
-    "risk",
-    "mode",
-    "mode_source",
-    "fingerprint",
-    "session_id",
-    "profile",
-    "principal",
-    "args",
-    "args_hash",
-    "result",
-    "error_class",
-    "error_message",
-    "owner",
-    "drift",
-    "created_at",
-    "updated_at",
-    "expires_at",
-    "parent_id",
-)
-_COLUMN_LIST: Final = ", ".join(COLUMNS)
-_UPDATED_COLUMNS: Final = ", ".join(f"updated.{name}" for name in COLUMNS)
+_COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
+_UPDATED_COLUMNS: Final = ", ".join(f"updated.{name}" for name in INVOCATION_COLUMNS)
 _APPENDED: Final = "appended.id, appended.invocation_id, appended.kind"
 """The event columns a write returns after the invocation's: what the change feed announces."""
 
@@ -69,7 +43,7 @@ NEXT_EXPIRY: Final = "SELECT MIN(expires_at) FROM invocations WHERE status = 'pe
 RECORD: Final = f"""
     WITH inserted AS (
         INSERT INTO invocations ({_COLUMN_LIST}, last_seq)
-        VALUES ({", ".join(f"%({name})s" for name in COLUMNS)}, cardinality(%(kinds)s::text[]))
+        VALUES ({", ".join(f"%({name})s" for name in INVOCATION_COLUMNS)}, cardinality(%(kinds)s::text[]))
         RETURNING id, last_seq
     ), appended AS (
         INSERT INTO events (invocation_id, seq, kind, at, detail)
@@ -171,11 +145,11 @@ NEVER_STARTED: Final = (
 )
 PROCESS_STOPPED: Final = "the Bastion process running it stopped"
 
-_INVOCATION_WIDTH: Final = len(COLUMNS)
+_INVOCATION_WIDTH: Final = len(INVOCATION_COLUMNS)
 
 
 def invocation_from_row(row: Sequence[Any]) -> Invocation:
-    data = dict(zip(COLUMNS, row[:_INVOCATION_WIDTH], strict=True))
+    data = dict(zip(INVOCATION_COLUMNS, row[:_INVOCATION_WIDTH], strict=True))
     for name in ("args", "result", "drift"):
         if data[name] is not None:
             data[name] = json.loads(data[name])
@@ -444,7 +418,7 @@ class PostgresInvocations:
 
 
 def _record_params(invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed) -> dict[str, Any]:
-    params = {name: getattr(invocation, name) for name in COLUMNS}
+    params = {name: getattr(invocation, name) for name in INVOCATION_COLUMNS}
     params["args"] = stored_json(invocation.args)
     params["result"] = stored_json(invocation.result)
     params["error_message"] = _text(invocation.error_message)

@@ -15,38 +15,12 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from bastion.errors import ApprovalExpired, Conflict, NotFound
-from bastion.ledger.backend import GoneFn, Scrubbed, prefix_end, stored_json
+from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, prefix_end, stored_json
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.schema import dumps, optional_timestamp, timestamp
 from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
 
-COLUMNS: Final = (
-    "id",
-    "status",
-    "policy_key",
-    "tool",
-    "source_id",
-    "action_id",
-    "risk",
-    "mode",
-    "mode_source",
-    "fingerprint",
-    "session_id",
-    "profile",
-    "principal",
-    "args",
-    "args_hash",
-    "result",
-    "error_class",
-    "error_message",
-    "owner",
-    "drift",
-    "created_at",
-    "updated_at",
-    "expires_at",
-    "parent_id",
-)
-_COLUMN_LIST: Final = ", ".join(COLUMNS)
+_COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
 
 SELECT: Final = f"SELECT {_COLUMN_LIST} FROM invocations"
 SELECT_ONE: Final = f"{SELECT} WHERE id = ?"
@@ -55,7 +29,9 @@ LIST_FILTERS: Final = ("status = ?", "source_id = ?", "session_id = ?", "princip
 COUNT: Final = "SELECT COUNT(*) FROM invocations"
 COUNT_FILTERS: Final = ("status = ?", "session_id = ?")
 COUNT_PENDING: Final = f"{COUNT} WHERE status = 'pending'"
-INSERT_INVOCATION: Final = f"INSERT INTO invocations ({_COLUMN_LIST}) VALUES ({', '.join('?' * len(COLUMNS))})"
+INSERT_INVOCATION: Final = (
+    f"INSERT INTO invocations ({_COLUMN_LIST}) VALUES ({', '.join('?' * len(INVOCATION_COLUMNS))})"
+)
 INSERT_EVENT: Final = "INSERT INTO events (invocation_id, seq, kind, at, detail) VALUES (?, ?, ?, ?, ?)"
 COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_id = ? AND status = 'pending'"
 # Ids from the prefix up to (not including) the least text after all that start with it: a range on the primary key.
@@ -137,7 +113,7 @@ def event_params(invocation_id: str, kind: EventKind, at: str, detail: str = "{}
 
 
 def invocation_from_row(row: Sequence[Any]) -> Invocation:
-    data = dict(zip(COLUMNS, row, strict=True))
+    data = dict(zip(INVOCATION_COLUMNS, row, strict=True))
     for name in ("args", "result", "drift"):
         if data[name] is not None:
             data[name] = json.loads(data[name])
@@ -438,7 +414,7 @@ class SqliteInvocations:
 
 
 def _invocation_row(invocation: Invocation) -> tuple[Any, ...]:
-    values = {name: getattr(invocation, name) for name in COLUMNS}
+    values = {name: getattr(invocation, name) for name in INVOCATION_COLUMNS}
     values["args"] = stored_json(invocation.args)
     values["result"] = stored_json(invocation.result)
     # The drift diff is stored verbatim: it comes from the pinned and current tool definitions, which the
@@ -447,7 +423,7 @@ def _invocation_row(invocation: Invocation) -> tuple[Any, ...]:
     values["created_at"] = timestamp(invocation.created_at)
     values["updated_at"] = timestamp(invocation.updated_at)
     values["expires_at"] = optional_timestamp(invocation.expires_at)
-    return tuple(values[name] for name in COLUMNS)
+    return tuple(values[name] for name in INVOCATION_COLUMNS)
 
 
 def _field_value(name: str, value: Any) -> Any:
