@@ -51,6 +51,7 @@ $(BENCH_VENV)/.installed: pyproject.toml
 ## PostgreSQL when it is installed); results under bench/results/
 bench: $(BENCH_VENV)/.installed
 	$(BENCH_BIN)/python -m bench.latency
+	$(BENCH_BIN)/python -m bench.profile
 	$(BENCH_BIN)/python -m bench.throughput
 	$(BENCH_BIN)/python -m bench.scale
 	$(BENCH_BIN)/python bench/approval_wakeup.py

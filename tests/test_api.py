@@ -309,6 +309,7 @@ async def test_an_agent_token_lists_and_reads_only_its_own_invocations(tmp_path:
         mine = (await live.http.get("/api/invocations", headers=agent)).json()["invocations"]
         assert [i["id"] for i in mine] == ["inv-0001"]
         assert set(mine[0]) >= INVOCATION_KEYS
+        assert "args_hash" not in mine[0]  # a hash of the raw arguments would let a reader guess redacted values
         assert mine[0]["args"]["api_token"] == "[REDACTED]"
         pending = (await live.http.get("/api/approvals", headers=agent)).json()["approvals"]
         assert [i["id"] for i in pending] == ["inv-0001"]
@@ -321,6 +322,7 @@ async def test_an_agent_token_lists_and_reads_only_its_own_invocations(tmp_path:
         assert error_class(other) == "not_found"
         detail = (await live.http.get("/api/invocations/inv-0001", headers=agent)).json()
         assert [e["kind"] for e in detail["events"]] == ["planned", "pending"]
+        assert "args_hash" not in detail and "args_hash" not in pending[0]
 
         everything = (await live.http.get("/api/invocations", headers=admin)).json()["invocations"]
         assert [i["id"] for i in everything] == ["inv-0003", "inv-0002", "inv-0001"]

@@ -55,6 +55,7 @@ def test_usage_errors_exit_2_and_name_the_fix(tmp_path: Path) -> None:
     exposed = run_cli("serve", "--config", str(config), "--transport", "http", "--host", "0.0.0.0", env=env)
     assert exposed.returncode == 2
     assert "127.0.0.1" in exposed.stderr
+    assert f"--config {config}" in exposed.stderr  # the fix it names reaches the same ledger
     status = run_cli("invocations", "list", "--status", "bogus", "--config", str(config), env=env)
     assert status.returncode == 2
     missing_dir = run_cli("doctor", "--config", str(tmp_path / "absent"), env=env)

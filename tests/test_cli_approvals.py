@@ -115,6 +115,7 @@ def test_list_shows_pending_invocations_newest_first_with_expiry_and_drift(tmp_p
     assert rows[0]["drift"] == DRIFT
     assert all(0 < r["expires_in_seconds"] <= 300 for r in rows)
     assert rows[0]["args"] == {"name": "groceries", "api_token": "[REDACTED]"}
+    assert not any("args_hash" in r for r in rows)  # it would let a reader guess redacted values
 
     table = cli(config, env, "approvals", "list")
     assert table.returncode == 0, table.stderr
@@ -144,6 +145,7 @@ def test_show_gives_args_events_drift_and_the_commands_that_decide(tmp_path: Pat
     assert set(data) >= INVOCATION_KEYS
     assert data["status"] == "pending"
     assert data["args"]["api_token"] == "[REDACTED]"
+    assert "args_hash" not in data
     assert [e["kind"] for e in data["events"]] == ["planned", "pending"]
     assert data["drift"] == DRIFT
     assert data["drifted"] is True

@@ -9,26 +9,14 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, get_args
+from typing import Annotated, Final, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
 
 from bastion.actions import DriftListing
-from bastion.models import PolicyRule, Risk
-from bastion.policies import normalize_risk
-
-
-def _risk(value: Any) -> Any:
-    """A risk or one of seed 000's tiers, in any case; anything else is left for pydantic to refuse."""
-    try:
-        return normalize_risk(value) if isinstance(value, str) else value
-    except ValueError:
-        return value
-
-
-RiskSetting = Annotated[Risk, BeforeValidator(_risk)]
-
+from bastion.models import PolicyRule
+from bastion.policies import RiskSetting
 
 _DNS_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _DNS_NAME = re.compile(rf"(?=.{{1,253}}$){_DNS_LABEL}(?:\.{_DNS_LABEL})*")

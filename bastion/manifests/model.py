@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Any, Final, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bastion.errors import CapabilityDenied
-from bastion.models import RISK_ALIASES, RISKS, Risk
+from bastion.policies import RiskSetting
 
 MAX_NAME: Final = 40
 """The longest manifest name: `actions__<name>` must stay within the 50 characters of a host-safe tool name."""
@@ -32,14 +32,6 @@ _PYTHON_TYPES: Final[dict[str, tuple[type, ...]]] = {
 }
 IDENTIFIER: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 """Input names and step ids: what `${args.<name>}` and `${<step>.field}` can refer to."""
-
-
-def _risk(value: Any) -> Any:
-    """A risk or one of seed 000's tiers (R0-R4), in any case; anything else is left for pydantic to refuse."""
-    if not isinstance(value, str):
-        return value
-    lowered = value.lower()
-    return lowered if lowered in RISKS else RISK_ALIASES.get(value.upper(), value)
 
 
 class _Strict(BaseModel):
@@ -114,7 +106,7 @@ class FrontMatter(_Strict):
 
     name: str = Field(pattern=rf"^[a-z0-9][a-z0-9_-]{{0,{MAX_NAME - 1}}}$")
     version: str = Field(pattern=r"^\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
-    risk: Annotated[Risk, BeforeValidator(_risk)]
+    risk: RiskSetting
     source: str | None = None
     """Where the file was copied from (provenance only, never consulted)."""
     inputs: list[Input] = Field(default_factory=list)

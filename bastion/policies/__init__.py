@@ -22,7 +22,7 @@ from bastion.policies.naming import (
     sanitize,
     tool_name,
 )
-from bastion.policies.risk import derive_risk, normalize_risk
+from bastion.policies.risk import RiskSetting, derive_risk, normalize_risk
 
 __all__ = [
     "FINGERPRINT_FIELDS",
@@ -32,6 +32,7 @@ __all__ = [
     "NameAssignment",
     "NameRequest",
     "NestingTooDeep",
+    "RiskSetting",
     "assign_tool_names",
     "canonical_json",
     "compose_mode",

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
+
 from bastion.models import RISK_ALIASES, RISKS, Risk
 
 _ACCEPTED = ", ".join([*RISKS, *RISK_ALIASES])
@@ -38,3 +42,15 @@ def derive_risk(
     if default_risk is not None:
         return default_risk
     return "write"
+
+
+def _configured_risk(value: Any) -> Any:
+    """A risk or one of seed 000's tiers, in any case; anything else is left for pydantic to refuse."""
+    try:
+        return normalize_risk(value) if isinstance(value, str) else value
+    except ValueError:
+        return value
+
+
+RiskSetting = Annotated[Risk, BeforeValidator(_configured_risk)]
+"""A risk as configuration and action files write it: `read`, `write`, `danger` or `R0`..`R4`, in any case."""
