@@ -7,8 +7,9 @@ kind of source plugs in without touching the pipeline.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import mcp_types as types
 
@@ -66,7 +67,13 @@ class ActionSpec:
     """For a composite action (a manifest action): the (source_id, action_id) of each action it runs. A step that
     policy denies denies it, and a drifted one holds it for an approver; its approval covers the others."""
     approval_required: bool = False
-    """The action waits for an approver even where policy would allow it (a manifest's `[approval] required`)."""
+    """The action waits for an approver even where policy would allow it (a manifest's `[approval] required`, a plugin
+    action of tier R3/R4). A floor the policy cannot lower: `mode_of` honours it for every action, drifted or not,
+    and a composite with such a step is held too."""
+
+    admit: Callable[[Mapping[str, Any]], str | None] | None = None
+    """A check of a call's arguments made before anything is recorded or held (a plugin's argument scope): why the
+    call is refused (it is recorded `denied`, `policy_denied`), or None to go on."""
 
     @property
     def action_id(self) -> str:

@@ -32,6 +32,10 @@ MANIFEST_SOURCE_ID: Final = "actions"
 """The source id (and namespace) of the manifest actions of `actions/*.md`: policy keys `actions:<name>`, tools
 `actions__<name>`. No connector may take it."""
 
+PLUGIN_SOURCE_ID: Final = "plugins"
+"""The source id (and namespace) of the plugin action packages of `actions/<name>/action.json`: policy keys
+`plugins:<name>`, tools `plugins__<name>`. No connector may take it."""
+
 RISK_ALIASES: Final[dict[str, Risk]] = {"R0": "read", "R1": "read", "R2": "write", "R3": "danger", "R4": "danger"}
 """Seed 000's risk tiers, accepted wherever a risk is configured."""
 
@@ -52,6 +56,18 @@ class ModeDecision(BaseModel):
 
     mode: Mode
     source: str
+
+
+class PolicyRule(BaseModel):
+    """`[[rules]]` of a policy file (org, or a profile's): the mode of `key` when the CEL condition `when` holds for
+    the call's arguments. Rules of a key are tried before its plain mode, in the order written."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    when: str
+    mode: str
+    """Kept as text, as in `[modes]`: a value that is not a mode resolves to deny."""
 
 
 class CallContext(BaseModel):

@@ -49,11 +49,11 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.models": {"pydantic"},
     "bastion.actions": {"mcp_types"},
     "bastion.errors": set(),
-    "bastion.config": {"pydantic"},
+    "bastion.config": {"pydantic", "cel"},  # cel: policy conditions, compiled at load
     "bastion.manifests": {"pydantic"},
     "bastion.policies": {"pydantic"},
     "bastion.ledger": {"pydantic", "aiosqlite", "anyio", "psycopg", "psycopg_pool"},
-    "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic"},
+    "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic", "jsonschema"},  # plugins: action.json
     "bastion.config.tomlpos": set(),
     "bastion.starter": set(),
     "bastion.pipeline": set(),

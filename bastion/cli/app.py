@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -29,12 +29,13 @@ from bastion.cli.logs import use_redactor
 from bastion.cli.remote import TOKEN_ENV_VAR
 from bastion.config import Config, ConfigIssue, config_hint, find_config_dir, load_config, sqlite_path
 from bastion.connectors import McpConnector
+from bastion.connectors.plugins import ACTION_FILE, PluginProblem, PluginSource, StepLimits, load_plugins
 from bastion.connectors.providers import provider_source
 from bastion.errors import BastionError, ConfigError, NotFound, Unauthenticated
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
 from bastion.manifests import ACTIONS_DIR, STATE_FILE, ActionState, Manifest, load_manifests
-from bastion.models import Invocation, Principal
+from bastion.models import PLUGIN_SOURCE_ID, Invocation, Principal
 from bastion.pipeline.authority import local_owner, resolve_invocation_id
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.manifests import ManifestSource
@@ -192,7 +193,51 @@ def load_actions(config: Config) -> tuple[list[Manifest], list[ConfigIssue]]:
         ConfigIssue(file=p.file, line=p.line, message=p.message, error_class=p.error_class, boundary=p.boundary)
         for p in problems
     ]
+    _, plugin_problems = load_plugin_source(config, taken={m.name for m in manifests})
+    issues.extend(ConfigIssue(file=p.file, line=p.line, message=p.message) for p in plugin_problems)
     return manifests, issues
+
+
+def load_plugin_source(config: Config, *, taken: Collection[str]) -> tuple[PluginSource | None, list[PluginProblem]]:
+    """The plugin packages of `actions/<name>/action.json` as a source (None when there are none, or when
+    `[plugins] allow_plugin_code` is off: each package is then a problem saying how to turn it on)."""
+    if config.directory is None:
+        return None, []
+    settings = config.settings.plugins
+    packages, problems = load_plugins(
+        config.directory / ACTIONS_DIR, allowed_commands=settings.allowed_commands, taken=taken
+    )
+    if not settings.allow_plugin_code:
+        refused = [
+            PluginProblem(
+                package.directory / ACTION_FILE,
+                1,
+                "plugin packages run code of their own and are not loaded: set allow_plugin_code = true under "
+                "[plugins] in bastion.toml to load them, or remove the package",
+            )
+            for package in packages
+        ]
+        return None, refused + problems
+    if not packages:
+        return None, problems
+    if PLUGIN_SOURCE_ID in config.providers:
+        clash = [
+            PluginProblem(
+                config.directory / "bastion.toml",
+                1,
+                f"[providers.{PLUGIN_SOURCE_ID}] takes the source id of the plugin actions, which are not loaded "
+                "until it is renamed",
+            )
+        ]
+        return None, clash + problems
+    limits = StepLimits(
+        workspace=config.directory / settings.workspace,
+        env={name: value.get_secret_value() for name, value in settings.env.items()},
+        timeout=settings.timeout_seconds,
+        max_output=settings.max_output_bytes,
+        allowed_commands=settings.allowed_commands,
+    )
+    return PluginSource(packages, limits), problems
 
 
 def action_state(config: Config) -> ActionState:
@@ -274,9 +319,12 @@ async def open_gateway(
     for problem in problems:
         skipped = " (this action file is skipped)" if problem.error_class in ("parse_error", "validation_error") else ""
         err.print(f"warning: {problem}{skipped}", markup=False, highlight=False)
-    composites: list[ActionSource] = [ManifestSource(manifests, action_state(config))] if manifests else []
+    action_sources: list[ActionSource] = [ManifestSource(manifests, action_state(config))] if manifests else []
+    plugins, _ = load_plugin_source(config, taken={m.name for m in manifests})
+    if plugins is not None:
+        action_sources.append(plugins)
     async with open_ledger(config) as ledger, AsyncExitStack() as running:
-        gateway = Gateway(config, ledger, [*connectors, *providers, *composites])
+        gateway = Gateway(config, ledger, [*connectors, *providers, *action_sources])
         disabled = set(config.policy.sources.disabled)
         with startup_spinner([s for s in connectors if s.source_id not in disabled], show=progress):
             await running.enter_async_context(gateway.running(wait_for_sources=wait_for_sources))

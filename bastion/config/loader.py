@@ -21,6 +21,7 @@ from typing import Annotated, Any, Final, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+from bastion.config.conditions import rule_problems
 from bastion.config.models import (
     Config,
     ConfigIssue,
@@ -44,7 +45,7 @@ from bastion.config.tomlpos import (
     line_containing,
 )
 from bastion.errors import ConfigError
-from bastion.models import MANIFEST_SOURCE_ID, MODES
+from bastion.models import MANIFEST_SOURCE_ID, MODES, PLUGIN_SOURCE_ID, PolicyRule
 from bastion.policies import strictness
 
 # -- discovery
@@ -419,12 +420,12 @@ class _Loader:
             for error in exc.errors():
                 self.report_invalid(file, ConnectorConfig, error, "this file is ignored")
             return None
-        if connector.id == MANIFEST_SOURCE_ID:
+        if connector.id in (MANIFEST_SOURCE_ID, PLUGIN_SOURCE_ID):
             self.report(
                 path,
                 file.index.line_of(("id",)),
-                f'connector id "{MANIFEST_SOURCE_ID}" is reserved for the manifest actions of actions/*.md; rename the '
-                "file or set another id (this file is ignored until then)",
+                f'connector id "{connector.id}" is reserved for the actions of actions/ (manifests, plugins); rename '
+                "the file or set another id (this file is ignored until then)",
             )
             return None
         needed = "command" if connector.transport == "stdio" else "url"
@@ -449,6 +450,8 @@ class _Loader:
         profile_modes: dict[str, dict[str, _Placed]] = {}
         inline: dict[str, _Placed] = {}
         disabled: list[str] = []
+        rules: list[PolicyRule] = []
+        profile_rules: dict[str, list[PolicyRule]] = {}
         for path in self.toml_files("policies"):
             file = self.read(path)
             if file is None:
@@ -456,19 +459,25 @@ class _Loader:
             _stringify_modes(file.data)
             policy = self.validate_salvaging(file, PolicyConfig, "this entry is ignored")
             self.merge_modes(modes, policy.modes, file, ("modes",))
+            rules.extend(self.check_rules(policy.rules, file, ("rules",)))
             for name, profile in policy.profiles.items():
                 self.merge_modes(profile_modes.setdefault(name, {}), profile.modes, file, ("profiles", name, "modes"))
+                profile_rules.setdefault(name, []).extend(
+                    self.check_rules(profile.rules, file, ("profiles", name, "rules"))
+                )
                 if "inline_approval" in profile.model_fields_set:
                     self.merge_inline(inline, name, profile.inline_approval, file)
             disabled.extend(source for source in policy.sources.disabled if source not in disabled)
         return PolicyConfig(
             modes={key: placed.value for key, placed in modes.items()},
+            rules=rules,
             profiles={
                 name: Profile(
-                    modes={key: placed.value for key, placed in merged.items()},
+                    modes={key: placed.value for key, placed in profile_modes.get(name, {}).items()},
+                    rules=profile_rules.get(name, []),
                     inline_approval=name in inline and inline[name].value == "true",
                 )
-                for name, merged in profile_modes.items()
+                for name in {**profile_modes, **profile_rules}
             },
             sources=SourcesPolicy(disabled=disabled),
         )
@@ -506,6 +515,15 @@ class _Loader:
                 f'and {self.name(file.path)}:{line} ("{value}"); the stricter "{kept.value}" applies. '
                 "Keep it in one file only",
             )
+
+    def check_rules(self, rules: list[PolicyRule], file: _TomlFile, table: KeyPath) -> list[PolicyRule]:
+        """Report what is wrong with one file's rules (each kept: a broken one only ever resolves stricter)."""
+        for i, rule in enumerate(rules):
+            for field_name, message in rule_problems(rule, _POLICY_KEY, MODES):
+                self.report(
+                    file.path, file.index.line_of((*table, i, field_name)), f"[[{dotted_key(table)}]] {message}"
+                )
+        return rules
 
     def merge_inline(self, merged: dict[str, _Placed], profile: str, value: bool, file: _TomlFile) -> None:
         line = file.index.line_of(("profiles", profile, "inline_approval"))
@@ -547,16 +565,23 @@ def _substitute_env(
 
 
 def _stringify_modes(data: dict[str, Any]) -> None:
-    """Keep a non-string mode value as text: it is then reported and resolves to deny, instead of vanishing."""
+    """Keep a non-string mode value (in `[modes]` or a rule's `mode`) as text: it is then reported and resolves to
+    deny, instead of vanishing."""
     tables = [data.get("modes")]
+    rule_lists = [data.get("rules")]
     profiles = data.get("profiles")
     if isinstance(profiles, dict):
         tables.extend(profile.get("modes") for profile in profiles.values() if isinstance(profile, dict))
+        rule_lists.extend(profile.get("rules") for profile in profiles.values() if isinstance(profile, dict))
     for table in tables:
         if isinstance(table, dict):
             for key, value in table.items():
                 if not isinstance(value, str):
                     table[key] = json.dumps(value, default=str)
+    for rules in rule_lists:
+        for rule in rules if isinstance(rules, list) else []:
+            if isinstance(rule, dict) and "mode" in rule and not isinstance(rule["mode"], str):
+                rule["mode"] = json.dumps(rule["mode"], default=str)
 
 
 def _known_keys(model: type[BaseModel], loc: KeyPath) -> list[str]:

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
 
 from bastion.actions import DriftListing
+from bastion.models import PolicyRule
 from bastion.policies import RiskSetting
 
 _DNS_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
@@ -94,6 +95,25 @@ class LedgerSettings(_Strict):
     `state/ledger.key` for PostgreSQL, where every instance on one database needs the same key."""
 
 
+class PluginSettings(_Strict):
+    """`[plugins]` in `bastion.toml`: plugin action packages `actions/<name>/action.json` (seed 000)."""
+
+    allow_plugin_code: bool = False
+    """Plugin packages run code of their own; they are loaded only when this is true."""
+    workspace: str = "."
+    """The working directory of every step of every plugin, relative to the config directory; path arguments are
+    checked against it (and their scopes) with symlinks and `..` resolved."""
+    allowed_commands: list[Annotated[list[str], Field(min_length=1)]] = Field(default_factory=list)
+    """The global command allowlist: argument vectors. A package's verification command runs only if its vector
+    starts with one of these (write the whole vector to allow exactly one command); never through a shell."""
+    timeout_seconds: float = Field(default=30, gt=0)
+    """How long each step (execute, verify, repair, rollback, each verification command) may run."""
+    max_output_bytes: int = Field(default=1_048_576, ge=1024)
+    """The most a step may write to stdout (its JSON output); past it the step is stopped and fails."""
+    env: dict[str, SecretStr] = Field(default_factory=dict)
+    """The bound credentials: the whole environment of every step (nothing else of Bastion's is passed)."""
+
+
 class Settings(_Strict):
     """`bastion.toml`."""
 
@@ -101,6 +121,7 @@ class Settings(_Strict):
     approvals: ApprovalSettings = Field(default_factory=ApprovalSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    plugins: PluginSettings = Field(default_factory=PluginSettings)
 
 
 class ToolPin(_Strict):
@@ -177,6 +198,8 @@ class ProviderConfig(_Strict):
 class Profile(_Strict):
     modes: dict[str, str] = Field(default_factory=dict)
     """Mode values stay strings: an unknown value must fail safe to `deny` at resolution (§4)."""
+    rules: list[PolicyRule] = Field(default_factory=list)
+    """Conditional modes (`[[profiles.<name>.rules]]`), tried before `modes` for their key."""
     inline_approval: bool = False
 
 
@@ -188,6 +211,8 @@ class PolicyConfig(_Strict):
     """`policies/*.toml`, all files merged into one."""
 
     modes: dict[str, str] = Field(default_factory=dict)
+    rules: list[PolicyRule] = Field(default_factory=list)
+    """Conditional organisation modes (`[[rules]]`), tried before `modes` for their key."""
     profiles: dict[str, Profile] = Field(default_factory=dict)
     sources: SourcesPolicy = Field(default_factory=SourcesPolicy)
 

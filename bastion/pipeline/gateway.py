@@ -14,15 +14,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
+from functools import partial
 from typing import Any, NoReturn
 
 import anyio
 import mcp_types as types
 
 from bastion.config import Config, config_hint
+from bastion.config.conditions import Conditions
 from bastion.errors import (
     BastionError,
     CallTimeout,
@@ -63,6 +65,10 @@ class Gateway:
     ) -> None:
         """`sources` are every configured source; those disabled by policy are neither run nor listed."""
         self.config = config
+        self.conditions = Conditions(
+            [*config.policy.rules, *(r for p in config.policy.profiles.values() for r in p.rules)]
+        )
+        """The policy rules' conditions, compiled once (DESIGN.md §4)."""
         self.ledger = ledger
         self.invocations = ledger.invocations
         self.instance = Instance(ledger.instances, instance_id)
@@ -170,11 +176,21 @@ class Gateway:
 
     # -- policy ----------------------------------------------------------------------------------
 
-    def mode_of(self, entry: CatalogEntry, context: CallContext, *, drifted: bool | None = None) -> ModeDecision:
-        """The mode of one action for one session (DESIGN.md §4); a drifted one is judged by §5."""
+    def mode_of(
+        self,
+        entry: CatalogEntry,
+        context: CallContext,
+        *,
+        drifted: bool | None = None,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> ModeDecision:
+        """The mode of one action for one session (DESIGN.md §4); a drifted one is judged by §5.
+
+        Policy rules with conditions are judged on `arguments`; without them (a listing, the catalog) a rule is
+        undecided, so the mode shown is the strictest the rule could give (source `conditional:<key>`)."""
         if drifted is None:
             drifted = self.pins.drift(entry.source_id, entry.action_id) is not None
-        current = self.steps.compose(entry, context, self._resolve(entry, entry.action.risk, context))
+        current = self.steps.compose(entry, context, self._resolve(entry, entry.action.risk, context, arguments))
         if not drifted:
             return current
         if self.listings.drift_listing(entry.action) == "hide":
@@ -183,17 +199,24 @@ class Gateway:
         if trusted is None:
             return guard_drift(current, None)
         pinned_risk = self.listings.sources[entry.source_id].risk_of(entry.action_id, trusted)
-        return guard_drift(current, self._resolve(entry, pinned_risk, context))
+        return guard_drift(current, self._resolve(entry, pinned_risk, context, arguments))
 
-    def _resolve(self, entry: CatalogEntry, risk: Risk, context: CallContext) -> ModeDecision:
+    def _resolve(
+        self, entry: CatalogEntry, risk: Risk, context: CallContext, arguments: Mapping[str, Any] | None
+    ) -> ModeDecision:
         policy = self.config.policy
         profile = policy.profiles.get(context.profile) if context.profile else None
+        judge = None if arguments is None else partial(self.conditions.holds, arguments=arguments)
         return resolve_mode(
             source_id=entry.source_id,
             action_id=entry.action_id,
             risk=risk,
             profile_modes=profile.modes if profile else None,
             org_modes=policy.modes,
+            profile_rules=profile.rules if profile else (),
+            org_rules=policy.rules,
+            judge=judge,
+            undecided="conditional" if arguments is None else "condition_failed",
         )
 
     # -- the call pipeline -------------------------------------------------------------------------
@@ -231,7 +254,7 @@ class Gateway:
         except ValueError as exc:  # nested too deep to be hashed (and to be relayed): refused before any record
             raise InvalidArguments(f"invalid arguments for {name}: {exc}; send arguments nested less deeply") from exc
         drift = await self.pins.current_drift(entry.source_id, entry.action_id)
-        decision = self.mode_of(entry, context, drifted=drift is not None)
+        decision = self.mode_of(entry, context, drifted=drift is not None, arguments=arguments)
         invocation = entry.new_invocation(arguments, hashed, decision, context, owner=self.instance_id, drift=drift)
         with self._relaying(invocation.id, relay):
             limit = self.config.settings.limits.invocations_per_minute
@@ -245,6 +268,10 @@ class Gateway:
                 if drift is not None and self.listings.drift_listing(entry.action) == "hide":
                     reason = f"{entry.key} changed since it was trusted; it is withheld until an approver accepts it"
                 await self._refuse(invocation, PolicyDenied(reason))
+            admit = entry.action.spec.admit
+            refusal = admit(arguments) if admit is not None else None
+            if refusal is not None:
+                await self._refuse(invocation, PolicyDenied(f"{entry.key} refused before it ran: {refusal}"))
             if decision.mode == "require_approval":
                 return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
             await self.invocations.record(invocation, ("planned", "approved", "executing"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import mcp_types as types
 
@@ -24,7 +24,14 @@ from bastion.policies import compose_mode
 class ModeOf(Protocol):
     """The gateway's `mode_of`."""
 
-    def __call__(self, entry: CatalogEntry, context: CallContext, *, drifted: bool | None = None) -> ModeDecision: ...
+    def __call__(
+        self,
+        entry: CatalogEntry,
+        context: CallContext,
+        *,
+        drifted: bool | None = None,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> ModeDecision: ...
 
 
 Lookup = Callable[[str, str], CatalogEntry | None]
@@ -73,13 +80,16 @@ class GatewaySteps:
         if not spec.steps and not spec.approval_required:
             return own
         steps = []
+        held: list[str] = []
         for source_id, action_id in spec.steps:
             step = self._lookup(source_id, action_id)
             if step is None:
                 continue  # not offered now: the composite is unavailable, and refused if called
             drifted = self._drift(source_id, action_id) is not None
             steps.append((step.key, self._mode_of(step, context, drifted=drifted), drifted))
-        return compose_mode(own, approval_required=spec.approval_required, steps=steps)
+            if step.action.spec.approval_required:
+                held.append(step.key)
+        return compose_mode(own, approval_required=spec.approval_required, steps=steps, held_steps=held)
 
     async def run_step(
         self,
@@ -103,19 +113,23 @@ class GatewaySteps:
             raise InvalidArguments(f"invalid arguments for step {step_id!r} ({entry.key}): {exc}") from exc
         drift = await self._current_drift(source_id, action_id)
         context = CallContext(session_id=parent.session_id, profile=parent.profile, principal=parent.principal)
-        decision = self._mode_of(entry, context, drifted=drift is not None)
+        decision = self._mode_of(entry, context, drifted=drift is not None, arguments=arguments)
         invocation = entry.new_invocation(
             arguments, hashed, decision, context, owner=self._owner, drift=drift, parent_id=parent.id
         )
         if decision.mode == "deny":
-            reason = f"policy ({decision.source}) denies {entry.key} (step {step_id!r} of invocation {parent.id})"
-            refused = invocation.model_copy(
-                update={"status": "denied", "error_class": PolicyDenied.error_class, "error_message": reason}
+            await self._refuse(
+                invocation,
+                step_id,
+                f"policy ({decision.source}) denies {entry.key} (step {step_id!r} of invocation {parent.id})",
             )
-            await self._invocations.record(refused, ("planned", "denied"), {"reason": reason, "step": step_id})
-            await self._observers.planned(refused)
-            await self._observers.decided(refused)
-            raise PolicyDenied(reason, invocation_id=invocation.id)
+        if entry.action.spec.approval_required and parent.mode != "require_approval":
+            await self._refuse(
+                invocation,
+                step_id,
+                f"{entry.key} never runs without an approver's decision, and invocation "
+                f"{parent.id} was not held for one (step {step_id!r})",
+            )
         detail: dict[str, Any] = {"step": step_id, "parent_id": parent.id}
         if decision.mode == "require_approval":
             detail["approval"] = f"covered by invocation {parent.id} ({parent.mode}, {parent.mode_source})"
@@ -125,6 +139,15 @@ class GatewaySteps:
         await self._observers.executing(invocation)
         with self._relaying(invocation.id, relay):
             return invocation.id, await self._run(entry, invocation, arguments, None)
+
+    async def _refuse(self, invocation: Invocation, step_id: str, reason: str) -> NoReturn:
+        refused = invocation.model_copy(
+            update={"status": "denied", "error_class": PolicyDenied.error_class, "error_message": reason}
+        )
+        await self._invocations.record(refused, ("planned", "denied"), {"reason": reason, "step": step_id})
+        await self._observers.planned(refused)
+        await self._observers.decided(refused)
+        raise PolicyDenied(reason, invocation_id=invocation.id)
 
     def _entry(self, step_id: str, source_id: str, action_id: str) -> CatalogEntry:
         """The step's action as hosts may call it; ConnectorUnavailable or NotFound (nothing recorded) when it is not

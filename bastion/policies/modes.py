@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TypeGuard
 
-from bastion.models import MODES, Mode, ModeDecision, Risk, policy_key
+from bastion.models import MODES, Mode, ModeDecision, PolicyRule, Risk, policy_key
 
 MODE_STRICTNESS: Final[dict[Mode, int]] = {"allow": 0, "require_approval": 1, "deny": 2}
 """Higher is stricter; policy layers may only move a call up this order."""
@@ -29,6 +29,11 @@ def stricter(a: Mode, b: Mode) -> Mode:
     return a if MODE_STRICTNESS[a] >= MODE_STRICTNESS[b] else b
 
 
+RuleJudge = Callable[[PolicyRule], bool | None]
+"""Whether a rule's condition holds for the call being resolved; None when it is undecided (it failed to evaluate,
+or there are no arguments to judge it on)."""
+
+
 def resolve_mode(
     *,
     source_id: str,
@@ -36,27 +41,62 @@ def resolve_mode(
     risk: Risk,
     profile_modes: Mapping[str, str] | None,
     org_modes: Mapping[str, str],
+    profile_rules: Sequence[PolicyRule] = (),
+    org_rules: Sequence[PolicyRule] = (),
+    judge: RuleJudge | None = None,
+    undecided: str = "condition_failed",
 ) -> ModeDecision:
     """The mode of one action, first match wins: profile `source:action`, profile `source:*`, org (same keys),
-    then inferred from risk.
+    then inferred from risk. For each key, its rules (conditional modes) are tried first, in order: the first whose
+    condition holds decides (source `profile_rule` or `org_rule`); when none does, the key's plain mode applies, if
+    it has one.
 
     A matched value that is not a mode gives `deny` (source `unknown_mode:<value>`): a typo in a policy
-    file must never open a door.
+    file must never open a door. A rule whose condition is undecided (`judge` gives None, or there is no `judge`)
+    gives the stricter of its own mode and what resolution gives without it (source `<undecided>:<key>`): a
+    condition that fails never relaxes.
     """
     keys = (policy_key(source_id, action_id), policy_key(source_id, "*"))
-    for source, modes in (("profile", profile_modes or {}), ("org", org_modes)):
+    candidates: list[tuple[str, str, PolicyRule | None]] = []
+    for source, modes, rules in (("profile", profile_modes or {}, profile_rules), ("org", org_modes, org_rules)):
         for key in keys:
-            if key not in modes:
-                continue
-            value = modes[key]
-            if is_mode(value):
-                return ModeDecision(mode=value, source=source)
-            return ModeDecision(mode="deny", source=f"unknown_mode:{value}")
+            candidates.extend((f"{source}_rule", rule.mode, rule) for rule in rules if rule.key == key)
+            if key in modes:
+                candidates.append((source, modes[key], None))
+    return _first_match(candidates, 0, risk, judge, undecided)
+
+
+def _first_match(
+    candidates: Sequence[tuple[str, str, PolicyRule | None]],
+    start: int,
+    risk: Risk,
+    judge: RuleJudge | None,
+    undecided: str,
+) -> ModeDecision:
+    for i in range(start, len(candidates)):
+        source, value, rule = candidates[i]
+        verdict = True if rule is None else judge(rule) if judge is not None else None
+        if verdict is False:
+            continue
+        own = (
+            ModeDecision(mode=value, source=source)
+            if is_mode(value)
+            else ModeDecision(mode="deny", source=f"unknown_mode:{value}")
+        )
+        if verdict is True:
+            return own
+        assert rule is not None
+        rest = _first_match(candidates, i + 1, risk, judge, undecided)
+        return ModeDecision(mode=stricter(own.mode, rest.mode), source=f"{undecided}:{rule.key}")
     return ModeDecision(mode=_INFERRED[risk], source="inferred")
 
 
 def compose_mode(
-    own: ModeDecision, *, approval_required: bool, steps: Sequence[tuple[str, ModeDecision, bool]]
+    own: ModeDecision,
+    *,
+    approval_required: bool,
+    steps: Sequence[tuple[str, ModeDecision, bool]],
+    held_steps: Sequence[str] = (),
 ) -> ModeDecision:
     """The mode of a composite action (a manifest action) from its own and its steps' (policy key, mode, drifted).
 
@@ -77,4 +117,6 @@ def compose_mode(
         return ModeDecision(mode="require_approval", source=f"drift:{drifted}")
     if approval_required:
         return ModeDecision(mode="require_approval", source="declared")
+    if held_steps:
+        return ModeDecision(mode="require_approval", source=f"declared:{held_steps[0]}")
     return own

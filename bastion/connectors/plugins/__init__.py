@@ -1,0 +1,23 @@
+"""Plugin action packages (seed 000): `actions/<name>/action.json` with `execute`, `verify`, `repair` and `rollback`
+executables, loaded only when `[plugins] allow_plugin_code = true`.
+
+`package` loads and checks packages (file and line for every problem), `runner` runs one step in a child process,
+`scope` checks path arguments, `flow` runs execute, verify, repair and rollback into seed 000's result envelope,
+and `source` offers the packages to the catalog as the source `plugins`.
+"""
+
+from bastion.connectors.plugins.flow import StepLimits, run_flow
+from bastion.connectors.plugins.package import ACTION_FILE, PluginPackage, PluginProblem, load_plugins
+from bastion.connectors.plugins.scope import scope_violation
+from bastion.connectors.plugins.source import PluginSource
+
+__all__ = [
+    "ACTION_FILE",
+    "PluginPackage",
+    "PluginProblem",
+    "PluginSource",
+    "StepLimits",
+    "load_plugins",
+    "run_flow",
+    "scope_violation",
+]

@@ -1,0 +1,129 @@
+"""The flow of one plugin call (seed 000): execute, verify; on a failed verification one repair if the package has
+one, then verify again; still failing (or execute itself failing), roll back.
+
+Its result is seed 000's result envelope: `status` (`succeeded`, `reverted` or `failed` here; `queued` and
+`rejected` are the pipeline's, before anything runs), the output, and the verification, repair and rollback
+sections with a report of every step that ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from jsonschema.validators import validator_for
+
+from bastion.connectors.plugins.package import PluginPackage, Step, allowed
+from bastion.connectors.plugins.runner import StepRun, run_step
+
+Outcome = Literal["succeeded", "reverted", "failed"]
+TERMINAL_STATUSES: Final = ("succeeded", "reverted", "queued", "rejected", "failed")
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """Where and how every step of a plugin runs (`[plugins]` of bastion.toml)."""
+
+    workspace: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = 30.0
+    max_output: int = 1_048_576
+    allowed_commands: Sequence[Sequence[str]] = ()
+
+
+async def run_flow(
+    package: PluginPackage,
+    arguments: Mapping[str, Any],
+    *,
+    correlation_id: str,
+    limits: StepLimits,
+    state_dir: Path,
+) -> dict[str, Any]:
+    """Run one call of `package` through its whole flow and return the result envelope. Never raises for what a
+    step does: every failure of a step is in the envelope."""
+    flow = _Flow(package, limits, {
+        "action": package.name,
+        "input": dict(arguments),
+        "correlationId": correlation_id,
+        "workspace": str(limits.workspace),
+        "stateDir": str(state_dir),
+    })  # fmt: skip
+    execute = await flow.step("execute")
+    output = execute.output or {}
+    failure = execute.error or flow.output_problem(output)
+    envelope: dict[str, Any] = {
+        "status": "succeeded",
+        "actionType": package.name,
+        "riskTier": package.action.risk_tier,
+        "output": output,
+        "execute": execute.report() | ({"error": failure} if failure else {}),
+        "verification": {"ok": False, "checks": []},
+        "repair": {"attempted": False, "ok": False},
+        "rollback": {"attempted": False, "ok": False},
+        "feedback": {},
+    }
+    if failure is None:
+        verification = await flow.verify(output)
+        envelope["verification"] = verification
+        if not verification["ok"] and "repair" in package.executables:
+            repair = await flow.step("repair", output=output, verification=verification)
+            envelope["repair"] = {"attempted": True, "ok": False, "step": repair.report()}
+            if repair.ok:
+                verification = await flow.verify(output)
+                envelope["verification"] = verification
+                envelope["repair"]["ok"] = verification["ok"]
+        if verification["ok"]:
+            return envelope
+        failure = "verification failed" + (" after a repair" if envelope["repair"]["attempted"] else "")
+    envelope["feedback"] = {"reason": failure}
+    if "rollback" not in package.executables:
+        envelope["status"] = "failed"
+        return envelope
+    rollback = await flow.step("rollback", output=output)
+    envelope["rollback"] = {"attempted": True, "ok": rollback.ok, "step": rollback.report()}
+    envelope["status"] = "reverted" if rollback.ok else "failed"
+    return envelope
+
+
+class _Flow:
+    def __init__(self, package: PluginPackage, limits: StepLimits, base: dict[str, Any]) -> None:
+        self._package = package
+        self._limits = limits
+        self._base = base
+
+    async def step(self, step: Step, **extra: Any) -> StepRun:
+        """Run one of the package's executables with the call's payload (and `extra`) on its stdin."""
+        return await self._run(self._package.executables[step], {**self._base, "step": step, **extra})
+
+    async def verify(self, output: Mapping[str, Any]) -> dict[str, Any]:
+        """The package's verify executable, then each verification command: ok when every check passes."""
+        checks: list[dict[str, Any]] = []
+        if "verify" in self._package.executables:
+            checks.append((await self.step("verify", output=dict(output))).report())
+        for argv in self._package.verification_commands:
+            if not allowed(argv, self._limits.allowed_commands):  # the allowlist changed since the package loaded
+                checks.append({"command": list(argv), "ok": False, "error": "not in [plugins] allowed_commands"})
+                continue
+            checks.append((await self._run(argv, None)).report())
+        return {"ok": all(check["ok"] for check in checks), "checks": checks}
+
+    def output_problem(self, output: Mapping[str, Any]) -> str | None:
+        """Why execute's output does not fit the package's outputSchema, if it does not."""
+        schema = self._package.action.output_schema
+        if schema is None:
+            return None
+        error = next(iter(validator_for(schema)(schema).iter_errors(output)), None)
+        return None if error is None else f"its output does not fit outputSchema ({error.message})"
+
+    async def _run(self, argv: Sequence[str], payload: Mapping[str, Any] | None) -> StepRun:
+        limits = self._limits
+        return await run_step(
+            argv,
+            payload,
+            cwd=limits.workspace,
+            env=limits.env,
+            timeout=limits.timeout,
+            max_output=limits.max_output,
+        )

@@ -1,0 +1,345 @@
+"""Plugin action packages (seed 000, issue 13): loaded from `actions/<name>/action.json` only when allowed, run in
+child processes through execute, verify, repair and rollback, with their gates enforced by the pipeline: R3/R4
+held for an approver whatever the policy says, scopes checked before anything runs, verification commands only
+from the global allowlist. Driven through a real MCP client and a real gateway over a real configuration."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client
+
+from bastion.cli.app import load_actions, open_gateway
+from bastion.config import load_config
+from bastion.connectors.plugins import load_plugins
+from bastion.connectors.plugins.runner import run_step
+from bastion.models import CallContext, Invocation, ModeDecision, utcnow
+from bastion.pipeline.gateway import Gateway
+from bastion.policies import compose_mode
+from bastion.server.mcp import FrontDoor
+from tests.test_gateway import error_of
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 20
+
+EXECUTE = """
+import json, os, shutil, sys
+call = json.load(sys.stdin)
+with open(os.path.join(os.environ["MARKER_DIR"], call["correlationId"]), "w") as marker:
+    json.dump(sorted(os.environ), marker)
+path = call["input"]["path"]  # relative: the step runs in the workspace
+if os.path.exists(path):
+    shutil.copyfile(path, os.path.join(call["stateDir"], "backup"))
+with open(path, "w") as f:
+    f.write(call["input"]["text"])
+print(json.dumps({"written": len(call["input"]["text"])}))
+"""
+VERIFY = """
+import json, sys
+call = json.load(sys.stdin)
+with open(call["input"]["path"]) as f:
+    sys.exit(1 if "BAD" in f.read() else 0)
+"""
+REPAIR = """
+import json, sys
+call = json.load(sys.stdin)
+path = call["input"]["path"]
+with open(path) as f:
+    text = f.read()
+with open(path, "w") as f:
+    f.write(text.replace("BAD", "GOOD"))
+"""
+ROLLBACK = """
+import json, os, shutil, sys
+call = json.load(sys.stdin)
+backup = os.path.join(call["stateDir"], "backup")
+if os.path.exists(backup):
+    shutil.copyfile(backup, call["input"]["path"])
+else:
+    os.remove(call["input"]["path"])
+"""
+
+
+def action_json(name: str, tier: str = "R2", **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "riskTier": tier,
+        "description": f"Write a file ({name}).",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "text": {"type": "string"}},
+            "required": ["path", "text"],
+        },
+        "outputSchema": {"type": "object", "properties": {"written": {"type": "integer"}}, "required": ["written"]},
+        "permissions": {"commands": [], "filesystem": "workspace"},
+        "verification": {"required": True, "commands": []},
+        "rollback": {"required": True},
+        "scope": {"allowedDirs": ["docs"], "forbiddenFiles": ["docs/secret.txt"], "pathArguments": ["path"]},
+        **extra,
+    }
+
+
+def write_package(config: Path, name: str, declared: dict[str, Any], *, repair: bool = False) -> Path:
+    package = config / "actions" / name
+    package.mkdir(parents=True)
+    (package / "action.json").write_text(json.dumps(declared, indent=2))
+    scripts = {"execute": EXECUTE, "verify": VERIFY, "rollback": ROLLBACK} | ({"repair": REPAIR} if repair else {})
+    for step, code in scripts.items():
+        (package / f"{step}.py").write_text(textwrap.dedent(code))
+    return package
+
+
+def make_config(tmp_path: Path, *, modes: str = "", allow: bool = True, extra: str = "") -> Path:
+    config = tmp_path / "config"
+    (config / "policies").mkdir(parents=True)
+    (config / "workspace" / "docs").mkdir(parents=True)
+    (config / "workspace" / "docs" / "readme.txt").write_text("original\n")
+    (config / "workspace" / "docs" / "secret.txt").write_text("secret\n")
+    (tmp_path / "markers").mkdir()
+    (config / "bastion.toml").write_text(
+        textwrap.dedent(f"""
+        [plugins]
+        allow_plugin_code = {"true" if allow else "false"}
+        workspace = "workspace"
+        timeout_seconds = 20
+        env = {{ MARKER_DIR = "{tmp_path / "markers"}" }}
+        {extra}
+        """)
+    )
+    (config / "policies" / "default.toml").write_text(f"[modes]\n{modes}\n")
+    return config
+
+
+def workspace_hash(workspace: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(workspace.rglob("*")):
+        digest.update(str(path.relative_to(workspace)).encode() + b"\0")
+        if path.is_file() and not path.is_symlink():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@asynccontextmanager
+async def plugin_bastion(config_dir: Path) -> AsyncIterator[tuple[Client, Gateway]]:
+    config = load_config(config_dir)
+    async with (
+        open_gateway(config) as gateway,
+        Client(FrontDoor(gateway).server, cache=None) as client,
+    ):
+        yield client, gateway
+
+
+async def _pending(gateway: Gateway) -> Invocation:
+    changes = gateway.ledger.changes
+    with anyio.fail_after(WAIT):
+        while not (found := await gateway.invocations.list(status="pending")):
+            with anyio.move_on_after(0.1):
+                await changes.next(changes.cursor)
+    return found[0]
+
+
+def _markers(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "markers").iterdir())
+
+
+async def test_a_failed_verification_is_rolled_back_leaving_the_workspace_byte_identical(tmp_path: Path) -> None:
+    config = make_config(tmp_path, modes='"plugins:*" = "allow"')
+    write_package(config, "edit", action_json("edit"))
+    before = workspace_hash(config / "workspace")
+    async with plugin_bastion(config) as (client, gateway):
+        result = await client.call_tool("plugins__edit", {"path": "docs/readme.txt", "text": "BAD content"})
+        assert result.is_error
+        envelope = result.structured_content
+        assert envelope is not None
+        assert envelope["status"] == "reverted"
+        assert envelope["verification"]["ok"] is False
+        assert envelope["repair"] == {"attempted": False, "ok": False}
+        assert envelope["rollback"]["attempted"] is True
+        assert envelope["rollback"]["ok"] is True
+        assert workspace_hash(config / "workspace") == before
+        [invocation] = await gateway.invocations.list()
+        assert invocation.status == "failed"
+        assert invocation.result is not None
+        assert invocation.result["structuredContent"]["status"] == "reverted"
+
+
+async def test_a_repair_that_works_succeeds_on_the_second_verification(tmp_path: Path) -> None:
+    config = make_config(tmp_path, modes='"plugins:*" = "allow"')
+    write_package(config, "edit", action_json("edit"), repair=True)
+    async with plugin_bastion(config) as (client, gateway):
+        result = await client.call_tool("plugins__edit", {"path": "docs/readme.txt", "text": "BAD content"})
+        assert not result.is_error
+        envelope = result.structured_content
+        assert envelope is not None
+        assert envelope["status"] == "succeeded"
+        assert envelope["output"] == {"written": 11}
+        assert envelope["repair"]["attempted"] is True
+        assert envelope["repair"]["ok"] is True
+        assert envelope["verification"]["ok"] is True
+        assert envelope["rollback"]["attempted"] is False
+        assert (config / "workspace" / "docs" / "readme.txt").read_text() == "GOOD content"
+        [invocation] = await gateway.invocations.list()
+        assert invocation.status == "completed"
+
+
+async def test_each_step_runs_in_the_workspace_with_only_the_bound_credentials_in_its_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BASTION_TEST_SECRET", "not for plugins")
+    config = make_config(tmp_path, modes='"plugins:*" = "allow"')
+    write_package(config, "edit", action_json("edit"))
+    async with plugin_bastion(config) as (client, _):
+        result = await client.call_tool("plugins__edit", {"path": "docs/new.txt", "text": "fine"})
+        assert not result.is_error
+    [marker] = _markers(tmp_path)
+    # Python itself may add LC_CTYPE (PEP 538 locale coercion); nothing of Bastion's environment is passed.
+    assert set(json.loads(marker.read_text())) - {"LC_CTYPE"} == {"MARKER_DIR"}
+    assert (config / "workspace" / "docs" / "new.txt").read_text() == "fine"
+
+
+async def test_an_r3_plugin_is_held_for_an_approver_even_under_an_allow_policy(tmp_path: Path) -> None:
+    config = make_config(tmp_path, modes='"plugins:deploy" = "allow"')
+    write_package(config, "deploy", action_json("deploy", "R3"))
+    async with plugin_bastion(config) as (client, gateway):
+        entry = gateway.catalog.get("plugins__deploy")
+        assert entry is not None
+        decision = gateway.mode_of(entry, CallContext(session_id="test"))
+        assert decision.mode == "require_approval"
+        async with anyio.create_task_group() as tg:
+            results: list[types.CallToolResult] = []
+
+            async def call() -> None:
+                results.append(await client.call_tool("plugins__deploy", {"path": "docs/a.txt", "text": "x"}))
+
+            tg.start_soon(call)
+            pending = await _pending(gateway)
+            assert pending.mode == "require_approval"
+            assert _markers(tmp_path) == []  # nothing ran while it waited
+            await gateway.invocations.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
+        [result] = results
+        assert not result.is_error
+        assert len(_markers(tmp_path)) == 1
+
+
+async def test_a_path_out_of_scope_is_refused_before_execute_runs_also_through_a_symlink(tmp_path: Path) -> None:
+    config = make_config(tmp_path, modes='"plugins:*" = "allow"')
+    write_package(config, "edit", action_json("edit"))
+    workspace = config / "workspace"
+    (tmp_path / "outside.txt").write_text("outside\n")
+    (workspace / "docs" / "escape").symlink_to(tmp_path / "outside.txt")
+    (workspace / "docs" / "hidden").symlink_to(workspace / "docs" / "secret.txt")
+    (workspace / "top.txt").write_text("top\n")
+    before = workspace_hash(workspace)
+    async with plugin_bastion(config) as (client, gateway):
+        for path in ("docs/escape", "docs/hidden", "docs/secret.txt", "docs/../top.txt", "../outside.txt", "/etc/x"):
+            result = await client.call_tool("plugins__edit", {"path": path, "text": "x"})
+            assert error_of(result)["class"] == "policy_denied", path
+        invocations = await gateway.invocations.list()
+        assert {i.status for i in invocations} == {"denied"}
+        assert len(invocations) == 6
+    assert _markers(tmp_path) == []
+    assert workspace_hash(workspace) == before
+    assert (tmp_path / "outside.txt").read_text() == "outside\n"
+
+
+async def test_a_verification_command_outside_the_allowlist_is_refused_at_load_with_file_and_line(
+    tmp_path: Path,
+) -> None:
+    config = make_config(tmp_path, extra='allowed_commands = [["git", "diff", "--exit-code"]]')
+    listed = {"commands": ["rm -rf docs", "git diff --exit-code"], "filesystem": "workspace"}
+    verification = {"required": True, "commands": ["git diff --exit-code", "rm -rf docs"]}
+    package = write_package(config, "edit", action_json("edit", permissions=listed, verification=verification))
+    loaded = load_config(config)
+    _, issues = load_actions(loaded)
+    [issue] = issues
+    assert issue.file == package / "action.json"
+    lines = (package / "action.json").read_text().splitlines()
+    assert "rm -rf docs" in lines[issue.line - 1]
+    assert '"verification"' in "\n".join(lines[: issue.line])
+    async with plugin_bastion(config) as (client, _):
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        assert "plugins__edit" not in names
+
+
+async def test_verification_commands_in_the_allowlist_run_as_argument_vectors(tmp_path: Path) -> None:
+    check = f"{sys.executable} -c 'import sys; sys.exit(0)'"
+    config = make_config(tmp_path, modes='"plugins:*" = "allow"', extra=f'allowed_commands = [["{sys.executable}"]]')
+    listed = {"commands": [check], "filesystem": "workspace"}
+    write_package(config, "edit", action_json("edit", permissions=listed, verification={"commands": [check]}))
+    async with plugin_bastion(config) as (client, _):
+        result = await client.call_tool("plugins__edit", {"path": "docs/a.txt", "text": "fine"})
+    envelope = result.structured_content
+    assert envelope is not None
+    assert envelope["status"] == "succeeded"
+    checks = envelope["verification"]["checks"]
+    assert [check["ok"] for check in checks] == [True, True]
+    assert checks[1]["command"] == [sys.executable, "-c", "import sys; sys.exit(0)"]
+
+
+def test_a_composite_with_a_step_that_needs_an_approver_is_held_even_when_policy_allows_it() -> None:
+    allowed = ModeDecision(mode="allow", source="org")
+    steps = [("plugins:deploy", ModeDecision(mode="require_approval", source="declared"), False)]
+    held = compose_mode(allowed, approval_required=False, steps=steps, held_steps=["plugins:deploy"])
+    assert held == ModeDecision(mode="require_approval", source="declared:plugins:deploy")
+    assert compose_mode(allowed, approval_required=False, steps=steps) == allowed
+
+
+async def test_a_step_that_runs_too_long_is_stopped(tmp_path: Path) -> None:
+    code = "import time; print('{}', flush=True); time.sleep(60)"
+    run = await run_step([sys.executable, "-c", code], {}, cwd=tmp_path, env={}, timeout=0.5, max_output=1024)
+    assert not run.ok
+    assert run.error is not None
+    assert "longer than" in run.error
+
+
+async def test_a_step_that_writes_past_the_output_cap_is_stopped(tmp_path: Path) -> None:
+    code = "import sys\nwhile True: sys.stdout.write('x' * 65536)"
+    run = await run_step([sys.executable, "-c", code], None, cwd=tmp_path, env={}, timeout=20, max_output=100_000)
+    assert not run.ok
+    assert run.error is not None
+    assert "more than 100000 bytes" in run.error
+
+
+async def test_a_step_whose_output_is_not_a_json_object_fails(tmp_path: Path) -> None:
+    run = await run_step([sys.executable, "-c", "print('[1]')"], {}, cwd=tmp_path, env={}, timeout=20, max_output=1024)
+    assert not run.ok
+    assert run.exit_code == 0
+
+
+def test_packages_are_not_loaded_without_allow_plugin_code(tmp_path: Path) -> None:
+    config = make_config(tmp_path, allow=False)
+    package = write_package(config, "edit", action_json("edit"))
+    _, issues = load_actions(load_config(config))
+    [issue] = issues
+    assert issue.file == package / "action.json"
+    assert "allow_plugin_code" in issue.message
+
+
+def test_an_r2_package_without_rollback_is_rejected_at_load_with_file_and_line(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    package = write_package(config, "edit", action_json("edit", rollback={"required": False}))
+    (package / "rollback.py").unlink()
+    _, issues = load_actions(load_config(config))
+    [issue] = issues
+    lines = (package / "action.json").read_text().splitlines()
+    assert '"rollback"' in lines[issue.line - 1]
+
+
+def test_a_plugin_never_takes_a_manifest_action_name(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    package = write_package(config, "edit", action_json("edit"))
+    packages, problems = load_plugins(config / "actions", allowed_commands=[], taken={"edit"})
+    assert packages == []
+    [problem] = problems
+    assert problem.file == package / "action.json"
