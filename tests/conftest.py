@@ -4,9 +4,15 @@ server of the session's own (tests/postgres.py), stopped when the session ends."
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 from tests.postgres import PostgresServer
 from tests.postgres_session import shared_server, stop_shared_server
+
+# No timing assertions (a test may not fail because the machine is busy): property tests run without hypothesis's
+# per-example deadline.
+settings.register_profile("bastion", deadline=None)
+settings.load_profile("bastion")
 
 
 @pytest.fixture
