@@ -1,5 +1,5 @@
 """The HTTP surface (DESIGN.md §10): `/mcp` streamable HTTP, `/sse` + `/messages/` legacy SSE, the approver
-API under `/api`, `/healthz`.
+API under `/api` (its event stream `/api/events`), `/healthz`.
 
 Every request passes the Host/Origin guard first (DNS-rebinding protection), then bearer-token
 authentication (bastion.server.auth), then routing.
@@ -38,6 +38,7 @@ from bastion.models import SourceStatus
 from bastion.server.api import build_api, routing_error
 from bastion.server.auth import BearerAuth
 from bastion.server.errors import http_response
+from bastion.server.events import events_endpoint
 from bastion.server.mcp import FrontDoor
 
 logger = logging.getLogger(__name__)
@@ -214,6 +215,7 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
             Route("/sse", endpoint=_SseEndpoint(front, sse), methods=["GET"]),
             Mount("/messages/", app=sse.handle_post_message),
             Route("/healthz", endpoint=healthz, methods=["GET"]),
+            Route("/api/events", endpoint=events_endpoint(front.gateway.ledger), methods=["GET"]),
             Mount("/api", app=build_api(front.gateway.ledger)),
         ],
         lifespan=lifespan,
