@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.steps": 6,  # the gateway's step runner: a composite's steps, each a child invocation
     "bastion.pipeline.manifests": 6,  # manifest actions as a source, run through the step runner
     "bastion.pipeline.listings": 7,  # the sources and what hosts list of them
+    "bastion.pipeline.events": 7,  # the change feed read as named events (event stream, inbox, webhooks)
     "bastion.pipeline.gateway": 8,
     "bastion.server": 9,
     "bastion.cli": 10,
@@ -67,6 +68,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.authority": set(),
     "bastion.pipeline.views": {"pydantic"},
     "bastion.pipeline.listings": {"mcp_types", "anyio"},
+    "bastion.pipeline.events": set(),
     "bastion.pipeline.outcomes": {"mcp_types", "anyio"},
     "bastion.pipeline.steps": {"mcp_types"},
     "bastion.pipeline.manifests": {"mcp_types", "anyio"},
