@@ -16,6 +16,7 @@ LAYERS: dict[str, int] = {
     "bastion.models": 1,
     "bastion.errors": 1,
     "bastion.config.tomlpos": 1,
+    "bastion.config.approved": 2,  # the policy file Bastion writes ("always" approvals), read by the loader
     "bastion.starter": 1,
     "bastion.actions": 2,  # what a source declares about its actions (ActionSpec)
     "bastion.policies": 2,  # pure functions over the vocabulary: anyone above may call them
@@ -31,6 +32,7 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.instances": 6,  # this instance's lease, and who else is alive
     "bastion.pipeline.observer": 5,  # the hook observers of invocations register on
     "bastion.pipeline.approvals": 6,
+    "bastion.pipeline.grants": 5,  # "session" and "always" approvals
     "bastion.pipeline.authority": 6,
     "bastion.pipeline.views": 6,  # the JSON shapes the CLI prints and the API answers
     "bastion.pipeline.outcomes": 6,  # recording what came of a call that was sent
@@ -56,6 +58,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.ledger": {"pydantic", "aiosqlite", "anyio", "psycopg", "psycopg_pool"},
     "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic"},
     "bastion.config.tomlpos": set(),
+    "bastion.config.approved": {"tomlkit"},  # the policy file Bastion writes, comments kept
     "bastion.starter": set(),
     "bastion.pipeline": set(),
     "bastion.pipeline.catalog": {"mcp_types", "jsonschema", "pydantic"},
@@ -66,6 +69,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.observer": set(),
     "bastion.pipeline.approvals": {"mcp_types", "anyio"},
     "bastion.pipeline.authority": set(),
+    "bastion.pipeline.grants": set(),
     "bastion.pipeline.views": {"pydantic"},
     "bastion.pipeline.listings": {"mcp_types", "anyio"},
     "bastion.pipeline.events": set(),

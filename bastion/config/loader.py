@@ -21,6 +21,7 @@ from typing import Annotated, Any, Final, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+from bastion.config.approved import APPROVED_FILE
 from bastion.config.models import (
     Config,
     ConfigIssue,
@@ -450,6 +451,8 @@ class _Loader:
         inline: dict[str, _Placed] = {}
         disabled: list[str] = []
         for path in self.toml_files("policies"):
+            if path.name == APPROVED_FILE:  # Bastion's own: laid over the merged map by the gateway (config.approved)
+                continue
             file = self.read(path)
             if file is None:
                 continue
