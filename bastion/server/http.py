@@ -1,5 +1,6 @@
 """The HTTP surface (DESIGN.md §10): `/mcp` streamable HTTP, `/sse` + `/messages/` legacy SSE, the approver
-API under `/api` (its event stream `/api/events`), the approvers' MCP endpoint `/approver/mcp`, `/healthz`.
+API under `/api` (its event stream `/api/events`), the approvers' MCP endpoint `/approver/mcp`, the approvers'
+web page `/inbox`, `/healthz`.
 
 Every request passes the Host/Origin guard first (DNS-rebinding protection), then bearer-token
 authentication (bastion.server.auth), then routing.
@@ -40,6 +41,7 @@ from bastion.server.approver import APPROVER_PATH, ApproverEndpoint
 from bastion.server.auth import BearerAuth
 from bastion.server.errors import http_response
 from bastion.server.events import events_endpoint
+from bastion.server.inbox import Inbox
 from bastion.server.mcp import FrontDoor
 
 logger = logging.getLogger(__name__)
@@ -189,6 +191,7 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
     manager = StreamableHTTPSessionManager(app=front.server, json_response=False, stateless=False)
     sse = SseServerTransport("/messages/")
     approver = ApproverEndpoint(front.gateway)
+    inbox = Inbox(front.gateway)
 
     async def healthz(request: Request) -> Response:
         """200 while Bastion serves: `ok` when every enabled source is ready, else `degraded` (see `health`)."""
@@ -220,6 +223,7 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
             Route("/healthz", endpoint=healthz, methods=["GET"]),
             Route("/api/events", endpoint=events_endpoint(front.gateway.ledger), methods=["GET"]),
             Mount("/api", app=build_api(front.gateway.ledger)),
+            *inbox.routes(),
         ],
         lifespan=lifespan,
         exception_handlers={HTTPException: routing_error},
