@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.manifests": 6,  # manifest actions as a source, run through the step runner
     "bastion.pipeline.listings": 7,  # the sources and what hosts list of them
     "bastion.pipeline.events": 7,  # the change feed read as named events (event stream, inbox, webhooks)
+    "bastion.pipeline.notify": 8,  # webhooks: the outbox filled from the events and delivered
     "bastion.pipeline.gateway": 8,
     "bastion.server": 9,
     "bastion.cli": 10,
@@ -73,6 +74,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.views": {"pydantic"},
     "bastion.pipeline.listings": {"mcp_types", "anyio"},
     "bastion.pipeline.events": set(),
+    "bastion.pipeline.notify": {"anyio", "httpx2"},
     "bastion.pipeline.outcomes": {"mcp_types", "anyio"},
     "bastion.pipeline.steps": {"mcp_types"},
     "bastion.pipeline.manifests": {"mcp_types", "anyio"},
