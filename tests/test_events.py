@@ -9,6 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from bastion.cli.remote import RemoteApi
 from bastion.models import utcnow
 from tests.sse import SseEvent, sse_events
 from tests.test_api import WAIT, Live, invocation, live_bastion, seed
@@ -82,3 +83,16 @@ async def test_the_event_stream_needs_a_token_and_a_numeric_last_event_id(tmp_pa
         response = await live.http.get("/api/events", headers=admin | {"Last-Event-ID": "abc"})
         assert response.status_code == 422
         assert response.json()["error"]["class"] == "invalid_arguments"
+
+
+async def test_the_remote_watch_is_woken_by_the_event_stream(tmp_path: Path) -> None:
+    async with live_bastion(tmp_path) as live:
+        admin = await live.token("alice", "admin")
+        await seed(live.ledger, invocation(1))
+        heard: list[str] = []
+        async with RemoteApi(live.url, admin["Authorization"].removeprefix("Bearer ")) as api:
+            with anyio.fail_after(WAIT):
+                async for name in api.events(after=0):
+                    heard.append(name)
+                    break
+        assert heard == ["approval_requested"]
