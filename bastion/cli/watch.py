@@ -441,6 +441,7 @@ def approvals_watch(config_dir: ConfigOption = None, url: UrlOption = None, toke
     """A live view of pending calls and the selected one in detail; approve or deny each with confirmation.
 
     Once the ledger has an owner or admin token, watching it locally needs one (--token or $BASTION_TOKEN).
+    With --url it watches a remote Bastion, redrawing on each event of its stream (/api/events).
     """
     try:
         api = remote_api(url, token)
