@@ -151,6 +151,12 @@ class Forbidden(BastionError):
     http_status = 403
 
 
+class CsrfRefused(Forbidden):
+    """A form of the inbox without the CSRF token of the session (or of the login form) that served it."""
+
+    error_class = "csrf_refused"
+
+
 class HostNotAllowed(BastionError):
     """An HTTP request whose Host names no host this Bastion answers to (DNS-rebinding protection)."""
 

@@ -141,6 +141,20 @@ class Change:
         return self.kind if self.kind in STATUSES else None
 
 
+class OutboxItem(BaseModel):
+    """One message waiting in the ledger's outbox for one webhook (`target`): the named event `event_id` of the
+    change feed, as the JSON `body` to send (built from redacted ledger data)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    target: str
+    event_id: int
+    body: str
+    attempts: int = 0
+    """Deliveries tried and failed so far."""
+
+
 SourceState = Literal["starting", "ready", "down", "unavailable", "disabled"]
 """`down`: failed, retried with backoff. `unavailable`: cannot start until its configuration changes (a provider
 whose credential is not bound: `binding_required`), so it is not retried. `disabled`: by policy."""

@@ -16,6 +16,7 @@ LAYERS: dict[str, int] = {
     "bastion.models": 1,
     "bastion.errors": 1,
     "bastion.config.tomlpos": 1,
+    "bastion.config.approved": 2,  # the policy file Bastion writes ("always" approvals), read by the loader
     "bastion.starter": 1,
     "bastion.actions": 2,  # what a source declares about its actions (ActionSpec)
     "bastion.policies": 2,  # pure functions over the vocabulary: anyone above may call them
@@ -31,12 +32,15 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.instances": 6,  # this instance's lease, and who else is alive
     "bastion.pipeline.observer": 5,  # the hook observers of invocations register on
     "bastion.pipeline.approvals": 6,
+    "bastion.pipeline.grants": 5,  # "session" and "always" approvals
     "bastion.pipeline.authority": 6,
     "bastion.pipeline.views": 6,  # the JSON shapes the CLI prints and the API answers
     "bastion.pipeline.outcomes": 6,  # recording what came of a call that was sent
     "bastion.pipeline.steps": 6,  # the gateway's step runner: a composite's steps, each a child invocation
     "bastion.pipeline.manifests": 6,  # manifest actions as a source, run through the step runner
     "bastion.pipeline.listings": 7,  # the sources and what hosts list of them
+    "bastion.pipeline.events": 7,  # the change feed read as named events (event stream, inbox, webhooks)
+    "bastion.pipeline.notify": 8,  # webhooks: the outbox filled from the events and delivered
     "bastion.pipeline.gateway": 8,
     "bastion.server": 9,
     "bastion.cli": 10,
@@ -55,6 +59,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.ledger": {"pydantic", "aiosqlite", "anyio", "psycopg", "psycopg_pool"},
     "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic", "jsonschema"},  # plugins: action.json
     "bastion.config.tomlpos": set(),
+    "bastion.config.approved": {"tomlkit"},  # the policy file Bastion writes, comments kept
     "bastion.starter": set(),
     "bastion.pipeline": set(),
     "bastion.pipeline.catalog": {"mcp_types", "jsonschema", "pydantic"},
@@ -65,8 +70,11 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.observer": set(),
     "bastion.pipeline.approvals": {"mcp_types", "anyio"},
     "bastion.pipeline.authority": set(),
+    "bastion.pipeline.grants": set(),
     "bastion.pipeline.views": {"pydantic"},
     "bastion.pipeline.listings": {"mcp_types", "anyio"},
+    "bastion.pipeline.events": set(),
+    "bastion.pipeline.notify": {"anyio", "httpx2"},
     "bastion.pipeline.outcomes": {"mcp_types", "anyio"},
     "bastion.pipeline.steps": {"mcp_types"},
     "bastion.pipeline.manifests": {"mcp_types", "anyio"},

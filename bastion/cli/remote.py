@@ -8,9 +8,12 @@ is for the local ledger: once it has owner or admin tokens, local decisions need
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Annotated, Any
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Final
 
+import anyio
 import httpx2
 import typer
 
@@ -18,6 +21,12 @@ from bastion.errors import (
     ConfigError,
 )
 from bastion.server.errors import from_http
+
+logger = logging.getLogger(__name__)
+
+RECONNECT_SECONDS: Final = 2.0
+"""The pause before the event stream reconnects after it dropped."""
+_STREAM_TIMEOUT: Final = httpx2.Timeout(30.0, read=None)
 
 URL_ENV_VAR = "BASTION_URL"
 TOKEN_ENV_VAR = "BASTION_TOKEN"
@@ -63,6 +72,31 @@ class RemoteApi:
     async def decide(self, invocation_id: str, *, approve: bool, note: str | None) -> dict[str, Any]:
         verb, field = ("approve", "note") if approve else ("deny", "reason")
         return await self._request("POST", f"/approvals/{invocation_id}/{verb}", json={field: note})
+
+    async def events(self, after: int | None = None) -> AsyncIterator[str]:
+        """The names of the remote's events after event id `after` (None: from now on) as they happen
+        (`GET /api/events`), resuming after the last one seen when the connection drops. Ends at once when the
+        remote has no event stream (an older Bastion)."""
+        last = None if after is None else str(after)
+        while True:
+            headers = {"Last-Event-ID": last} if last is not None else {}
+            try:
+                async with self._client.stream("GET", "/events", headers=headers, timeout=_STREAM_TIMEOUT) as response:
+                    if response.status_code == 404:
+                        return
+                    if response.status_code != 200:
+                        await response.aread()
+                        raise from_http(response.status_code, response.json()) or ConfigError(
+                            f"{self.base}/api/events answered {response.status_code}"
+                        )
+                    async for line in response.aiter_lines():
+                        if line.startswith("id:"):
+                            last = line[3:].strip()
+                        elif line.startswith("event:"):
+                            yield line[6:].strip()
+            except httpx2.HTTPError as exc:
+                logger.debug("the event stream of %s dropped (%s); reconnecting", self.base, exc)
+            await anyio.sleep(RECONNECT_SECONDS)
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         try:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import signal
 import socket
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
 from typing import Annotated, Any, Final, Literal
 from urllib.parse import urlsplit
 
 import anyio
+import httpx2
 import typer
 
 from bastion import __version__
@@ -23,6 +25,7 @@ from bastion.cli.app import ConfigOption, Exit, app, err, load, open_gateway, op
 from bastion.config import Config, config_hint, host_name, validate_profile
 from bastion.errors import ConfigError
 from bastion.pipeline.gateway import Gateway
+from bastion.pipeline.notify import Notifier
 from bastion.server.http import (
     bind_listener,
     is_loopback,
@@ -84,7 +87,10 @@ def serve(
         try:
             async with anyio.create_task_group() as everything:
                 everything.start_soon(shutdown.watch, everything.cancel_scope)
-                async with open_gateway(config, wait_for_sources=False) as gateway:
+                async with (
+                    open_gateway(config, wait_for_sources=False) as gateway,
+                    notifying(config, gateway, _inbox_url(host, listener)),
+                ):
                     if transport == "stdio":
                         front = shutdown.serving(FrontDoor(gateway, profile=profile, session_id="stdio"))
                         await shutdown.run_until_stopped(serve_stdio(front))
@@ -167,6 +173,28 @@ class Shutdown:
             tg.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def notifying(config: Config, gateway: Gateway, inbox_url: str | None) -> AsyncIterator[None]:
+    """Deliver `[[notify.webhook]]` messages while serving (bastion.pipeline.notify); nothing without webhooks."""
+    webhooks = config.settings.notify.webhook
+    if not webhooks:
+        yield
+        return
+    link = config.settings.notify.inbox_url or inbox_url
+    async with httpx2.AsyncClient() as http, anyio.create_task_group() as tg:
+        await tg.start(Notifier(gateway.ledger, webhooks, http=http, inbox_url=link).run)
+        yield
+        tg.cancel_scope.cancel()
+
+
+def _inbox_url(host: str, listener: socket.socket | None) -> str | None:
+    """Where the inbox is served, for the links of webhook messages (None over stdio)."""
+    if listener is None:
+        return None
+    shown = f"[{host}]" if listener.family == socket.AF_INET6 else host
+    return f"http://{shown}:{listener.getsockname()[1]}/inbox"
+
+
 def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The one error a task group wrapped (the signal watcher never fails), so `run_async` sees it as raised."""
     if len(group.exceptions) == 1 and not isinstance(group.exceptions[0], BaseExceptionGroup):
@@ -215,6 +243,10 @@ def _print_connect_help(
         )
     err.print(
         f"  MCP (streamable HTTP): {url}   legacy SSE: {base_url}/sse   health: {base_url}/healthz", highlight=False
+    )
+    err.print(
+        f"  approvers: inbox {base_url}/inbox   events {base_url}/api/events   MCP {base_url}/approver/mcp",
+        highlight=False,
     )
     err.print(f"  ledger: {config.ledger_display}", markup=False, highlight=False)
     header = ' --header "Authorization: Bearer $BASTION_AGENT_TOKEN"' if tokens else ""

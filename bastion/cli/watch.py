@@ -3,7 +3,8 @@
 The view lists the pending calls and shows the selected one in detail: what it is, who asked, the time left,
 its redacted args and its drift diff. `a` asks for an optional note and `d` for a reason, then each asks for
 confirmation before anything is decided. Locally the view redraws whenever the ledger changes (in any
-process); with `--url` it asks the remote Bastion's API; and once a second anyway, so the countdowns move.
+process); with `--url` whenever the remote Bastion's event stream (`/api/events`) announces something; and once a
+second anyway, so the countdowns move.
 Keys are read in cbreak mode; the terminal's mode is restored on every exit.
 """
 
@@ -369,7 +370,8 @@ class LedgerFeed:
 
 
 class ApiFeed:
-    """A remote Bastion's REST API; it has no change feed, so the view's once-a-second redraw asks again."""
+    """A remote Bastion's REST API; the view redraws on each event of its stream (`/api/events`), and once a
+    second anyway."""
 
     def __init__(self, api: RemoteApi) -> None:
         self.api = api
@@ -384,7 +386,9 @@ class ApiFeed:
         return Invocation.model_validate(await self.api.decide(invocation_id, approve=approve, note=note))
 
     async def follow(self, wake: Wakeup) -> None:
-        await anyio.sleep_forever()
+        async for _ in self.api.events():
+            wake.set()
+        await anyio.sleep_forever()  # an older Bastion without an event stream: the once-a-second redraw asks
 
 
 # -- the live view ------------------------------------------------------------------------------------
@@ -437,6 +441,7 @@ def approvals_watch(config_dir: ConfigOption = None, url: UrlOption = None, toke
     """A live view of pending calls and the selected one in detail; approve or deny each with confirmation.
 
     Once the ledger has an owner or admin token, watching it locally needs one (--token or $BASTION_TOKEN).
+    With --url it watches a remote Bastion, redrawing on each event of its stream (/api/events).
     """
     try:
         api = remote_api(url, token)

@@ -29,6 +29,7 @@ from bastion.config.models import (
     HostName,
     LedgerSettings,
     LimitSettings,
+    NotifySettings,
     PluginSettings,
     PolicyConfig,
     Profile,
@@ -39,6 +40,7 @@ from bastion.config.models import (
     SourcesPolicy,
     ToolOverride,
     ToolPin,
+    WebhookSettings,
     host_name,
 )
 
@@ -57,6 +59,7 @@ __all__ = [
     "HostName",
     "LedgerSettings",
     "LimitSettings",
+    "NotifySettings",
     "PluginSettings",
     "PolicyConfig",
     "Profile",
@@ -67,6 +70,7 @@ __all__ = [
     "SourcesPolicy",
     "ToolOverride",
     "ToolPin",
+    "WebhookSettings",
     "config_hint",
     "config_option",
     "default_state_dir",

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Final, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+from bastion.config.approved import APPROVED_FILE
 from bastion.config.conditions import rule_problems
 from bastion.config.models import (
     Config,
@@ -453,6 +454,8 @@ class _Loader:
         rules: list[PolicyRule] = []
         profile_rules: dict[str, list[PolicyRule]] = {}
         for path in self.toml_files("policies"):
+            if path.name == APPROVED_FILE:  # Bastion's own: laid over the merged map by the gateway (config.approved)
+                continue
             file = self.read(path)
             if file is None:
                 continue

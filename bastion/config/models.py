@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Final, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, model_validator
 
 from bastion.actions import DriftListing
 from bastion.models import PolicyRule
@@ -95,6 +95,40 @@ class LedgerSettings(_Strict):
     `state/ledger.key` for PostgreSQL, where every instance on one database needs the same key."""
 
 
+NotifiedEvent = Literal["approval_requested", "approval_decided", "invocation_finished", "drift_detected"]
+"""The named events of bastion.pipeline.events, as webhooks may choose them."""
+
+
+class WebhookSettings(_Strict):
+    """One `[[notify.webhook]]`: where to POST each event, and how."""
+
+    url: str = Field(pattern=r"^https?://[^\s/]+")
+    secret: SecretStr | None = None
+    """Signs each body (HMAC-SHA256 over `<timestamp>.<body>`); required for the `json` format."""
+    format: Literal["json", "slack"] = "json"
+    """`json`: Bastion's own signed body. `slack`: a Slack incoming-webhook message (its URL is the secret)."""
+    events: list[NotifiedEvent] = Field(default_factory=lambda: list(get_args(NotifiedEvent)))
+    """Which events it is told of (default: all)."""
+
+    @model_validator(mode="after")
+    def _signed(self) -> WebhookSettings:
+        if self.format == "json" and (self.secret is None or not self.secret.get_secret_value()):
+            raise ValueError(
+                'a "json" webhook needs a secret to sign its bodies with: add secret = "${env:NAME}" '
+                "(receivers check X-Bastion-Signature with it)"
+            )
+        return self
+
+
+class NotifySettings(_Strict):
+    """`[notify]`: webhooks told of approvals and outcomes, from an outbox in the ledger."""
+
+    inbox_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+")
+    """The inbox as approvers reach it (`https://bastion.example.com/inbox`), for the links in messages; default:
+    the address `bastion serve --transport http` listens on."""
+    webhook: list[WebhookSettings] = Field(default_factory=list)
+
+
 class PluginSettings(_Strict):
     """`[plugins]` in `bastion.toml`: plugin action packages `actions/<name>/action.json` (seed 000)."""
 
@@ -121,6 +155,7 @@ class Settings(_Strict):
     approvals: ApprovalSettings = Field(default_factory=ApprovalSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    notify: NotifySettings = Field(default_factory=NotifySettings)
     plugins: PluginSettings = Field(default_factory=PluginSettings)
 
 

@@ -21,6 +21,7 @@ from bastion.ledger.postgres import PostgresBackend, key_check
 from bastion.ledger.postgres.feed import PostgresFeed
 from bastion.ledger.postgres.instances import PostgresInstances
 from bastion.ledger.postgres.limits import PostgresLimits
+from bastion.ledger.postgres.outbox import PostgresOutbox
 from bastion.ledger.postgres.pins import PostgresPins
 from bastion.ledger.postgres.tokens import PostgresTokens
 from bastion.ledger.recorder import Recorder
@@ -29,6 +30,7 @@ from bastion.ledger.sqlite import SqliteBackend
 from bastion.ledger.sqlite.feed import SqliteFeed
 from bastion.ledger.sqlite.instances import SqliteInstances
 from bastion.ledger.sqlite.limits import SqliteLimits
+from bastion.ledger.sqlite.outbox import SqliteOutbox
 from bastion.ledger.sqlite.pins import SqlitePins
 from bastion.ledger.sqlite.tokens import SqliteTokens
 from bastion.models import Guarantee
@@ -57,6 +59,7 @@ class OpenLedger:
     changes: SqliteFeed | PostgresFeed
     instances: SqliteInstances | PostgresInstances
     limits: SqliteLimits | PostgresLimits
+    outbox: SqliteOutbox | PostgresOutbox
     backend: SqliteBackend | PostgresBackend
     """The stores as the backend implements them (tests of SQLite internals reach the file through it)."""
     key_path: Path
@@ -129,6 +132,7 @@ async def open_ledger(url: str | Path, *, redactor: Redactor, key_path: Path | N
         changes=backend.changes,
         instances=backend.instances,
         limits=backend.limits,
+        outbox=backend.outbox,
         backend=backend,
         key_path=key_path,
     )
@@ -150,6 +154,7 @@ async def _open_postgres(url: str, redactor: Redactor, key_path: Path) -> OpenLe
         changes=backend.changes,
         instances=backend.instances,
         limits=backend.limits,
+        outbox=backend.outbox,
         backend=backend,
         key_path=key_path,
     )

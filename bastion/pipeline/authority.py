@@ -8,8 +8,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Final
 
-from bastion.errors import AmbiguousId, Forbidden, NotFound
+from bastion.errors import AmbiguousId, Forbidden, InvalidArguments, NotFound
 from bastion.models import Invocation, Pin, Principal
+from bastion.pipeline.grants import Grants, Scope
 from bastion.pipeline.seams import InvocationStore, Ledger
 
 MIN_ID_PREFIX: Final = 6
@@ -56,10 +57,24 @@ async def visible_invocation(ledger: Ledger, principal: Principal, invocation_id
 
 
 async def decide(
-    ledger: Ledger, invocation_id: str, *, approve: bool, principal: Principal, note: str | None, now: datetime
+    ledger: Ledger,
+    invocation_id: str,
+    *,
+    approve: bool,
+    principal: Principal,
+    note: str | None,
+    now: datetime,
+    scope: Scope = "once",
+    grants: Grants | None = None,
 ) -> Invocation:
     """An approver's decision (by id or unique prefix), refused for agents and for the principal that made the
-    call."""
+    call. An approval scoped "session" or "always" is recorded in `grants` (the running gateway's) once the
+    decision holds; those scopes need one."""
+    if scope != "once" and (grants is None or not approve):
+        raise InvalidArguments(
+            f'the scope "{scope}" applies to an approval made where Bastion serves (its inbox or approver endpoint); '
+            'deny, or approve "once"'
+        )
     if not principal.may_decide:
         raise Forbidden(
             f"{principal.name} has the {principal.role} role; only owner and admin tokens may decide",
@@ -74,7 +89,12 @@ async def decide(
             f"{principal.name} made this call and may not decide it; ask another approver",
             invocation_id=invocation_id,
         )
-    return await ledger.invocations.decide(invocation_id, approve=approve, principal=principal.name, note=note, now=now)
+    decided = await ledger.invocations.decide(
+        invocation_id, approve=approve, principal=principal.name, note=note, now=now
+    )
+    if grants is not None and scope != "once":
+        grants.grant(decided, scope, by=principal.name, now=now)
+    return decided
 
 
 async def accept_pins(ledger: Ledger, *, principal: Principal, source_id: str, action_id: str | None) -> list[Pin]:

@@ -24,6 +24,7 @@ import anyio
 import mcp_types as types
 
 from bastion.config import Config, config_hint
+from bastion.config.approved import ApprovedModes
 from bastion.config.conditions import Conditions
 from bastion.errors import (
     BastionError,
@@ -40,6 +41,7 @@ from bastion.errors import (
 from bastion.models import CallContext, Invocation, ModeDecision, Risk, SourceStatus, utcnow
 from bastion.pipeline.approvals import ApprovalDesk, PendingFn, Progress
 from bastion.pipeline.catalog import Catalog, CatalogEntry
+from bastion.pipeline.grants import Grants
 from bastion.pipeline.instances import Instance
 from bastion.pipeline.listings import INVOCATION_TOOL, Listings, ListingsFn
 from bastion.pipeline.observer import Observers
@@ -74,6 +76,9 @@ class Gateway:
         self.instance = Instance(ledger.instances, instance_id)
         self.instance_id = self.instance.id
         self.pins = PinBook(ledger.pins)
+        self.grants = Grants(ApprovedModes(config.directory))
+        """The "for this session" and "always" approvals (see bastion.pipeline.grants)."""
+        self.pins.on_drift.append(self.grants.revoke)
         self.listings = Listings(config, sources, self.pins)
         """The sources and what hosts list of them (tools, resources, prompts)."""
         self.content = self.listings.content
@@ -207,17 +212,18 @@ class Gateway:
         policy = self.config.policy
         profile = policy.profiles.get(context.profile) if context.profile else None
         judge = None if arguments is None else partial(self.conditions.holds, arguments=arguments)
-        return resolve_mode(
+        decision = resolve_mode(
             source_id=entry.source_id,
             action_id=entry.action_id,
             risk=risk,
             profile_modes=profile.modes if profile else None,
-            org_modes=policy.modes,
+            org_modes=self.grants.org_modes(policy.modes),
             profile_rules=profile.rules if profile else (),
             org_rules=policy.rules,
             judge=judge,
             undecided="conditional" if arguments is None else "condition_failed",
         )
+        return self.grants.for_session(decision, context.session_id, f"{entry.source_id}:{entry.action_id}")
 
     # -- the call pipeline -------------------------------------------------------------------------
 

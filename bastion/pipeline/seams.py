@@ -24,6 +24,7 @@ from bastion.models import (
     EventKind,
     Invocation,
     InvocationEvent,
+    OutboxItem,
     Pin,
     Principal,
     RecoveryReport,
@@ -403,6 +404,41 @@ class RateLimits(Protocol):
         ...
 
 
+class Outbox(Protocol):
+    """Messages for webhooks, kept until delivered (issue 14): a restart or a receiver that is down loses none.
+
+    One item per (target, event id): enqueuing it again does nothing, so a notifier that re-reads the change feed
+    after a restart adds no duplicates. Items are claimed for a while before being sent, so two instances sharing
+    the ledger do not send the same one at once.
+    """
+
+    async def enqueue(self, target: str, event_id: int, body: str, *, now: datetime) -> bool:
+        """Add the message of event `event_id` for `target`, due at once; False when it was there already."""
+        ...
+
+    async def last_event(self, target: str) -> int | None:
+        """The newest event id enqueued for `target` (None: none ever was)."""
+        ...
+
+    async def claim(self, *, now: datetime, until: datetime, limit: int) -> builtins.list[OutboxItem]:
+        """At most `limit` undelivered items due at `now`, oldest first, each claimed until `until` (due again
+        then, unless `delivered` or `retry` says otherwise)."""
+        ...
+
+    async def delivered(self, item_id: int, *, now: datetime) -> None:
+        """The receiver took it: never sent again."""
+        ...
+
+    async def retry(self, item_id: int, *, at: datetime | None, error: str) -> None:
+        """A delivery failed with `error`: count the attempt and send it again at `at` (None: give up; it stays in
+        the outbox, undelivered, with its last error)."""
+        ...
+
+    async def next_due(self) -> datetime | None:
+        """When the earliest undelivered item is due (None: none is)."""
+        ...
+
+
 class Ledger(Protocol):
     """The durable store (DESIGN.md §6), as the stores each consumer takes what it needs from."""
 
@@ -423,3 +459,6 @@ class Ledger(Protocol):
 
     @property
     def limits(self) -> RateLimits: ...
+
+    @property
+    def outbox(self) -> Outbox: ...

@@ -30,6 +30,7 @@ PRINCIPAL_KEY: Final = "bastion.principal"
 
 OPEN_PATHS: Final = frozenset({"/healthz"})
 API_PREFIX: Final = "/api"
+INBOX_PREFIX: Final = "/inbox"
 
 TOKENS_RECHECK_SECONDS: Final = 1.0
 """How long the answer to "does any token exist?" is reused for anonymous requests. Asking costs about
@@ -98,8 +99,8 @@ class BearerAuth:
 
     async def _check(self, path: str, header: str | None) -> tuple[Principal | None, Unauthenticated | None, str]:
         """The caller's principal, or why it is refused and the `WWW-Authenticate` challenge to send."""
-        if path in OPEN_PATHS:
-            return None, None, _NO_TOKEN
+        if path in OPEN_PATHS or (header is None and (path == INBOX_PREFIX or path.startswith(INBOX_PREFIX + "/"))):
+            return None, None, _NO_TOKEN  # the inbox authenticates by its own session cookie
         is_api = path == API_PREFIX or path.startswith(API_PREFIX + "/")
         if header is None:
             return None, await self._anonymous_refusal(is_api), _NO_TOKEN

@@ -1,5 +1,6 @@
 """The HTTP surface (DESIGN.md §10): `/mcp` streamable HTTP, `/sse` + `/messages/` legacy SSE, the approver
-API under `/api`, `/healthz`.
+API under `/api` (its event stream `/api/events`), the approvers' MCP endpoint `/approver/mcp`, the approvers'
+web page `/inbox`, `/healthz`.
 
 Every request passes the Host/Origin guard first (DNS-rebinding protection), then bearer-token
 authentication (bastion.server.auth), then routing.
@@ -37,8 +38,11 @@ from bastion.ledger import guarantee_of
 from bastion.models import SourceStatus
 from bastion.pipeline.seams import TokenStore
 from bastion.server.api import build_api, routing_error
+from bastion.server.approver import APPROVER_PATH, ApproverEndpoint
 from bastion.server.auth import BearerAuth
 from bastion.server.errors import http_response
+from bastion.server.events import events_endpoint
+from bastion.server.inbox import Inbox
 from bastion.server.mcp import FrontDoor
 
 logger = logging.getLogger(__name__)
@@ -199,6 +203,8 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
     """
     manager = StreamableHTTPSessionManager(app=front.server, json_response=False, stateless=False)
     sse = SseServerTransport("/messages/")
+    approver = ApproverEndpoint(front.gateway)
+    inbox = Inbox(front.gateway)
 
     async def healthz(request: Request) -> Response:
         """200 while Bastion serves: `ok` when every enabled source is ready, else `degraded` (see `health`)."""
@@ -218,16 +224,19 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with manager.run():
+        async with manager.run(), approver.running():
             yield
 
     app = Starlette(
         routes=[
             Route("/mcp", endpoint=StreamableHTTPASGIApp(manager)),
+            Route(APPROVER_PATH, endpoint=approver),
             Route("/sse", endpoint=_SseEndpoint(front, sse), methods=["GET"]),
             Mount("/messages/", app=sse.handle_post_message),
             Route("/healthz", endpoint=healthz, methods=["GET"]),
+            Route("/api/events", endpoint=events_endpoint(front.gateway.ledger), methods=["GET"]),
             Mount("/api", app=build_api(front.gateway.ledger)),
+            *inbox.routes(),
         ],
         lifespan=lifespan,
         exception_handlers={HTTPException: routing_error},

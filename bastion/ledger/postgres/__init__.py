@@ -1,6 +1,6 @@
 """The PostgreSQL backend of the ledger, for several Bastion instances on one database: its connections and
 writes (`database`), versioned migrations (`schema`), a store per table (`invocations`, `pins`, `tokens`,
-`instances`, `limits`) and the change feed over LISTEN/NOTIFY (`feed`)."""
+`instances`, `limits`, `outbox`) and the change feed over LISTEN/NOTIFY (`feed`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from bastion.ledger.postgres.feed import PostgresFeed
 from bastion.ledger.postgres.instances import PostgresInstances
 from bastion.ledger.postgres.invocations import PostgresInvocations
 from bastion.ledger.postgres.limits import PostgresLimits
+from bastion.ledger.postgres.outbox import PostgresOutbox
 from bastion.ledger.postgres.pins import PostgresPins
 from bastion.ledger.postgres.tokens import PostgresTokens
 
@@ -41,6 +42,7 @@ class PostgresBackend:
     changes: PostgresFeed
     instances: PostgresInstances
     limits: PostgresLimits
+    outbox: PostgresOutbox
 
     @classmethod
     async def open(cls, url: str) -> PostgresBackend:
@@ -59,6 +61,7 @@ class PostgresBackend:
             changes=feed,
             instances=PostgresInstances(database),
             limits=PostgresLimits(database),
+            outbox=PostgresOutbox(database),
         )
 
     async def recorded_key_check(self) -> str | None:

@@ -140,7 +140,25 @@ _MIGRATION_1: Final = (
     "CREATE TABLE ledger_meta (name text PRIMARY KEY, value text NOT NULL)",
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1,)
+_MIGRATION_2: Final = (
+    # Webhook messages (issue 14), as in SQLite's migration 8.
+    """
+    CREATE TABLE outbox (
+        id           bigserial PRIMARY KEY,
+        target       text COLLATE "C" NOT NULL,
+        event_id     bigint NOT NULL,
+        body         text NOT NULL,
+        attempts     integer NOT NULL DEFAULT 0,
+        next_at      timestamptz,
+        delivered_at timestamptz,
+        last_error   text,
+        UNIQUE (target, event_id)
+    )
+    """,
+    "CREATE INDEX outbox_due ON outbox (next_at) WHERE delivered_at IS NULL AND next_at IS NOT NULL",
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1, _MIGRATION_2)
 """Migration N (1-based) brings a database from version N-1 to N."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -1,5 +1,5 @@
 """The SQLite backend of the ledger: one file (`database`), its tables and migrations (`schema`), and a store per
-table (`invocations`, `pins`, `tokens`, `instances`, `limits`) plus the change feed (`feed`)."""
+table (`invocations`, `pins`, `tokens`, `instances`, `limits`, `outbox`) plus the change feed (`feed`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from bastion.ledger.sqlite.feed import SqliteFeed
 from bastion.ledger.sqlite.instances import SqliteInstances
 from bastion.ledger.sqlite.invocations import SqliteInvocations
 from bastion.ledger.sqlite.limits import SqliteLimits
+from bastion.ledger.sqlite.outbox import SqliteOutbox
 from bastion.ledger.sqlite.pins import SqlitePins
 from bastion.ledger.sqlite.tokens import SqliteTokens
 
@@ -28,6 +29,7 @@ class SqliteBackend:
     changes: SqliteFeed
     instances: SqliteInstances
     limits: SqliteLimits
+    outbox: SqliteOutbox
 
     @classmethod
     async def open(cls, path: Path) -> SqliteBackend:
@@ -46,6 +48,7 @@ class SqliteBackend:
             changes=feed,
             instances=SqliteInstances(database),
             limits=SqliteLimits(database),
+            outbox=SqliteOutbox(database),
         )
 
     async def close(self) -> None:

@@ -211,6 +211,26 @@ _MIGRATION_7: Final = (
     "CREATE INDEX invocations_parent ON invocations (parent_id, created_at) WHERE parent_id IS NOT NULL",
 )
 
+_MIGRATION_8: Final = (
+    # Webhook messages (issue 14), kept until the receiver takes them: one per webhook (`target`) and named event
+    # (`event_id`, the change feed's id), so re-reading the feed after a restart adds none twice. `next_at` is when
+    # it is due (claimed until then while being sent); NULL once delivered or given up.
+    """
+    CREATE TABLE outbox (
+        id           INTEGER PRIMARY KEY,
+        target       TEXT NOT NULL,
+        event_id     INTEGER NOT NULL,
+        body         TEXT NOT NULL,
+        attempts     INTEGER NOT NULL DEFAULT 0,
+        next_at      TEXT,
+        delivered_at TEXT,
+        last_error   TEXT,
+        UNIQUE (target, event_id)
+    )
+    """,
+    "CREATE INDEX outbox_due ON outbox (next_at) WHERE delivered_at IS NULL AND next_at IS NOT NULL",
+)
+
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_1,
     _MIGRATION_2,
@@ -219,6 +239,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_5,
     _MIGRATION_6,
     _MIGRATION_7,
+    _MIGRATION_8,
 )
 """Migration N (1-based) brings a ledger from user_version N-1 to N."""
 

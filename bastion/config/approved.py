@@ -1,0 +1,125 @@
+"""The policy file Bastion owns: `policies/bastion-approved.toml`, the "always" approvals (issue 14).
+
+An approver who approves a call "always" adds an organisation mode entry `"source:action" = "allow"` here, with a
+comment saying who approved which invocation when. Everything in this file came from an approval: that is its
+provenance, and why Bastion may remove an entry by itself (when that action's definition drifts from its pin, the
+approval was of another definition). Operators' own files are never written. The loader leaves this file out of
+the merged policy (where a stricter operator entry would win): the gateway lays its entries over the organisation
+map instead, except over a `deny`, which nothing relaxes.
+
+Written with tomlkit, so a person's edits and comments in the file survive Bastion's writes; keys are written as
+quoted TOML keys (`"fx:write"`), the only form a policy key (with its colon) can take.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Final
+
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
+from tomlkit.items import Table
+
+from bastion.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+APPROVED_FILE: Final = "bastion-approved.toml"
+"""Its name under `policies/`."""
+
+_HEADER: Final = (
+    'Written by Bastion: actions an approver approved "always" (bastion\'s inbox or approver endpoint).\n'
+    "Each entry is removed by Bastion when its action's definition drifts from its pin. You may remove entries;\n"
+    "entries you add here are treated as approvals too."
+)
+_KEY: Final = re.compile(r"^[a-z0-9_-]+:[^\s*]+$")
+
+
+class ApprovedModes:
+    """The "always" approvals of one configuration directory, read at start and written on every change."""
+
+    def __init__(self, directory: Path | None) -> None:
+        """`directory`: the configuration directory (None: the embedded default, where nothing can be approved
+        "always")."""
+        self.path = None if directory is None else directory / "policies" / APPROVED_FILE
+        self.modes: dict[str, str] = {}
+        """Policy key -> "allow", as the file holds them."""
+        self.reload()
+
+    def reload(self) -> None:
+        """Read the file again (another process may have written it); a broken file approves nothing."""
+        self.modes = {}
+        if self.path is None or not self.path.is_file():
+            return
+        try:
+            document = tomlkit.parse(self.path.read_text(encoding="utf-8"))
+        except (OSError, TOMLKitError) as exc:
+            logger.warning("%s cannot be read (%s): its approvals are ignored until it is fixed", self.path, exc)
+            return
+        modes = document.get("modes")
+        if isinstance(modes, dict):
+            self.modes = {str(k): "allow" for k, v in modes.items() if v == "allow" and _KEY.match(str(k))}
+
+    def add(self, key: str, *, by: str, invocation_id: str, at: datetime) -> None:
+        """Approve `key` (`source:action`) always: write `"key" = "allow"` with who, which call and when."""
+        if self.path is None:
+            raise ConfigError(
+                'an "always" approval is written to policies/bastion-approved.toml of the configuration directory, '
+                "and this Bastion runs on its embedded default; run it with --config DIR (see `bastion init DIR`), or "
+                'approve "once" or "for this session"'
+            )
+        if not _KEY.match(key):
+            raise ConfigError(f"{key!r} is not the policy key of one action (source:action)")
+        document = self._document()
+        modes = document.get("modes")
+        if not isinstance(modes, Table):
+            modes = tomlkit.table()
+            document["modes"] = modes
+        modes[key] = "allow"
+        modes[key].comment(f"approved by {by} for invocation {invocation_id} at {at.isoformat(timespec='seconds')}")
+        self._write(document)
+        self.modes[key] = "allow"
+
+    def revoke(self, key: str) -> bool:
+        """Remove the entry of `key`; False when there was none."""
+        if self.path is None:
+            return False
+        document = self._document()
+        modes = document.get("modes")
+        if not isinstance(modes, Table) or key not in modes:
+            self.modes.pop(key, None)
+            return False
+        del modes[key]
+        self._write(document)
+        self.modes.pop(key, None)
+        return True
+
+    def _document(self) -> tomlkit.TOMLDocument:
+        assert self.path is not None
+        if not self.path.is_file():
+            document = tomlkit.document()
+            for line in _HEADER.splitlines():
+                document.add(tomlkit.comment(line))
+            return document
+        try:
+            return tomlkit.parse(self.path.read_text(encoding="utf-8"))
+        except (OSError, TOMLKitError) as exc:
+            raise ConfigError(f"{self.path} cannot be read ({exc}); fix or remove it, then approve again") from exc
+
+    def _write(self, document: tomlkit.TOMLDocument) -> None:
+        """Replace the file at once (a reader never sees half of it)."""
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".bastion-approved.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as file:
+                file.write(tomlkit.dumps(document))
+            os.replace(temporary, self.path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise

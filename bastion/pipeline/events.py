@@ -1,0 +1,93 @@
+"""What approvers are told as it happens (issue 14): the ledger's change feed read as named events.
+
+Four events are announced: `approval_requested` (a call waits for an approver), `approval_decided` (approved,
+denied or expired), `invocation_finished` (completed, failed or unknown) and `drift_detected` (a call was made to an
+action whose definition drifted from its pin). Each carries the id of the ledger event it comes from: ids increase
+ledger-wide, so a reader resumes after the last id it saw (SSE's `Last-Event-ID`) and misses nothing, whichever
+process made the change. The event stream, the inbox and the webhooks all read this one mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from bastion.errors import ChangesLost
+from bastion.models import Change, Invocation, Principal
+from bastion.pipeline.seams import Ledger
+from bastion.pipeline.views import invocation_json
+
+EventName = Literal["approval_requested", "approval_decided", "invocation_finished", "drift_detected"]
+EVENT_NAMES: Final[tuple[EventName, ...]] = (
+    "approval_requested",
+    "approval_decided",
+    "invocation_finished",
+    "drift_detected",
+)
+
+CATCH_UP_PAGE: Final = 500
+"""Changes read from storage at once while a reader catches up."""
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """One named event about one invocation (as it is when the event is read)."""
+
+    id: int
+    """The id of the ledger event it comes from: resume after it."""
+    name: EventName
+    invocation: Invocation
+
+    def json(self) -> dict[str, Any]:
+        return {"id": self.id, "event": self.name, "invocation": invocation_json(self.invocation)}
+
+
+def event_name(change: Change, invocation: Invocation) -> EventName | None:
+    """The named event a ledger change is, if it is one approvers are told of.
+
+    `approved` is a decision only for a call that needed one (an allowed call is approved by policy); `denied` only
+    for one that waited (a call denied by policy never reached an approver)."""
+    kind = change.kind
+    if kind == "planned":
+        return "drift_detected" if invocation.drift is not None else None
+    if kind == "pending":
+        return "approval_requested"
+    if kind == "expired" or (kind in ("approved", "denied") and invocation.mode == "require_approval"):
+        return "approval_decided"
+    if kind in ("completed", "failed", "unknown"):
+        return "invocation_finished"
+    return None
+
+
+def may_hear(principal: Principal | None, invocation: Invocation) -> bool:
+    """Approvers (and the local owner, None) hear of every invocation; an agent only of its own."""
+    return principal is None or principal.may_decide or invocation.principal == principal.name
+
+
+async def announcements(
+    ledger: Ledger, *, after: int | None, principal: Principal | None = None
+) -> AsyncIterator[Announcement]:
+    """The announcements after ledger event `after` (None: from now on) that `principal` may hear, forever.
+
+    Old events are read from storage first, then the feed is followed; a reader that fell further behind than the
+    feed keeps reads storage again, so none is skipped. An `after` beyond every event (another ledger's id) starts
+    from now."""
+    feed = ledger.changes
+    cursor = feed.cursor if after is None else after
+    while True:
+        try:
+            batch = await feed.next(cursor)
+        except ChangesLost:
+            batch = await feed.since(cursor, limit=CATCH_UP_PAGE)
+            if not batch:
+                cursor = feed.cursor
+                continue
+        for change in batch:
+            cursor = change.id
+            invocation = await ledger.invocations.get(change.invocation_id)
+            if invocation is None or not may_hear(principal, invocation):
+                continue
+            name = event_name(change, invocation)
+            if name is not None:
+                yield Announcement(change.id, name, invocation)

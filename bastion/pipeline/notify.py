@@ -1,0 +1,197 @@
+"""Webhooks (issue 14): every named event (bastion.pipeline.events) POSTed to each `[[notify.webhook]]`, through an
+outbox in the ledger so that neither a restart nor a receiver that is down loses one.
+
+Two loops. The filler follows the change feed and adds one outbox item per webhook and event; after a restart it
+resumes after the newest event it had added for each webhook (the outbox refuses an item twice), so the events made
+while Bastion was down (by the CLI, another instance) are added too. A webhook never seen before starts from now.
+The sender claims due items, POSTs them, and marks each delivered, or retries it with exponential backoff, giving up
+after `MAX_ATTEMPTS`. An item sent but not marked (a crash in between) is sent again: receivers dedupe on
+`X-Bastion-Event-Id`, which is the same on every attempt.
+
+A `json` webhook gets the event as JSON with a link to the inbox item, signed: `X-Bastion-Timestamp` (Unix seconds)
+and `X-Bastion-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>" with the webhook's secret>`; receivers
+check it and refuse old timestamps (replays). A `slack` webhook gets a Slack incoming-webhook message. Bodies carry
+only what the ledger stores (arguments redacted); a webhook's URL (a Slack URL is a secret) is never stored or
+logged: the outbox names it by a hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+import anyio
+import httpx2
+from anyio.abc import TaskStatus
+
+from bastion.config import WebhookSettings
+from bastion.models import OutboxItem, utcnow
+from bastion.pipeline.events import announcements
+from bastion.pipeline.seams import Ledger
+
+logger = logging.getLogger(__name__)
+
+MAX_ATTEMPTS: Final = 12
+"""Deliveries tried before giving up on an item (backoff 1 s doubling to `MAX_BACKOFF`: about an hour in all)."""
+MAX_BACKOFF: Final = 600.0
+CLAIM_SECONDS: Final = 60.0
+"""How long a claimed item is left to its sender before another may send it (longer than a send takes)."""
+POLL_SECONDS: Final = 5.0
+"""How often the sender looks for items due that another instance added (its own wake it at once)."""
+SEND_TIMEOUT: Final = 10.0
+BATCH: Final = 50
+
+
+def target_of(webhook: WebhookSettings) -> str:
+    """The name the outbox knows a webhook by: a hash of its URL (which may be a secret)."""
+    return "webhook-" + hashlib.sha256(webhook.url.encode()).hexdigest()[:16]
+
+
+def signature(secret: str, timestamp: int, body: bytes) -> str:
+    """The `X-Bastion-Signature` value of `body` sent at `timestamp`."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"sha256={mac}"
+
+
+def backoff(attempts: int) -> float:
+    """Seconds before the next try of an item that failed `attempts` times."""
+    return float(min(2 ** max(attempts - 1, 0), MAX_BACKOFF))
+
+
+class Notifier:
+    """Fills the outbox from the change feed and delivers it to the configured webhooks."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        webhooks: Sequence[WebhookSettings],
+        *,
+        http: httpx2.AsyncClient,
+        inbox_url: str | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.ledger = ledger
+        self.webhooks = {target_of(w): w for w in webhooks}
+        self.http = http
+        self.inbox_url = inbox_url.rstrip("/") if inbox_url else None
+        self._clock = clock
+        self._wake = anyio.Event()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Until cancelled. Started (`task_status`) once the filler knows where each webhook resumes, so every
+        event committed after that is delivered."""
+        if not self.webhooks:
+            task_status.started()
+            await anyio.sleep_forever()
+        starts = {target: await self.ledger.outbox.last_event(target) for target in self.webhooks}
+        now = self.ledger.changes.cursor
+        resume = {target: now if last is None else last for target, last in starts.items()}
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._fill, resume)
+            tg.start_soon(self._send_due)
+            task_status.started()
+
+    async def _fill(self, resume: dict[str, int]) -> None:
+        async for announcement in announcements(self.ledger, after=min(resume.values())):
+            body = json.dumps(announcement.json(), separators=(",", ":"), ensure_ascii=False)
+            added = False
+            for target, webhook in self.webhooks.items():
+                if announcement.id > resume[target] and announcement.name in webhook.events:
+                    added |= await self.ledger.outbox.enqueue(target, announcement.id, body, now=self._clock())
+            if added:
+                self._wake.set()
+
+    async def _send_due(self) -> None:
+        while True:
+            now = self._clock()
+            items = await self.ledger.outbox.claim(now=now, until=now + timedelta(seconds=CLAIM_SECONDS), limit=BATCH)
+            for item in items:
+                # Shielded (bounded by SEND_TIMEOUT): a stopping Bastion records the outcome of the send under way,
+                # rather than leaving the item claimed, and so held back, for CLAIM_SECONDS.
+                with anyio.CancelScope(shield=True):
+                    await self._deliver(item)
+            if items:
+                continue
+            due = await self.ledger.outbox.next_due()
+            wait = POLL_SECONDS if due is None else (due - self._clock()).total_seconds()
+            with anyio.move_on_after(max(0.0, min(wait, POLL_SECONDS))):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+
+    async def _deliver(self, item: OutboxItem) -> None:
+        webhook = self.webhooks.get(item.target)
+        if webhook is None:  # removed from the configuration since it was added
+            await self.ledger.outbox.retry(item.id, at=None, error="this webhook is no longer configured")
+            return
+        try:
+            error = await self._post(webhook, item)
+        except Exception as exc:  # supervisor of one delivery: whatever failed, the item is retried
+            logger.exception("delivering event %d to a webhook failed unexpectedly", item.event_id)
+            error = f"{type(exc).__name__}: {exc}"
+        if error is None:
+            await self.ledger.outbox.delivered(item.id, now=self._clock())
+            return
+        attempts = item.attempts + 1
+        if attempts >= MAX_ATTEMPTS:
+            logger.warning(
+                "gave up delivering event %d to %s after %d attempts: %s", item.event_id, item.target, attempts, error
+            )
+            await self.ledger.outbox.retry(item.id, at=None, error=error)
+            return
+        logger.info("delivering event %d to %s failed (%s); retrying", item.event_id, item.target, error)
+        at = self._clock() + timedelta(seconds=backoff(attempts))
+        await self.ledger.outbox.retry(item.id, at=at, error=error)
+
+    async def _post(self, webhook: WebhookSettings, item: OutboxItem) -> str | None:
+        """Send one item; None when the receiver took it (2xx), else what went wrong."""
+        event = json.loads(item.body)
+        link = self._link(event)
+        if webhook.format == "slack":
+            payload: dict[str, Any] = {"text": slack_text(event, link)}
+        else:
+            payload = event | {"link": link}
+        body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        timestamp = int(self._clock().timestamp())
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": "bastion-webhook",
+            "X-Bastion-Event": str(event["event"]),
+            "X-Bastion-Event-Id": str(item.event_id),
+            "X-Bastion-Timestamp": str(timestamp),
+        }
+        if webhook.secret is not None:
+            headers["X-Bastion-Signature"] = signature(webhook.secret.get_secret_value(), timestamp, body)
+        try:
+            response = await self.http.post(webhook.url, content=body, headers=headers, timeout=SEND_TIMEOUT)
+        except httpx2.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if 200 <= response.status_code < 300:
+            return None
+        return f"HTTP {response.status_code}"
+
+    def _link(self, event: dict[str, Any]) -> str | None:
+        if self.inbox_url is None:
+            return None
+        return f"{self.inbox_url}/invocations/{event['invocation']['id']}"
+
+
+_HEADLINES: Final = {
+    "approval_requested": "waits for an approver",
+    "approval_decided": "was decided",
+    "invocation_finished": "finished",
+    "drift_detected": "was called with a drifted definition",
+}
+
+
+def slack_text(event: dict[str, Any], link: str | None) -> str:
+    """A Slack message (mrkdwn) for one event: the tool, what happened, who asked, and the link to the inbox."""
+    invocation = event["invocation"]
+    tool = f"<{link}|{invocation['tool']}>" if link else f"`{invocation['tool']}`"
+    status = invocation["status"]
+    who = invocation.get("principal") or "an anonymous host"
+    return f"{tool} {_HEADLINES.get(event['event'], event['event'])} ({status}, {invocation['risk']}) · asked by {who}"

@@ -1,0 +1,69 @@
+"""`GET /api/events`: the named events of bastion.pipeline.events as server-sent events.
+
+Each event's SSE id is its ledger event id, so a client that reconnects with `Last-Event-ID` (as EventSource does
+by itself) resumes right after the last event it received and loses none, even across a restart of Bastion. Without
+it the stream starts from now. Agent tokens hear only of their own invocations. The inbox page reads the same
+stream under its session cookie (`/inbox/events`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Final
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.requests import Request
+from starlette.responses import Response
+
+from bastion.errors import InvalidArguments, Unauthenticated
+from bastion.models import Principal
+from bastion.pipeline.events import announcements
+from bastion.pipeline.seams import Ledger
+from bastion.server.auth import principal_of
+from bastion.server.errors import http_response
+
+PING_SECONDS: Final = 15
+"""A comment line this often keeps proxies from closing a quiet stream."""
+
+
+def resume_point(request: Request) -> int | None:
+    """The ledger event id to resume after: `Last-Event-ID` (None: start from now). InvalidArguments if it is not
+    an id."""
+    text = request.headers.get("last-event-id")
+    if text is None or not text.strip():
+        return None
+    text = text.strip()
+    if not text.isascii() or not text.isdigit():
+        raise InvalidArguments(f"Last-Event-ID {text[:32]!r} is not an event id; send the id of the last event seen")
+    return int(text)
+
+
+def event_stream(ledger: Ledger, principal: Principal | None, after: int | None) -> EventSourceResponse:
+    """The SSE response of the announcements after ledger event `after` that `principal` may hear."""
+
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        async for announcement in announcements(ledger, after=after, principal=principal):
+            yield ServerSentEvent(
+                data=json.dumps(announcement.json(), separators=(",", ":")),
+                event=announcement.name,
+                id=str(announcement.id),
+            )
+
+    return EventSourceResponse(events(), ping=PING_SECONDS, headers={"Cache-Control": "no-store"})
+
+
+def events_endpoint(ledger: Ledger) -> Callable[[Request], Awaitable[Response]]:
+    """The Starlette endpoint of `GET /api/events` (BearerAuth has authenticated the caller)."""
+
+    async def endpoint(request: Request) -> Response:
+        principal = principal_of(request.scope)
+        try:
+            if principal is None:  # BearerAuth lets no anonymous request through to /api
+                raise Unauthenticated("the event stream needs a bearer token")
+            after = resume_point(request)
+        except (InvalidArguments, Unauthenticated) as exc:
+            return http_response(exc)
+        return event_stream(ledger, principal, after)
+
+    return endpoint

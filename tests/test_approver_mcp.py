@@ -1,0 +1,144 @@
+"""`/approver/mcp` and scoped approvals (issue 14): approvers decide from their own MCP host; "session" and
+"always" approvals; an "always" approval is an org entry in the policy file Bastion owns, revoked by drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+
+from bastion.config.approved import APPROVED_FILE
+from tests.approvers import OPERATOR_POLICY, Bastion, live, structured
+from tests.test_api import WAIT
+
+pytestmark = pytest.mark.anyio
+
+APPROVER = "/approver/mcp"
+
+
+async def _call_in_background(bastion: Bastion, agent: dict[str, str], results: list[types.CallToolResult]) -> None:
+    async with bastion.client(agent) as client:
+        results.append(await client.call_tool("fx__echo", {"text": "hello"}))
+
+
+async def test_an_agent_token_and_no_token_are_refused_on_the_approver_endpoint(tmp_path: Path) -> None:
+    async with live(tmp_path) as bastion:
+        agent = await bastion.token("ci-agent", "agent")
+        async with httpx2.AsyncClient(base_url=bastion.url, timeout=WAIT) as http:
+            body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+            anonymous = await http.post(APPROVER, json=body)
+            assert anonymous.status_code == 401
+            refused = await http.post(APPROVER, json=body, headers=agent)
+            assert refused.status_code == 403
+            assert refused.json()["error"]["class"] == "forbidden"
+
+
+async def test_an_approver_lists_shows_and_denies_with_a_reason_from_its_mcp_host(tmp_path: Path) -> None:
+    async with live(tmp_path) as bastion:
+        agent = await bastion.token("ci-agent", "agent")
+        admin = await bastion.token("alice", "admin")
+        results: list[types.CallToolResult] = []
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_call_in_background, bastion, agent, results)
+                (waiting,) = await bastion.pending(1)
+                async with bastion.client(admin, APPROVER) as approver:
+                    names = {tool.name for tool in (await approver.list_tools()).tools}
+                    assert names == {"list_pending", "show_invocation", "approve", "deny"}
+                    listed = structured(await approver.call_tool("list_pending", {}))
+                    assert [a["id"] for a in listed["approvals"]] == [waiting.id]
+                    shown = structured(await approver.call_tool("show_invocation", {"invocation_id": waiting.id}))
+                    assert [e["kind"] for e in shown["events"]] == ["planned", "pending"]
+                    denied = await approver.call_tool("deny", {"invocation_id": waiting.id, "reason": "not today"})
+                    assert structured(denied)["status"] == "denied"
+        (result,) = results
+        assert result.is_error
+        assert structured(result)["error"]["class"] == "approval_denied"
+
+
+async def test_an_approver_may_not_approve_its_own_call_on_the_approver_endpoint(tmp_path: Path) -> None:
+    async with live(tmp_path) as bastion:
+        admin = await bastion.token("alice", "admin")
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_call_in_background, bastion, admin, [])
+                (waiting,) = await bastion.pending(1)
+                async with bastion.client(admin, APPROVER) as approver:
+                    refused = await approver.call_tool("approve", {"invocation_id": waiting.id})
+                    assert refused.is_error
+                    assert structured(refused)["error"]["class"] == "forbidden"
+                other = await bastion.token("bob", "admin")
+                async with bastion.client(other, APPROVER) as approver:
+                    await approver.call_tool("deny", {"invocation_id": waiting.id, "reason": "cleanup"})
+
+
+async def test_always_writes_an_org_entry_that_the_next_call_resolves_and_a_drift_revokes(tmp_path: Path) -> None:
+    async with live(tmp_path) as bastion:
+        agent = await bastion.token("ci-agent", "agent")
+        admin = await bastion.token("alice", "admin")
+        approved_file = bastion.directory / "policies" / APPROVED_FILE
+        results: list[types.CallToolResult] = []
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_call_in_background, bastion, agent, results)
+                (waiting,) = await bastion.pending(1)
+                async with bastion.client(admin, APPROVER) as approver:
+                    answer = await approver.call_tool("approve", {"invocation_id": waiting.id, "scope": "always"})
+                    assert structured(answer)["status"] == "approved"
+        assert not results[0].is_error
+
+        text = approved_file.read_text()
+        assert '"fx:echo" = "allow"' in text
+        assert f"approved by alice for invocation {waiting.id}" in text
+        assert (bastion.directory / "policies" / "default.toml").read_text() == OPERATOR_POLICY
+        approved_file.write_text("# kept: a person's note\n" + text)
+
+        async with bastion.client(agent) as client:
+            again = await client.call_tool("fx__echo", {"text": "again"})
+        assert not again.is_error
+        (latest, *_) = await bastion.ledger.invocations.list()
+        assert (latest.status, latest.mode, latest.mode_source) == ("completed", "allow", "org")
+
+        changed = types.Tool(
+            name="echo",
+            description="Echo the text back (now also stores it)",
+            input_schema={"type": "object", "properties": {"text": {"type": "string"}}},
+            annotations=types.ToolAnnotations(read_only_hint=True),
+        )
+        await bastion.fixture.set_tools([changed])
+
+        async def revoked() -> bool:
+            return '"fx:echo"' not in approved_file.read_text()
+
+        await bastion.wait_until(revoked)
+        assert approved_file.read_text().startswith("# kept: a person's note\n")
+        assert "fx:echo" not in bastion.gateway.grants.approved.modes
+
+
+async def test_a_session_approval_allows_that_session_only(tmp_path: Path) -> None:
+    async with live(tmp_path) as bastion:
+        agent = await bastion.token("ci-agent", "agent")
+        admin = await bastion.token("alice", "admin")
+        with anyio.fail_after(WAIT):
+            async with bastion.client(agent) as session:
+                async with anyio.create_task_group() as tg:
+
+                    async def first_call() -> None:
+                        assert not (await session.call_tool("fx__echo", {"text": "one"})).is_error
+
+                    tg.start_soon(first_call)
+                    (waiting,) = await bastion.pending(1)
+                    async with bastion.client(admin, APPROVER) as approver:
+                        await approver.call_tool("approve", {"invocation_id": waiting.id, "scope": "session"})
+                assert not (await session.call_tool("fx__echo", {"text": "two"})).is_error
+                (latest, *_) = await bastion.ledger.invocations.list()
+                assert (latest.mode, latest.mode_source) == ("allow", "session")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_call_in_background, bastion, agent, [])
+                (held,) = await bastion.pending(1)
+                assert held.session_id != waiting.session_id
+                async with bastion.client(admin, APPROVER) as approver:
+                    await approver.call_tool("deny", {"invocation_id": held.id})

@@ -1,0 +1,98 @@
+"""`/api/events`: the ledger's changes as named server-sent events, resumable with Last-Event-ID (issue 14)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+
+from bastion.cli.remote import RemoteApi
+from bastion.models import utcnow
+from tests.sse import SseEvent, sse_events
+from tests.test_api import WAIT, Live, invocation, live_bastion, seed
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def stream(
+    live: Live, headers: dict[str, str], last_event_id: str | None
+) -> AsyncIterator[AsyncIterator[SseEvent]]:
+    """An open event stream (resumed after `last_event_id` when given)."""
+    if last_event_id is not None:
+        headers = headers | {"Last-Event-ID": last_event_id}
+    async with live.http.stream("GET", "/api/events", headers=headers) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        yield sse_events(response)
+
+
+async def take(events: AsyncIterator[SseEvent], count: int) -> list[SseEvent]:
+    taken: list[SseEvent] = []
+    with anyio.fail_after(WAIT):
+        async for event in events:
+            taken.append(event)
+            if len(taken) == count:
+                break
+    return taken
+
+
+async def test_a_stream_resumed_with_last_event_id_loses_no_event_and_repeats_none(tmp_path: Path) -> None:
+    async with live_bastion(tmp_path) as live:
+        admin = await live.token("alice", "admin")
+        await seed(live.ledger, invocation(1), invocation(2))
+        async with stream(live, admin, "0") as events:
+            first = await take(events, 1)
+        assert [(e.event, e.body["invocation"]["id"]) for e in first] == [("approval_requested", "inv-0001")]
+
+        # While nobody listens: another call waits, one is approved, one denied.
+        await seed(live.ledger, invocation(3))
+        await live.ledger.invocations.decide("inv-0001", approve=True, principal="alice", note=None, now=utcnow())
+        await live.ledger.invocations.decide("inv-0002", approve=False, principal="alice", note="no", now=utcnow())
+
+        async with stream(live, admin, first[-1].id) as events:
+            rest = await take(events, 4)
+        assert [(e.event, e.body["invocation"]["id"]) for e in rest] == [
+            ("approval_requested", "inv-0002"),
+            ("approval_requested", "inv-0003"),
+            ("approval_decided", "inv-0001"),
+            ("approval_decided", "inv-0002"),
+        ]
+        ids = [int(e.id or 0) for e in first + rest]
+        assert ids == sorted(set(ids))
+        assert rest[-1].body["invocation"]["status"] == "denied"
+
+
+async def test_an_agent_token_hears_only_of_its_own_calls(tmp_path: Path) -> None:
+    async with live_bastion(tmp_path) as live:
+        agent = await live.token("ci-agent", "agent")
+        await seed(live.ledger, invocation(1, principal="someone-else"), invocation(2), invocation(3, principal=None))
+        await seed(live.ledger, invocation(4))
+        async with stream(live, agent, "0") as events:
+            heard = await take(events, 2)
+        assert [e.body["invocation"]["id"] for e in heard] == ["inv-0002", "inv-0004"]
+
+
+async def test_the_event_stream_needs_a_token_and_a_numeric_last_event_id(tmp_path: Path) -> None:
+    async with live_bastion(tmp_path) as live:
+        admin = await live.token("alice", "admin")
+        assert (await live.http.get("/api/events")).status_code == 401
+        response = await live.http.get("/api/events", headers=admin | {"Last-Event-ID": "abc"})
+        assert response.status_code == 422
+        assert response.json()["error"]["class"] == "invalid_arguments"
+
+
+async def test_the_remote_watch_is_woken_by_the_event_stream(tmp_path: Path) -> None:
+    async with live_bastion(tmp_path) as live:
+        admin = await live.token("alice", "admin")
+        await seed(live.ledger, invocation(1))
+        heard: list[str] = []
+        async with RemoteApi(live.url, admin["Authorization"].removeprefix("Bearer ")) as api:
+            with anyio.fail_after(WAIT):
+                async for name in api.events(after=0):
+                    heard.append(name)
+                    break
+        assert heard == ["approval_requested"]

@@ -1,0 +1,194 @@
+"""`/inbox` (issue 14): login into an HTTP-only session cookie, CSRF on every form, agents refused; and a real
+headless Chromium (Debian's package) driven by Playwright that logs in, sees the pending calls with redacted args
+and the drift diff, denies one with a reason and approves another, while the blocked MCP calls return accordingly.
+The browser test writes a screenshot of the inbox to tests/artifacts/inbox.png (ignored by git)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from playwright.async_api import async_playwright, expect
+
+from bastion.models import utcnow
+from bastion.pipeline.gateway import Gateway
+from tests.approvers import Bastion, live, structured
+from tests.test_api import WAIT
+
+pytestmark = pytest.mark.anyio
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).parent / "artifacts"
+SECRET_ARG = "ghp_" + "Q" * 36
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@asynccontextmanager
+async def browserless(bastion: Bastion) -> AsyncIterator[httpx2.AsyncClient]:
+    """An HTTP client that keeps cookies, as a browser would (without following redirects)."""
+    async with httpx2.AsyncClient(base_url=bastion.url, timeout=WAIT, follow_redirects=False) as http:
+        yield http
+
+
+def _csrf(html: str) -> str:
+    found = re.search(r'name=csrf value="([^"]+)"', html)
+    assert found is not None, html
+    return found.group(1)
+
+
+async def _log_in(http: httpx2.AsyncClient, secret: str) -> httpx2.Response:
+    form = await http.get("/inbox/login")
+    return await http.post("/inbox/login", data={"csrf": _csrf(form.text), "token": secret})
+
+
+async def test_login_sets_an_http_only_strict_session_cookie_and_every_form_needs_its_csrf_token(
+    tmp_path: Path,
+) -> None:
+    async with live(tmp_path) as bastion, browserless(bastion) as http:
+        admin = await bastion.token("alice", "admin")
+        assert (await http.get("/inbox")).headers["location"] == "/inbox/login"
+
+        form = await http.get("/inbox/login")
+        refused = await http.post("/inbox/login", data={"token": admin["Authorization"].removeprefix("Bearer ")})
+        assert refused.status_code == 403
+        assert refused.json()["error"]["class"] == "csrf_refused"
+
+        logged_in = await http.post(
+            "/inbox/login", data={"csrf": _csrf(form.text), "token": admin["Authorization"].removeprefix("Bearer ")}
+        )
+        assert logged_in.status_code == 303
+        (cookie,) = [c for c in logged_in.headers.get_list("set-cookie") if c.startswith("bastion_inbox=")]
+        flags = {part.strip().lower() for part in cookie.split(";")}
+        assert {"httponly", "samesite=strict", "path=/inbox"} <= flags
+        assert "secure" not in flags  # plain HTTP on loopback; Secure is set when served over HTTPS
+        assert admin["Authorization"].removeprefix("Bearer ") not in cookie
+        assert logged_in.headers["location"] == "/inbox"
+
+        page = await http.get("/inbox")
+        assert page.status_code == 200
+        assert "default-src 'self'" in page.headers["content-security-policy"]
+        for missing_or_wrong in ({}, {"csrf": "forged"}):
+            response = await http.post("/inbox/approvals/anything/deny", data=missing_or_wrong)
+            assert response.status_code == 403
+            assert response.json()["error"]["class"] == "csrf_refused"
+        assert (await http.post("/inbox/logout", data={"csrf": "forged"})).status_code == 403
+        assert (await http.post("/inbox/logout", data={"csrf": _csrf(page.text)})).status_code == 303
+        assert (await http.get("/inbox")).status_code == 303
+
+
+async def test_an_agent_token_is_refused_on_the_inbox(tmp_path: Path) -> None:
+    async with live(tmp_path) as bastion, browserless(bastion) as http:
+        agent = await bastion.token("ci-agent", "agent")
+        refused = await _log_in(http, agent["Authorization"].removeprefix("Bearer "))
+        assert refused.status_code == 403
+        assert "bastion_inbox=" not in refused.headers.get("set-cookie", "")
+        assert (await http.get("/inbox", headers=agent)).status_code == 403
+        assert (await http.get("/inbox/events", headers=agent)).status_code == 403
+        assert (await _log_in(http, "not-a-token")).status_code == 401
+
+
+async def test_a_revoked_token_ends_its_inbox_session(tmp_path: Path) -> None:
+    async with live(tmp_path) as bastion, browserless(bastion) as http:
+        admin = await bastion.token("alice", "admin")
+        assert (await _log_in(http, admin["Authorization"].removeprefix("Bearer "))).status_code == 303
+        assert (await http.get("/inbox")).status_code == 200
+        await bastion.ledger.tokens.revoke_token("alice", now=utcnow())
+        assert (await http.get("/inbox")).status_code == 303
+
+
+async def _drift_echo(gateway: Gateway, bastion: Bastion) -> None:
+    """Change the downstream's `echo` so that it drifts from its pin."""
+    changed = types.Tool(
+        name="echo",
+        title="Echo",
+        description="Return the arguments it was given, and keep a copy.",
+        input_schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        annotations=types.ToolAnnotations(read_only_hint=True),
+    )
+    await bastion.fixture.set_tools([changed])
+
+    async def drifted() -> bool:
+        return gateway.pins.drift("fx", "echo") is not None
+
+    await bastion.wait_until(drifted)
+
+
+async def test_an_approver_denies_one_call_and_approves_another_in_a_real_browser(tmp_path: Path) -> None:
+    if not CHROMIUM.exists():
+        if os.environ.get("BASTION_REQUIRE_CHROMIUM") == "1":
+            pytest.fail("BASTION_REQUIRE_CHROMIUM=1 and /usr/bin/chromium is missing: apt-get install -y chromium")
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium; .ci/run installs it)")
+    async with live(tmp_path) as bastion:
+        agent = await bastion.token("ci-agent", "agent")
+        admin = await bastion.token("alice", "admin")
+        await _drift_echo(bastion.gateway, bastion)
+        results: dict[str, types.CallToolResult] = {}
+
+        async def agent_calls(text: str) -> None:
+            async with bastion.client(agent) as client:
+                results[text] = await client.call_tool("fx__echo", {"text": text})
+
+        with anyio.fail_after(WAIT * 3):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(agent_calls, f"first {SECRET_ARG}")
+                await bastion.pending(1)
+                tg.start_soon(agent_calls, "second")
+                first, second = await bastion.pending(2)
+
+                async with async_playwright() as playwright:
+                    browser = await playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+                    try:
+                        page = await browser.new_page(viewport={"width": 1200, "height": 1400})
+                        await page.goto(f"{bastion.url}/inbox")
+                        await expect(page).to_have_url(re.compile(r"/inbox/login$"))
+                        await page.fill("#token", admin["Authorization"].removeprefix("Bearer "))
+                        await page.click("button[type=submit]")
+                        await expect(page.locator("h1")).to_have_text("Pending calls (2)")
+
+                        first_card = page.locator(f'[data-invocation="{first.id}"]')
+                        await expect(first_card.locator("pre.args")).to_contain_text("[REDACTED]")
+                        await expect(first_card.locator("pre.diff")).to_contain_text("keep a copy")
+                        await expect(first_card).to_contain_text("ci-agent")
+                        await expect(first_card.locator(".countdown")).to_contain_text("left")
+                        assert SECRET_ARG not in await page.content()
+                        await expect(page.locator("#live")).to_contain_text("Live")
+                        ARTIFACTS.mkdir(exist_ok=True)
+                        await page.screenshot(path=str(ARTIFACTS / "inbox.png"), full_page=True)
+
+                        await first_card.locator("input[name=reason]").fill("not with a token in it")
+                        await first_card.locator("button.deny").click()
+                        await expect(page.locator(".flash")).to_contain_text("denied")
+                        await expect(page.locator("h1")).to_have_text("Pending calls (1)")
+
+                        second_card = page.locator(f'[data-invocation="{second.id}"]')
+                        await second_card.locator("button.approve").click()
+                        await expect(page.locator(".flash")).to_contain_text("approved")
+                        await expect(page.locator("h1")).to_have_text("Pending calls (0)")
+
+                        await page.goto(f"{bastion.url}/inbox/invocations/{first.id}")
+                        await expect(page.locator("table")).to_contain_text("denied")
+                    finally:
+                        await browser.close()
+
+        denied = results[f"first {SECRET_ARG}"]
+        assert denied.is_error
+        assert structured(denied)["error"]["class"] == "approval_denied"
+        assert "not with a token in it" in structured(denied)["error"]["message"]
+        approved = results["second"]
+        assert not approved.is_error
