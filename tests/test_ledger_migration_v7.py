@@ -37,5 +37,5 @@ async def test_a_version_6_file_upgrades_keeping_its_rows_without_a_parent(tmp_p
         version = db.execute("PRAGMA user_version").fetchone()[0]
         indexes = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     db.close()
-    assert version == SCHEMA_VERSION == 7
+    assert version == SCHEMA_VERSION >= 7
     assert "invocations_parent" in indexes

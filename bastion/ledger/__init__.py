@@ -18,6 +18,7 @@ from bastion.config.models import display_url
 from bastion.errors import ConfigError
 from bastion.ledger.keys import load_key, load_or_create_key
 from bastion.ledger.postgres import PostgresBackend, key_check
+from bastion.ledger.postgres.audit import PostgresAudit
 from bastion.ledger.postgres.feed import PostgresFeed
 from bastion.ledger.postgres.instances import PostgresInstances
 from bastion.ledger.postgres.limits import PostgresLimits
@@ -26,6 +27,7 @@ from bastion.ledger.postgres.tokens import PostgresTokens
 from bastion.ledger.recorder import Recorder
 from bastion.ledger.redaction import Redactor
 from bastion.ledger.sqlite import SqliteBackend
+from bastion.ledger.sqlite.audit import SqliteAudit
 from bastion.ledger.sqlite.feed import SqliteFeed
 from bastion.ledger.sqlite.instances import SqliteInstances
 from bastion.ledger.sqlite.limits import SqliteLimits
@@ -57,6 +59,7 @@ class OpenLedger:
     changes: SqliteFeed | PostgresFeed
     instances: SqliteInstances | PostgresInstances
     limits: SqliteLimits | PostgresLimits
+    audit: SqliteAudit | PostgresAudit
     backend: SqliteBackend | PostgresBackend
     """The stores as the backend implements them (tests of SQLite internals reach the file through it)."""
     key_path: Path
@@ -129,6 +132,7 @@ async def open_ledger(url: str | Path, *, redactor: Redactor, key_path: Path | N
         changes=backend.changes,
         instances=backend.instances,
         limits=backend.limits,
+        audit=backend.audit,
         backend=backend,
         key_path=key_path,
     )
@@ -150,6 +154,7 @@ async def _open_postgres(url: str, redactor: Redactor, key_path: Path) -> OpenLe
         changes=backend.changes,
         instances=backend.instances,
         limits=backend.limits,
+        audit=backend.audit,
         backend=backend,
         key_path=key_path,
     )

@@ -1,6 +1,6 @@
 """The PostgreSQL backend of the ledger, for several Bastion instances on one database: its connections and
 writes (`database`), versioned migrations (`schema`), a store per table (`invocations`, `pins`, `tokens`,
-`instances`, `limits`) and the change feed over LISTEN/NOTIFY (`feed`)."""
+`instances`, `limits`), the change feed over LISTEN/NOTIFY (`feed`) and the audit chain (`audit`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import hmac
 from dataclasses import dataclass
 from typing import Final
 
+from bastion.ledger.postgres.audit import PostgresAudit
 from bastion.ledger.postgres.database import PostgresDatabase
 from bastion.ledger.postgres.feed import PostgresFeed
 from bastion.ledger.postgres.instances import PostgresInstances
@@ -41,6 +42,7 @@ class PostgresBackend:
     changes: PostgresFeed
     instances: PostgresInstances
     limits: PostgresLimits
+    audit: PostgresAudit
 
     @classmethod
     async def open(cls, url: str) -> PostgresBackend:
@@ -59,6 +61,7 @@ class PostgresBackend:
             changes=feed,
             instances=PostgresInstances(database),
             limits=PostgresLimits(database),
+            audit=PostgresAudit(database),
         )
 
     async def recorded_key_check(self) -> str | None:

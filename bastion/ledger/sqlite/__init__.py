@@ -1,11 +1,13 @@
 """The SQLite backend of the ledger: one file (`database`), its tables and migrations (`schema`), and a store per
-table (`invocations`, `pins`, `tokens`, `instances`, `limits`) plus the change feed (`feed`)."""
+table (`invocations`, `pins`, `tokens`, `instances`, `limits`) plus the change feed (`feed`) and the audit chain
+(`audit`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from bastion.ledger.sqlite.audit import SqliteAudit
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.feed import SqliteFeed
 from bastion.ledger.sqlite.instances import SqliteInstances
@@ -28,6 +30,7 @@ class SqliteBackend:
     changes: SqliteFeed
     instances: SqliteInstances
     limits: SqliteLimits
+    audit: SqliteAudit
 
     @classmethod
     async def open(cls, path: Path) -> SqliteBackend:
@@ -46,6 +49,7 @@ class SqliteBackend:
             changes=feed,
             instances=SqliteInstances(database),
             limits=SqliteLimits(database),
+            audit=SqliteAudit(database),
         )
 
     async def close(self) -> None:
