@@ -259,3 +259,62 @@ class Guarantee:
     """What happens to the work of a Bastion that stopped."""
     not_g2: str
     """Why it is not G2."""
+
+
+class ChainedEvent(BaseModel):
+    """An event as the audit chain holds it (seed 004's tamper-evident history): its stored text and hashes."""
+
+    id: int
+    position: int
+    """Its place in the chain: the event id on SQLite (one writer), the order of commit on PostgreSQL."""
+    invocation_id: str
+    seq: int
+    kind: str
+    at: datetime
+    detail: str
+    """The detail exactly as stored (JSON text): the hash covers this text."""
+    prev_hash: str
+    hash: str
+
+
+class AuditCheckpoint(BaseModel):
+    """Where pruning cut the chain: the last pruned event's position and hash, so what follows still verifies."""
+
+    position: int
+    event_id: int
+    hash: str
+    at: datetime
+    events: int
+    """How many events that prune removed."""
+    invocations: int
+
+
+class ChainBreak(BaseModel):
+    """The first place the audit chain does not hold: an event whose hash is not that of its content (`hash`), or
+    whose previous hash is not the hash of the event before it (`link`: an event removed, inserted or reordered)."""
+
+    event_id: int
+    position: int
+    reason: Literal["hash", "link"]
+    message: str
+
+
+class AuditReport(BaseModel):
+    """What `bastion audit verify` found: how many events verified, from which checkpoint, up to which head."""
+
+    verified: int
+    checkpoint: AuditCheckpoint | None = None
+    head_id: int | None = None
+    head_hash: str | None = None
+    """The hash of the newest event verified: keep it elsewhere to notice a later rewrite of the whole history."""
+    broken: ChainBreak | None = None
+
+
+class PruneReport(BaseModel):
+    """What a retention prune removed and, when it stopped early, the invocation it had to keep."""
+
+    events: int
+    invocations: int
+    checkpoint: AuditCheckpoint | None = None
+    kept_by: str | None = None
+    """The oldest invocation still unresolved or too recent: pruning keeps a prefix of the chain, so it stops there."""

@@ -40,12 +40,18 @@ async def ledger(database: str, tmp_path: Path) -> AsyncIterator[OpenLedger]:
 
 
 async def take_an_event_id(url: str, invocation_id: str) -> psycopg.AsyncConnection[tuple[object, ...]]:
-    """A transaction of another writer, left open after appending an event to `invocation_id` (it took an id)."""
+    """A transaction of another writer, left open after appending an event to `invocation_id` (it took an id).
+
+    It took its id but has not reached the audit chain's lock (its triggers are skipped in the replica role, its
+    chain columns stand-ins): a writer between drawing an id and appending to the chain, where ids still commit
+    out of order. A writer holding the chain's lock would hold every other writer back until it commits."""
     conn = await psycopg.AsyncConnection.connect(url)
+    await conn.execute("SET LOCAL session_replication_role = replica")
     await conn.execute("UPDATE invocations SET last_seq = last_seq + 1 WHERE id = %s", (invocation_id,))
     await conn.execute(
-        "INSERT INTO events (invocation_id, seq, kind, at) "
-        "SELECT id, last_seq, 'reconciled', now() FROM invocations WHERE id = %s",
+        "INSERT INTO events (invocation_id, seq, kind, at, position, prev_hash, hash) "
+        "SELECT id, last_seq, 'reconciled', now(), -(extract(epoch FROM clock_timestamp()) * 1e6)::bigint, '', '' "
+        "FROM invocations WHERE id = %s",
         (invocation_id,),
     )
     return conn

@@ -1,7 +1,8 @@
 """`bastion`: the command line and the composition root (config -> ledger -> sources -> gateway -> server).
 
 `app` holds the typer application and what commands share; each other module registers one command
-group on it when imported: `serve`, `inspect` (catalog, connectors, invocations, init), `doctor`,
+group on it when imported: `serve`, `inspect` (catalog, connectors, invocations, init), `audit` (+ `invocations
+reconcile`), `doctor`,
 `approvals` (+ `watch`), `pins`, `tokens` and `actions`. Exit statuses: 0 success, 1 a refused operation, 2 a usage or
 config error.
 """
@@ -13,7 +14,7 @@ import sys
 
 # Each module registers its commands on `app` when imported; this order is the order of `bastion --help`.
 # isort: off
-from bastion.cli import serve, inspect, doctor, approvals, watch, pins, tokens, actions
+from bastion.cli import serve, inspect, audit, doctor, approvals, watch, pins, tokens, actions
 
 # isort: on
 import typer
@@ -23,7 +24,7 @@ from bastion.cli.logs import LOG_LEVEL_ENV_VAR, configure_logging, parse_level
 
 __all__ = ["app", "main"]
 
-COMMAND_GROUPS = (serve, inspect, doctor, approvals, watch, pins, tokens, actions)
+COMMAND_GROUPS = (serve, inspect, audit, doctor, approvals, watch, pins, tokens, actions)
 PROG_NAME = "bastion"
 
 

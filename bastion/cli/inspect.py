@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Final
 
@@ -28,7 +29,8 @@ from bastion.cli.app import (
 from bastion.cli.tables import Column, fitted_table
 from bastion.config import init_config_dir
 from bastion.errors import ConfigError, ConnectorUnavailable, NotFound
-from bastion.models import STATUSES, CallContext, Invocation, Status
+from bastion.models import STATUSES, CallContext, Invocation, Status, utcnow
+from bastion.pipeline import authority
 from bastion.pipeline.authority import MIN_ID_PREFIX
 from bastion.pipeline.views import invocation_detail_json, invocation_json
 
@@ -177,15 +179,31 @@ def invocations_list(
     status: Annotated[str | None, typer.Option(help=f"Only this status: {', '.join(STATUSES)}.")] = None,
     source: Annotated[str | None, typer.Option(help="Only this source id.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+    unresolved: Annotated[
+        bool,
+        typer.Option(
+            "--unresolved",
+            help="Only calls whose outcome is not known: unknown ones and executing ones stale for --stale-seconds "
+            "(oldest first; settle them with `bastion invocations reconcile`).",
+        ),
+    ] = False,
+    stale_seconds: Annotated[
+        float, typer.Option(min=0, help="With --unresolved: an executing call not updated for this long is stale.")
+    ] = 300.0,
     as_json: JsonOption = False,
 ) -> None:
     """List invocations from the ledger, newest first."""
     if status is not None and status not in STATUSES:
         raise Exit(f"error: unknown status {status!r}; use one of {', '.join(STATUSES)}", 2)
+    if unresolved and (status is not None or source is not None):
+        raise Exit("error: --unresolved lists unknown and stale executing calls; leave out --status and --source", 2)
     config = load(config_dir, report=False)
 
     async def run() -> list[Invocation]:
         async with open_ledger(config) as ledger:
+            if unresolved:
+                stale = timedelta(seconds=stale_seconds)
+                return await authority.unresolved(ledger, stale_after=stale, now=utcnow(), limit=limit)
             return await ledger.invocations.list(status=_status(status), source_id=source, limit=limit)
 
     found = run_async(run)

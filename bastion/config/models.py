@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Final, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from bastion.actions import DriftListing
 from bastion.models import PolicyRule

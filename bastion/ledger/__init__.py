@@ -18,6 +18,7 @@ from bastion.config.models import display_url
 from bastion.errors import ConfigError
 from bastion.ledger.keys import load_key, load_or_create_key
 from bastion.ledger.postgres import PostgresBackend, key_check
+from bastion.ledger.postgres.audit import PostgresAudit
 from bastion.ledger.postgres.feed import PostgresFeed
 from bastion.ledger.postgres.instances import PostgresInstances
 from bastion.ledger.postgres.limits import PostgresLimits
@@ -27,6 +28,7 @@ from bastion.ledger.postgres.tokens import PostgresTokens
 from bastion.ledger.recorder import Recorder
 from bastion.ledger.redaction import Redactor
 from bastion.ledger.sqlite import SqliteBackend
+from bastion.ledger.sqlite.audit import SqliteAudit
 from bastion.ledger.sqlite.feed import SqliteFeed
 from bastion.ledger.sqlite.instances import SqliteInstances
 from bastion.ledger.sqlite.limits import SqliteLimits
@@ -60,6 +62,7 @@ class OpenLedger:
     instances: SqliteInstances | PostgresInstances
     limits: SqliteLimits | PostgresLimits
     outbox: SqliteOutbox | PostgresOutbox
+    audit: SqliteAudit | PostgresAudit
     backend: SqliteBackend | PostgresBackend
     """The stores as the backend implements them (tests of SQLite internals reach the file through it)."""
     key_path: Path
@@ -133,6 +136,7 @@ async def open_ledger(url: str | Path, *, redactor: Redactor, key_path: Path | N
         instances=backend.instances,
         limits=backend.limits,
         outbox=backend.outbox,
+        audit=backend.audit,
         backend=backend,
         key_path=key_path,
     )
@@ -155,6 +159,7 @@ async def _open_postgres(url: str, redactor: Redactor, key_path: Path) -> OpenLe
         instances=backend.instances,
         limits=backend.limits,
         outbox=backend.outbox,
+        audit=backend.audit,
         backend=backend,
         key_path=key_path,
     )

@@ -5,11 +5,11 @@ Every way of deciding — the REST API, the local CLI, a remote CLI — goes thr
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Final
+from datetime import datetime, timedelta
+from typing import Final, Literal
 
-from bastion.errors import AmbiguousId, Forbidden, InvalidArguments, NotFound
-from bastion.models import Invocation, Pin, Principal
+from bastion.errors import AmbiguousId, Conflict, Forbidden, InvalidArguments, NotFound
+from bastion.models import Invocation, Pin, Principal, Status
 from bastion.pipeline.grants import Grants, Scope
 from bastion.pipeline.seams import InvocationStore, Ledger
 
@@ -102,3 +102,60 @@ async def accept_pins(ledger: Ledger, *, principal: Principal, source_id: str, a
     if not principal.may_decide:
         raise Forbidden(f"{principal.name} has the {principal.role} role; only owner and admin tokens may re-pin")
     return await ledger.pins.accept_drift(source_id=source_id, action_id=action_id, principal=principal.name)
+
+
+Outcome = Literal["completed", "failed"]
+RECONCILABLE: Final[tuple[Status, ...]] = ("unknown", "executing")
+"""What may be reconciled: an outcome nobody could know (`unknown`), or a call stuck `executing` (a person judges
+that it is not still running: its result would then be refused, the reconciled outcome stands)."""
+
+
+async def reconcile(
+    ledger: Ledger,
+    invocation_id: str,
+    *,
+    outcome: Outcome,
+    principal: Principal,
+    note: str | None,
+    by: Literal["hand", "check"] = "hand",
+) -> Invocation:
+    """Record what came of a call whose outcome was unknown (seed 004: reconciled, not left to "ask a human"):
+    unknown or executing -> `outcome`, with a `reconciled` event naming who, how and why. Approvers only; NotFound,
+    or Conflict when the invocation is not unresolved (naming its status)."""
+    if not principal.may_decide:
+        raise Forbidden(
+            f"{principal.name} has the {principal.role} role; only owner and admin tokens may reconcile",
+            invocation_id=invocation_id,
+        )
+    invocation_id = await resolve_invocation_id(ledger.invocations, invocation_id, principal)
+    failed = outcome == "failed"
+    reconciled = await ledger.invocations.transition(
+        invocation_id,
+        from_statuses=RECONCILABLE,
+        to=outcome,
+        event="reconciled",
+        detail={"outcome": outcome, "by": principal.name, "how": by, "note": note},
+        fields={
+            "error_class": "upstream_error" if failed else None,
+            "error_message": (note or "reconciled as failed") if failed else None,
+        },
+    )
+    if reconciled is not None:
+        return reconciled
+    current = await ledger.invocations.get(invocation_id)
+    if current is None:
+        raise NotFound(f"no invocation {invocation_id!r}", invocation_id=invocation_id)
+    raise Conflict(
+        f"invocation {invocation_id} is {current.status}, not unknown or executing: only an unresolved call is "
+        "reconciled",
+        invocation_id=invocation_id,
+    )
+
+
+async def unresolved(ledger: Ledger, *, stale_after: timedelta, now: datetime, limit: int = 100) -> list[Invocation]:
+    """The calls whose outcome is not known (seed 004's stale `sent_or_waiting` detector): every `unknown` one and
+    every `executing` one not updated for `stale_after`, oldest first."""
+    unknown = await ledger.invocations.list(status="unknown", limit=limit)
+    executing = await ledger.invocations.list(status="executing", limit=limit)
+    stale = [i for i in executing if i.updated_at <= now - stale_after]
+    return sorted(unknown + stale, key=lambda i: (i.updated_at, i.id))[:limit]

@@ -20,6 +20,9 @@ from anyio.abc import TaskStatus
 from bastion.actions import ActionSpec
 from bastion.errors import BastionError
 from bastion.models import (
+    AuditCheckpoint,
+    AuditReport,
+    ChainedEvent,
     Change,
     EventKind,
     Invocation,
@@ -27,6 +30,7 @@ from bastion.models import (
     OutboxItem,
     Pin,
     Principal,
+    PruneReport,
     RecoveryReport,
     Risk,
     Role,
@@ -439,6 +443,32 @@ class Outbox(Protocol):
         ...
 
 
+class AuditLog(Protocol):
+    """The ledger's tamper-evident history (bastion.ledger.chain): each event carries the hash of the one before."""
+
+    async def checkpoint(self) -> AuditCheckpoint | None:
+        """Where the latest retention prune cut the chain; None when nothing was pruned."""
+        ...
+
+    async def chain(self, after: int, limit: int) -> builtins.list[ChainedEvent]:
+        """At most `limit` events after chain position `after`, in chain order."""
+        ...
+
+    async def verify(self) -> AuditReport:
+        """Check the chain from the checkpoint to its head; the report names the first break."""
+        ...
+
+    async def export(self, after: int, limit: int) -> builtins.list[tuple[ChainedEvent, Invocation]]:
+        """At most `limit` events with an id above `after` (the change feed's cursor), in id order, each with its
+        invocation as stored now (redacted as stored)."""
+        ...
+
+    async def prune(self, before: datetime, *, now: datetime) -> PruneReport:
+        """Remove the oldest part of the history whose invocations all finished (completed, failed, denied,
+        expired) before `before`, never the newest event, with a checkpoint that keeps the rest verifiable."""
+        ...
+
+
 class Ledger(Protocol):
     """The durable store (DESIGN.md §6), as the stores each consumer takes what it needs from."""
 
@@ -462,3 +492,6 @@ class Ledger(Protocol):
 
     @property
     def outbox(self) -> Outbox: ...
+
+    @property
+    def audit(self) -> AuditLog: ...

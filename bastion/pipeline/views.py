@@ -7,12 +7,13 @@ come from: the document and the answers cannot drift apart.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any, Final
 
 from pydantic import BaseModel
 
-from bastion.models import Invocation, InvocationEvent, Pin, PinObservation
+from bastion.models import ChainedEvent, Invocation, InvocationEvent, Pin, PinObservation
 from bastion.pipeline.seams import InvocationStore
 from bastion.policies import diff_definitions
 
@@ -69,6 +70,15 @@ def pending_json(invocation: Invocation, now: datetime) -> dict[str, Any]:
 def invocation_detail_json(invocation: Invocation, events: list[InvocationEvent]) -> dict[str, Any]:
     """An invocation with its `events`, as `bastion invocations show --json` prints it."""
     return InvocationDetail(**dict(invocation), events=events).model_dump(mode="json")
+
+
+def audit_record_json(event: ChainedEvent, invocation: Invocation) -> dict[str, Any]:
+    """One line of an audit export: the event with its chain hashes (detail parsed back from the stored text), and
+    its invocation as stored when exported (redacted as stored)."""
+    record = event.model_dump(mode="json")
+    record["detail"] = json.loads(event.detail)
+    record["invocation"] = invocation_json(invocation)
+    return record
 
 
 def drift_diff(pin: Pin) -> list[str] | None:

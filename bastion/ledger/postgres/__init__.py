@@ -1,6 +1,6 @@
 """The PostgreSQL backend of the ledger, for several Bastion instances on one database: its connections and
 writes (`database`), versioned migrations (`schema`), a store per table (`invocations`, `pins`, `tokens`,
-`instances`, `limits`, `outbox`) and the change feed over LISTEN/NOTIFY (`feed`)."""
+`instances`, `limits`, `outbox`), the change feed over LISTEN/NOTIFY (`feed`) and the audit chain (`audit`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import hmac
 from dataclasses import dataclass
 from typing import Final
 
+from bastion.ledger.postgres.audit import PostgresAudit
 from bastion.ledger.postgres.database import PostgresDatabase
 from bastion.ledger.postgres.feed import PostgresFeed
 from bastion.ledger.postgres.instances import PostgresInstances
@@ -43,6 +44,7 @@ class PostgresBackend:
     instances: PostgresInstances
     limits: PostgresLimits
     outbox: PostgresOutbox
+    audit: PostgresAudit
 
     @classmethod
     async def open(cls, url: str) -> PostgresBackend:
@@ -62,6 +64,7 @@ class PostgresBackend:
             instances=PostgresInstances(database),
             limits=PostgresLimits(database),
             outbox=PostgresOutbox(database),
+            audit=PostgresAudit(database),
         )
 
     async def recorded_key_check(self) -> str | None:

@@ -143,6 +143,11 @@ MARK_UNKNOWN: Final = _changing(
 NEVER_STARTED: Final = (
     f"SELECT id FROM invocations WHERE status = 'approved' AND {_ORPHANED} ORDER BY created_at, position"
 )
+LOCK_CHAIN: Final = "SELECT position FROM audit_head FOR UPDATE"
+"""Taken first by every transaction that appends events. Appending an event locks the audit chain's head (the
+`events_chain` trigger), so a transaction that locked invocation rows before appending could deadlock with one that
+appended before locking them (a decision racing the expiry sweep, which updates many rows in one statement). Head
+first, then rows: one order for every writer (they are serialised on the head anyway)."""
 PROCESS_STOPPED: Final = "the Bastion process running it stopped"
 
 _INVOCATION_WIDTH: Final = len(INVOCATION_COLUMNS)
@@ -167,13 +172,23 @@ class PostgresInvocations:
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
 
+    async def _appending(self, sql: str, params: Any) -> builtins.list[Any]:
+        """One statement that appends events, in its own transaction, after taking the chain's head (LOCK_CHAIN)."""
+
+        async def work(conn: Connection) -> builtins.list[Any]:
+            await conn.execute(LOCK_CHAIN)
+            cursor = await conn.execute(sql, params)
+            return await cursor.fetchall() if cursor.description is not None else []
+
+        return await self._db.transaction(work)
+
     # -- writes ----------------------------------------------------------------------------------------
 
     async def insert(self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed) -> None:
         """Insert a new invocation and its first events (seq 1..n, one timestamp) in one statement. `detail` goes
         on the last event. Raises Conflict if an invocation with this id already exists."""
         try:
-            rows = await self._db.write(RECORD, _record_params(invocation, events, detail))
+            rows = await self._appending(RECORD, _record_params(invocation, events, detail))
         except psycopg.errors.UniqueViolation as exc:
             raise Conflict(f"invocation {invocation.id} is already recorded", invocation_id=invocation.id) from exc
         await self._db.committed(changes_of(rows))
@@ -187,6 +202,7 @@ class PostgresInvocations:
         params = _record_params(invocation, events, detail)
 
         async def work(conn: Connection) -> tuple[int | None, builtins.list[Any]]:
+            await conn.execute(LOCK_CHAIN)
             await conn.execute(LOCK_SESSION, (invocation.session_id,))
             counted = await (await conn.execute(COUNT_SESSION_PENDING, (invocation.session_id,))).fetchone()
             pending = int(counted[0]) if counted is not None else 0
@@ -228,7 +244,7 @@ class PostgresInvocations:
         for name in TRANSITION_FIELDS:
             params[f"set_{name}"] = name in fields
             params[name] = _field_value(name, fields[name]) if name in fields else None
-        rows = await self._db.write(TRANSITION, params)
+        rows = await self._appending(TRANSITION, params)
         await self._db.committed(changes_of(_event_rows(rows)))
         return invocation_from_row(rows[0]) if rows else None
 
@@ -253,7 +269,7 @@ class PostgresInvocations:
             "event": to,
             "detail": "{}",
         }
-        rows = await self._db.write(FINISH, params)
+        rows = await self._appending(FINISH, params)
         await self._db.committed(changes_of(_event_rows(rows)))
         return bool(rows)
 
@@ -280,6 +296,7 @@ class PostgresInvocations:
 
         async def work(conn: Connection) -> tuple[builtins.list[Any], bool]:
             """The updated rows, and whether it expired instead of being decided."""
+            await conn.execute(LOCK_CHAIN)
             found = await (await conn.execute(SELECT_FOR_DECISION, (invocation_id,))).fetchone()
             if found is None:
                 raise NotFound(f"no invocation {invocation_id}", invocation_id=invocation_id)
@@ -304,7 +321,7 @@ class PostgresInvocations:
     async def expire_due(self, now: datetime) -> builtins.list[Invocation]:
         """Mark every pending invocation whose expires_at <= now as `expired` in one statement; return them sorted
         by expiry."""
-        rows = await self._db.write(EXPIRE_DUE, {"now": now, "event": "expired", "detail": "{}"})
+        rows = await self._appending(EXPIRE_DUE, {"now": now, "event": "expired", "detail": "{}"})
         await self._db.committed(changes_of(_event_rows(rows)))
         expired = [invocation_from_row(row) for row in rows]
         return sorted(expired, key=lambda invocation: (invocation.expires_at, invocation.id))
@@ -340,6 +357,7 @@ class PostgresInvocations:
         }
 
         async def work(conn: Connection) -> tuple[builtins.list[Any], builtins.list[Any], int]:
+            await conn.execute(LOCK_CHAIN)
             unknown = await (await conn.execute(MARK_UNKNOWN, params)).fetchall()
             approved = await (await conn.execute(NEVER_STARTED, {"gone": gone})).fetchall()
             counted = await (await conn.execute(COUNT_PENDING)).fetchone()

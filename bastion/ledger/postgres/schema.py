@@ -20,6 +20,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 
 from bastion.errors import ConfigError
+from bastion.ledger.chain import GENESIS
 
 MIGRATION_LOCK: Final = 0x6261_7374_696F_6E01
 """The advisory lock key every instance takes while it migrates (`bastion` in ASCII, then 1)."""
@@ -141,7 +142,7 @@ _MIGRATION_1: Final = (
 )
 
 _MIGRATION_2: Final = (
-    # Webhook messages (issue 14), as in SQLite's migration 8.
+    # Webhook messages (issue 14), as in SQLite's migration 8 (the audit chain is migration 3 here, 9 there).
     """
     CREATE TABLE outbox (
         id           bigserial PRIMARY KEY,
@@ -158,7 +159,86 @@ _MIGRATION_2: Final = (
     "CREATE INDEX outbox_due ON outbox (next_at) WHERE delivered_at IS NULL AND next_at IS NOT NULL",
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1, _MIGRATION_2)
+_MIGRATION_3: Final = (
+    # The audit chain (bastion.ledger.chain). Event ids commit out of order here, so the chain has its own order:
+    # `position`, numbered from the one row of `audit_head`, which the trigger appending an event locks until
+    # commit (writers append to the chain one transaction after another). A retention prune deletes the oldest
+    # events up to a checkpoint keeping the last pruned hash; nothing else may update or delete an event.
+    """
+    CREATE FUNCTION bastion_event_hash(text, bigint, text, integer, text, timestamptz, text) RETURNS text
+    LANGUAGE sql AS $$
+        SELECT encode(sha256(convert_to(concat_ws(E'\\n', $1, $2::text, $3, $4::text, $5,
+            to_char($6 AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'), $7), 'UTF8')), 'hex')
+    $$
+    """,
+    "CREATE TABLE audit_head (one boolean PRIMARY KEY DEFAULT true CHECK (one), position bigint NOT NULL, "
+    "hash text NOT NULL)",
+    """
+    CREATE TABLE audit_checkpoints (
+        position    bigint PRIMARY KEY,   -- the last pruned event's position
+        event_id    bigint NOT NULL,
+        hash        text NOT NULL,        -- its hash: the previous hash of the first event kept
+        at          timestamptz NOT NULL,
+        events      integer NOT NULL,
+        invocations integer NOT NULL
+    )
+    """,
+    "DROP TRIGGER events_append_only ON events",
+    "ALTER TABLE events ADD COLUMN position bigint, ADD COLUMN prev_hash text, ADD COLUMN hash text",
+    f"""
+    DO $$
+    DECLARE
+        event record;
+        head text := '{GENESIS}';
+        counted bigint := 0;
+    BEGIN
+        FOR event IN SELECT * FROM events ORDER BY id LOOP
+            counted := counted + 1;
+            UPDATE events SET position = counted, prev_hash = head,
+                hash = bastion_event_hash(head, event.id, event.invocation_id, event.seq, event.kind, event.at,
+                                          event.detail)
+            WHERE id = event.id RETURNING hash INTO head;
+        END LOOP;
+        INSERT INTO audit_head (position, hash) VALUES (counted, head);
+    END
+    $$
+    """,
+    "ALTER TABLE events ALTER COLUMN position SET NOT NULL, ALTER COLUMN prev_hash SET NOT NULL, "
+    "ALTER COLUMN hash SET NOT NULL",
+    "CREATE UNIQUE INDEX events_position ON events (position)",
+    """
+    CREATE FUNCTION events_chain() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        head audit_head%ROWTYPE;
+    BEGIN
+        SELECT * INTO head FROM audit_head FOR UPDATE;
+        NEW.position := head.position + 1;
+        NEW.prev_hash := head.hash;
+        NEW.hash := bastion_event_hash(head.hash, NEW.id, NEW.invocation_id, NEW.seq, NEW.kind, NEW.at, NEW.detail);
+        UPDATE audit_head SET position = NEW.position, hash = NEW.hash;
+        RETURN NEW;
+    END
+    $$
+    """,
+    "CREATE TRIGGER events_chain BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION events_chain()",
+    """
+    CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+    FOR EACH STATEMENT EXECUTE FUNCTION events_append_only()
+    """,
+    """
+    CREATE FUNCTION events_prune_only() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF OLD.position > (SELECT COALESCE(MAX(position), 0) FROM audit_checkpoints) THEN
+            RAISE EXCEPTION 'the events table is append-only (a prune deletes only up to its checkpoint)';
+        END IF;
+        RETURN OLD;
+    END
+    $$
+    """,
+    "CREATE TRIGGER events_prune_only BEFORE DELETE ON events FOR EACH ROW EXECUTE FUNCTION events_prune_only()",
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3)
 """Migration N (1-based) brings a database from version N-1 to N."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -1,11 +1,13 @@
 """The SQLite backend of the ledger: one file (`database`), its tables and migrations (`schema`), and a store per
-table (`invocations`, `pins`, `tokens`, `instances`, `limits`, `outbox`) plus the change feed (`feed`)."""
+table (`invocations`, `pins`, `tokens`, `instances`, `limits`, `outbox`) plus the change feed (`feed`) and the
+audit chain (`audit`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from bastion.ledger.sqlite.audit import SqliteAudit
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.feed import SqliteFeed
 from bastion.ledger.sqlite.instances import SqliteInstances
@@ -30,6 +32,7 @@ class SqliteBackend:
     instances: SqliteInstances
     limits: SqliteLimits
     outbox: SqliteOutbox
+    audit: SqliteAudit
 
     @classmethod
     async def open(cls, path: Path) -> SqliteBackend:
@@ -49,6 +52,7 @@ class SqliteBackend:
             instances=SqliteInstances(database),
             limits=SqliteLimits(database),
             outbox=SqliteOutbox(database),
+            audit=SqliteAudit(database),
         )
 
     async def close(self) -> None:

@@ -26,7 +26,7 @@ import aiosqlite
 import anyio
 
 from bastion.errors import BastionError, ConfigError, LedgerUnavailable
-from bastion.ledger.sqlite.schema import migrate
+from bastion.ledger.sqlite.schema import migrate, register_functions, register_functions_async
 
 _T = TypeVar("_T")
 
@@ -84,6 +84,7 @@ class SqliteDatabase:
             for pragma in _PRAGMAS:
                 await db.execute(pragma)
             await _enable_wal(db, path)
+            await register_functions_async(db)
             await migrate(db)
             writer = _open_writer(path)
         except BaseException as exc:
@@ -225,6 +226,7 @@ def _open_writer(path: Path) -> sqlite3.Connection:
     see `_wait_and_write`) and leaves checkpoints to the feed, up to a bound."""
     writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
+        register_functions(writer)
         for pragma in (*_PRAGMAS, "PRAGMA busy_timeout = 0", f"PRAGMA wal_autocheckpoint = {_WRITER_AUTOCHECKPOINT}"):
             writer.execute(pragma)
     except BaseException:

@@ -16,8 +16,9 @@ from typing import Any, Final, Literal
 
 from bastion.errors import ApprovalExpired, Conflict, NotFound
 from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, prefix_end, stored_json
+from bastion.ledger.chain import GENESIS
 from bastion.ledger.sqlite.database import SqliteDatabase
-from bastion.ledger.sqlite.schema import dumps, optional_timestamp, timestamp
+from bastion.ledger.sqlite.schema import HASH_FUNCTION, dumps, optional_timestamp, timestamp
 from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
 
 _COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
@@ -32,15 +33,29 @@ COUNT_PENDING: Final = f"{COUNT} WHERE status = 'pending'"
 INSERT_INVOCATION: Final = (
     f"INSERT INTO invocations ({_COLUMN_LIST}) VALUES ({', '.join('?' * len(INVOCATION_COLUMNS))})"
 )
-INSERT_EVENT: Final = "INSERT INTO events (invocation_id, seq, kind, at, detail) VALUES (?, ?, ?, ?, ?)"
 COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_id = ? AND status = 'pending'"
 # Ids from the prefix up to (not including) the least text after all that start with it: a range on the primary key.
 FIND: Final = "SELECT id FROM invocations WHERE id >= :prefix"
 FIND_BEFORE: Final = " AND id < :end"
-APPEND_EVENT: Final = """
-    INSERT INTO events (invocation_id, seq, kind, at, detail)
-    SELECT :id, COALESCE(MAX(seq), 0) + 1, :kind, :at, :detail FROM events WHERE invocation_id = :id
+# An event follows the chain's head (bastion.ledger.chain): the newest event, or the last pruned one when every event
+# was pruned (never the case: a prune keeps the newest), or the genesis. Its id is the head's + 1, as SQLite would
+# give it, so the statement can hash it.
+_HEAD: Final = f"""
+    (SELECT COALESCE(MAX(id), (SELECT MAX(position) FROM audit_checkpoints), 0) AS id,
+            COALESCE((SELECT hash FROM events ORDER BY id DESC LIMIT 1),
+                     (SELECT hash FROM audit_checkpoints ORDER BY position DESC LIMIT 1), '{GENESIS}') AS hash
+     FROM events) AS head
 """
+_CHAINED: Final = f"""
+    INSERT INTO events (id, invocation_id, seq, kind, at, detail, prev_hash, hash)
+    SELECT head.id + 1, :id, {{seq}}, :kind, :at, :detail, head.hash,
+           {HASH_FUNCTION}(head.hash, head.id + 1, :id, {{seq}}, :kind, :at, :detail)
+    FROM {_HEAD}{{also}}
+"""
+INSERT_EVENT: Final = _CHAINED.format(seq=":seq", also="")
+APPEND_EVENT: Final = _CHAINED.format(
+    seq="next.seq", also=", (SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM events WHERE invocation_id = :id) AS next"
+)
 SELECT_EVENTS: Final = (
     "SELECT id, invocation_id, seq, kind, at, detail FROM events WHERE invocation_id = ? ORDER BY seq"
 )
@@ -181,7 +196,7 @@ class SqliteInvocations:
         at = timestamp(utcnow())
         last = len(events)
         event_rows = [
-            (invocation.id, seq, kind, at, detail.json if seq == last else "{}")
+            {"id": invocation.id, "seq": seq, "kind": kind, "at": at, "detail": detail.json if seq == last else "{}"}
             for seq, kind in enumerate(events, start=1)
         ]
 

@@ -12,6 +12,7 @@ text. `timestamp` and `dumps` below produce exactly these forms.
 from __future__ import annotations
 
 import json
+import sqlite3
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -19,6 +20,7 @@ import aiosqlite
 import anyio
 
 from bastion.errors import ConfigError
+from bastion.ledger.chain import GENESIS, event_hash
 
 _APPEND_ONLY_EVENTS: Final = (
     """
@@ -231,6 +233,61 @@ _MIGRATION_8: Final = (
     "CREATE INDEX outbox_due ON outbox (next_at) WHERE delivered_at IS NULL AND next_at IS NOT NULL",
 )
 
+_MIGRATION_9: Final = (
+    # The audit chain (bastion.ledger.chain): every event carries the hash of the one before it (by id: one writer
+    # at a time), computed by `bastion_event_hash` in the statement that appends it. The events so far are chained
+    # here, in id order. Events stay append-only, except that a retention prune deletes the oldest ones up to a
+    # checkpoint, which keeps the last pruned event's hash so what follows still verifies.
+    """
+    CREATE TABLE audit_checkpoints (
+        position    INTEGER PRIMARY KEY,   -- the last pruned event's id
+        event_id    INTEGER NOT NULL,
+        hash        TEXT NOT NULL,         -- its hash: the previous hash of the first event kept
+        at          TEXT NOT NULL,
+        events      INTEGER NOT NULL,      -- how many events that prune removed
+        invocations INTEGER NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE events_v8 (
+        id            INTEGER PRIMARY KEY,
+        invocation_id TEXT NOT NULL REFERENCES invocations (id),
+        seq           INTEGER NOT NULL,    -- 1..n per invocation
+        kind          TEXT NOT NULL,
+        at            TEXT NOT NULL,
+        detail        TEXT NOT NULL DEFAULT '{}',  -- JSON object, redacted then truncated
+        prev_hash     TEXT NOT NULL,
+        hash          TEXT NOT NULL
+    )
+    """,
+    f"""
+    INSERT INTO events_v8 (id, invocation_id, seq, kind, at, detail, prev_hash, hash)
+    WITH RECURSIVE chain (id, prev_hash, hash) AS (
+        SELECT 0, NULL, '{GENESIS}'
+        UNION ALL
+        SELECT events.id, chain.hash,
+               bastion_event_hash(chain.hash, events.id, events.invocation_id, events.seq, events.kind, events.at,
+                                  events.detail)
+        FROM chain JOIN events ON events.id = (SELECT MIN(id) FROM events WHERE id > chain.id)
+    )
+    SELECT events.id, events.invocation_id, events.seq, events.kind, events.at, events.detail, chain.prev_hash,
+           chain.hash
+    FROM events JOIN chain ON chain.id = events.id
+    """,
+    "DROP TABLE events",  # with its triggers
+    "ALTER TABLE events_v8 RENAME TO events",
+    "CREATE UNIQUE INDEX events_invocation_seq ON events (invocation_id, seq)",
+    """
+    CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+    BEGIN SELECT RAISE(ABORT, 'the events table is append-only'); END
+    """,
+    """
+    CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+    WHEN old.id > (SELECT COALESCE(MAX(position), 0) FROM audit_checkpoints)
+    BEGIN SELECT RAISE(ABORT, 'the events table is append-only (a prune deletes only up to its checkpoint)'); END
+    """,
+)
+
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_1,
     _MIGRATION_2,
@@ -240,6 +297,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_6,
     _MIGRATION_7,
     _MIGRATION_8,
+    _MIGRATION_9,
 )
 """Migration N (1-based) brings a ledger from user_version N-1 to N."""
 
@@ -292,6 +350,19 @@ async def _refuse_newer(db: aiosqlite.Connection, version: int) -> None:
         f"{path}: the ledger has schema version {version} but this Bastion knows only up to {SCHEMA_VERSION}; "
         "upgrade Bastion to use this ledger (or point [server] ledger at another file)"
     )
+
+
+HASH_FUNCTION: Final = "bastion_event_hash"
+"""The SQL function computing an event's chain hash (bastion.ledger.chain.event_hash), on every connection."""
+
+
+def register_functions(conn: sqlite3.Connection) -> None:
+    """Give a connection the SQL functions the schema uses (the audit chain's hash)."""
+    conn.create_function(HASH_FUNCTION, 7, event_hash, deterministic=True)
+
+
+async def register_functions_async(db: aiosqlite.Connection) -> None:
+    await db.create_function(HASH_FUNCTION, 7, event_hash, deterministic=True)
 
 
 def timestamp(moment: datetime) -> str:

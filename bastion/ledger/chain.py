@@ -1,0 +1,118 @@
+"""The audit chain (seed 004, issue 16): every event carries the hash of the event before it, so editing, removing
+or reordering stored events is noticed by `verify_chain`.
+
+An event's hash is the SHA-256 (hex) of these fields joined by newlines, as UTF-8: the previous event's hash, the
+event id, the invocation id, seq, kind, the timestamp in the ledger's fixed-width form
+(`2026-11-21T10:00:00.000000+00:00`, see bastion.ledger.sqlite.schema.timestamp) and the detail JSON text exactly
+as stored. No field holds a raw newline (ids are generated, the detail is compact JSON), so the joining is
+unambiguous. The first event follows `GENESIS`; after a prune, the first kept event follows the checkpoint's hash.
+
+Backends compute the hash in the transaction that appends the event, from the chain's head at that moment:
+- SQLite has one writer at a time, so the head is the event with the largest id (`bastion_event_hash`, registered
+  on every connection, computes it in the INSERT itself); positions are event ids.
+- PostgreSQL has concurrent writers whose event ids commit out of order. A BEFORE INSERT trigger locks the one
+  row of `audit_head` (held until commit), so writers append to the chain one transaction after another, and
+  numbers the event's `position` from it: positions follow the order of commit, ids need not. The lock
+  serialises every transaction that appends events (one round trip each on the hot path).
+
+A chain proves only that the history is self-consistent: someone able to rewrite the whole file can rebuild it.
+Keep the head hash `bastion audit verify` prints somewhere else (a log, a ticket) to anchor it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Final
+
+from bastion.models import AuditCheckpoint, AuditReport, ChainBreak, ChainedEvent
+
+GENESIS: Final = "0" * 64
+"""The previous hash of the first event of a ledger."""
+
+PAGE: Final = 1000
+"""How many events a verification reads at a time."""
+
+TERMINAL: Final = ("completed", "failed", "denied", "expired")
+"""The statuses a retention prune may remove: the call's outcome is known (never `unknown`, never in flight)."""
+
+
+def stored_time(moment: datetime) -> str:
+    """The fixed-width UTC form the chain hashes timestamps in (the SQLite ledger stores exactly this text)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def event_hash(prev_hash: str, event_id: int, invocation_id: str, seq: int, kind: str, at: str, detail: str) -> str:
+    """The hash of one event, chained to `prev_hash` (see the module docstring for the exact input)."""
+    text = "\n".join((prev_hash, str(event_id), invocation_id, str(seq), kind, at, detail))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def hash_of(event: ChainedEvent, prev_hash: str) -> str:
+    """What `event`'s hash must be when it follows `prev_hash`."""
+    return event_hash(
+        prev_hash, event.id, event.invocation_id, event.seq, event.kind, stored_time(event.at), event.detail
+    )
+
+
+ReadPage = Callable[[int, int], Awaitable[Sequence[ChainedEvent]]]
+"""Given (after position, limit), at most `limit` events of the chain after that position, in chain order."""
+
+
+async def verify_chain(checkpoint: AuditCheckpoint | None, read_page: ReadPage) -> AuditReport:
+    """Walk the chain from the checkpoint (or the genesis) to its head; report the first break, if any."""
+    prev = checkpoint.hash if checkpoint is not None else GENESIS
+    after = checkpoint.position if checkpoint is not None else 0
+    verified = 0
+    head: ChainedEvent | None = None
+    while True:
+        page = await read_page(after, PAGE)
+        for event in page:
+            broken = _break_at(event, prev)
+            if broken is not None:
+                return AuditReport(
+                    verified=verified,
+                    checkpoint=checkpoint,
+                    head_id=head.id if head else None,
+                    head_hash=head.hash if head else None,
+                    broken=broken,
+                )
+            verified += 1
+            prev = event.hash
+            head = event
+        if len(page) < PAGE:
+            break
+        after = page[-1].position
+    return AuditReport(
+        verified=verified,
+        checkpoint=checkpoint,
+        head_id=head.id if head else None,
+        head_hash=head.hash if head else None,
+    )
+
+
+def _break_at(event: ChainedEvent, prev: str) -> ChainBreak | None:
+    if event.prev_hash != prev:
+        return ChainBreak(
+            event_id=event.id,
+            position=event.position,
+            reason="link",
+            message=(
+                f"event {event.id} (invocation {event.invocation_id}, seq {event.seq}) does not follow the event "
+                "before it: an event was removed, inserted or reordered there"
+            ),
+        )
+    if hash_of(event, prev) != event.hash:
+        return ChainBreak(
+            event_id=event.id,
+            position=event.position,
+            reason="hash",
+            message=(
+                f"event {event.id} (invocation {event.invocation_id}, seq {event.seq}) was changed after it was "
+                "recorded: its content no longer matches its hash"
+            ),
+        )
+    return None

@@ -1,0 +1,144 @@
+"""The audit chain of a SQLite ledger (bastion.ledger.chain): reading it in order, exporting it from a cursor, and
+pruning its oldest part by retention while keeping it verifiable.
+
+One writer at a time means the chain's order is the events' id order, and a position is an event id.
+"""
+
+from __future__ import annotations
+
+import builtins
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Final
+
+from bastion.ledger.backend import INVOCATION_COLUMNS
+from bastion.ledger.chain import TERMINAL, verify_chain
+from bastion.ledger.sqlite.database import SqliteDatabase
+from bastion.ledger.sqlite.invocations import invocation_from_row
+from bastion.ledger.sqlite.schema import dumps, timestamp
+from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Invocation, PruneReport
+
+_EVENT_COLUMNS: Final = "events.id, events.invocation_id, events.seq, events.kind, events.at, events.detail"
+_CHAIN: Final = f"SELECT {_EVENT_COLUMNS}, events.prev_hash, events.hash FROM events"
+CHAIN_PAGE: Final = f"{_CHAIN} WHERE events.id > ? ORDER BY events.id LIMIT ?"
+EXPORT_PAGE: Final = f"""
+    {_CHAIN.replace("SELECT ", "SELECT " + ", ".join(f"invocations.{name}" for name in INVOCATION_COLUMNS) + ", ", 1)}
+    JOIN invocations ON invocations.id = events.invocation_id
+    WHERE events.id > ? ORDER BY events.id LIMIT ?
+"""
+CHECKPOINT: Final = (
+    "SELECT position, event_id, hash, at, events, invocations FROM audit_checkpoints ORDER BY position DESC LIMIT 1"
+)
+_PRUNABLE: Final = (
+    f"(invocations.status IN ({', '.join(repr(s) for s in TERMINAL)}) AND invocations.updated_at < :before)"
+)
+# The first event of an invocation that must be kept (unresolved, in flight, or too recent): pruning stops before it.
+FIRST_KEPT: Final = f"""
+    SELECT events.id, events.invocation_id FROM events JOIN invocations ON invocations.id = events.invocation_id
+    WHERE NOT {_PRUNABLE} ORDER BY events.id LIMIT 1
+"""
+LAST_PRUNABLE: Final = (
+    "SELECT id, hash FROM events WHERE id < :limit AND id < (SELECT MAX(id) FROM events) ORDER BY id DESC LIMIT 1"
+)
+INSERT_CHECKPOINT: Final = (
+    "INSERT INTO audit_checkpoints (position, event_id, hash, at, events, invocations) "
+    "VALUES (:position, :position, :hash, :at, :events, :invocations)"
+)
+PRUNED_INVOCATIONS: Final = "SELECT DISTINCT invocation_id FROM events WHERE id <= :through"
+DELETE_EVENTS: Final = "DELETE FROM events WHERE id <= :through"
+# Invocations left with no event and no kept step (a kept step's parent stays with it).
+DELETE_INVOCATIONS: Final = """
+    DELETE FROM invocations
+    WHERE id IN (SELECT value FROM json_each(:ids))
+      AND NOT EXISTS (SELECT 1 FROM events WHERE events.invocation_id = invocations.id)
+      AND NOT EXISTS (
+          SELECT 1 FROM invocations AS step
+          WHERE step.parent_id = invocations.id AND step.id NOT IN (SELECT value FROM json_each(:ids))
+      )
+"""
+UPDATE_CHECKPOINT_COUNTS: Final = (
+    "UPDATE audit_checkpoints SET events = :events, invocations = :invocations WHERE position = :position"
+)
+
+
+def chained_from_row(row: Sequence[Any]) -> ChainedEvent:
+    return ChainedEvent(
+        id=row[0],
+        position=row[0],
+        invocation_id=row[1],
+        seq=row[2],
+        kind=row[3],
+        at=datetime.fromisoformat(row[4]),
+        detail=row[5],
+        prev_hash=row[6],
+        hash=row[7],
+    )
+
+
+def checkpoint_from_row(row: Sequence[Any]) -> AuditCheckpoint:
+    return AuditCheckpoint(
+        position=row[0],
+        event_id=row[1],
+        hash=row[2],
+        at=datetime.fromisoformat(row[3]),
+        events=row[4],
+        invocations=row[5],
+    )
+
+
+class SqliteAudit:
+    """The audit chain of one SQLite ledger file; satisfies `bastion.pipeline.seams.AuditLog`."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    async def checkpoint(self) -> AuditCheckpoint | None:
+        """The latest prune's checkpoint, or None when nothing was ever pruned."""
+        row = await self._db.fetchone(CHECKPOINT)
+        return None if row is None else checkpoint_from_row(row)
+
+    async def chain(self, after: int, limit: int) -> builtins.list[ChainedEvent]:
+        """At most `limit` events of the chain after position `after`, in chain order."""
+        return [chained_from_row(row) for row in await self._db.fetchall(CHAIN_PAGE, (after, limit))]
+
+    async def verify(self) -> AuditReport:
+        """Check the chain from the checkpoint to the newest event; the report names the first break."""
+        return await verify_chain(await self.checkpoint(), self.chain)
+
+    async def export(self, after: int, limit: int) -> builtins.list[tuple[ChainedEvent, Invocation]]:
+        """At most `limit` events with an id above `after`, in id order, each with its invocation as stored now."""
+        rows = await self._db.fetchall(EXPORT_PAGE, (after, limit))
+        width = len(INVOCATION_COLUMNS)
+        return [(chained_from_row(row[width:]), invocation_from_row(row[:width])) for row in rows]
+
+    async def prune(self, before: datetime, *, now: datetime) -> PruneReport:
+        """Delete the oldest events, up to the first that belongs to an invocation not finished before `before`
+        (and never the newest event), with the invocations left without events; record a checkpoint carrying the
+        last pruned event's hash, in one transaction."""
+        params = {"before": timestamp(before)}
+
+        def work(conn: sqlite3.Connection) -> PruneReport:
+            kept = conn.execute(FIRST_KEPT, params).fetchone()
+            limit = kept[0] if kept is not None else (1 << 62)
+            last = conn.execute(LAST_PRUNABLE, {"limit": limit}).fetchone()
+            kept_by = kept[1] if kept is not None else None
+            if last is None:
+                return PruneReport(events=0, invocations=0, kept_by=kept_by)
+            through, hash_ = last
+            ids = dumps([row[0] for row in conn.execute(PRUNED_INVOCATIONS, {"through": through}).fetchall()])
+            at = timestamp(now)
+            # The checkpoint first: the delete trigger lets only events up to it go.
+            conn.execute(
+                INSERT_CHECKPOINT, {"position": through, "hash": hash_, "at": at, "events": 0, "invocations": 0}
+            )
+            events = conn.execute(DELETE_EVENTS, {"through": through}).rowcount
+            invocations = conn.execute(DELETE_INVOCATIONS, {"ids": ids}).rowcount
+            counts = {"position": through, "events": events, "invocations": invocations}
+            conn.execute(UPDATE_CHECKPOINT_COUNTS, counts)
+            checkpoint = AuditCheckpoint(
+                position=through, event_id=through, hash=hash_, at=now, events=events, invocations=invocations
+            )
+            return PruneReport(events=events, invocations=invocations, checkpoint=checkpoint, kept_by=kept_by)
+
+        return await self._db.write(work)

@@ -1,0 +1,124 @@
+"""`bastion invocations reconcile`, `invocations list --unresolved` and `bastion audit verify|export|prune` as people
+run them: real processes on a real SQLite ledger (issue 16)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from bastion.models import utcnow
+from tests.processes import bastion_env
+from tests.processes import run_cli as run_any_cli
+from tests.test_cli_approvals import ledger_path, make_config, make_invocation, open_ledger
+
+pytestmark = pytest.mark.anyio
+
+
+def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A `bastion` command on the configuration in the environment's home (`HOME/config`)."""
+    return run_any_cli(*args, "--config", str(Path(env["HOME"]) / "config"), env=env)
+
+
+async def _record(config: Path, number: int, status: str, *, minutes_ago: float = 1) -> str:
+    at = utcnow() - timedelta(minutes=minutes_ago)
+    invocation = make_invocation(number, status=status, mode="allow", created_at=at, updated_at=at)
+    kinds = {
+        "unknown": ["planned", "approved", "executing", "unknown"],
+        "executing": ["planned", "approved", "executing"],
+        "completed": ["planned", "approved", "executing", "completed"],
+    }[status]
+    async with open_ledger(config) as ledger:
+        await ledger.invocations.record(invocation, kinds)  # type: ignore[arg-type]
+    return invocation.id
+
+
+async def test_an_unknown_call_is_listed_unresolved_then_reconciled_by_hand(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    env = bastion_env(config.parent)
+    unknown = await _record(config, 1, "unknown")
+    stale = await _record(config, 2, "executing", minutes_ago=30)
+    await _record(config, 3, "executing", minutes_ago=0)
+    await _record(config, 4, "completed")
+
+    listed = run_cli("invocations", "list", "--unresolved", "--stale-seconds", "600", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(i["id"] for i in json.loads(listed.stdout)) == sorted([unknown, stale])
+
+    done = run_cli(
+        "invocations", "reconcile", unknown, "--outcome", "completed", "--note", "found it", "--json", env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "completed"
+    async with open_ledger(config) as ledger:
+        events = await ledger.invocations.events(unknown)
+    assert events[-1].kind == "reconciled"
+    assert (events[-1].detail["outcome"], events[-1].detail["how"], events[-1].detail["note"]) == (
+        "completed",
+        "hand",
+        "found it",
+    )
+
+    again = run_cli("invocations", "reconcile", unknown, "--outcome", "failed", "--json", env=env)
+    assert again.returncode == 1
+    assert json.loads(again.stdout)["error"]["class"] == "conflict"
+    wrong = run_cli("invocations", "reconcile", stale, "--outcome", "maybe", env=env)
+    assert wrong.returncode == 2
+
+
+async def test_audit_verify_passes_then_reports_the_row_edited_behind_its_back(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    env = bastion_env(config.parent)
+    for number in range(1, 4):
+        await _record(config, number, "completed")
+    verified = run_cli("audit", "verify", "--json", env=env)
+    assert verified.returncode == 0, verified.stderr
+    assert json.loads(verified.stdout)["verified"] == 12
+
+    db = sqlite3.connect(ledger_path(config), isolation_level=None)
+    try:
+        db.execute("DROP TRIGGER events_no_update")
+        db.execute("UPDATE events SET kind = 'failed' WHERE id = 8")
+    finally:
+        db.close()
+    broken = run_cli("audit", "verify", "--json", env=env)
+    assert broken.returncode == 1
+    report = json.loads(broken.stdout)
+    assert (report["broken"]["event_id"], report["broken"]["reason"], report["verified"]) == (8, "hash", 7)
+
+
+async def test_an_export_resumed_from_its_last_id_equals_the_whole_export(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    env = bastion_env(config.parent)
+    for number in range(1, 4):
+        await _record(config, number, "completed")
+    whole = run_cli("audit", "export", "--format", "jsonl", env=env)
+    assert whole.returncode == 0, whole.stderr
+    lines = whole.stdout.splitlines()
+    assert len(lines) == 12
+    first = run_cli("audit", "export", "--since", "0", env=env).stdout.splitlines()[:5]
+    cursor = json.loads(first[-1])["id"]
+    rest = run_cli("audit", "export", "--since", str(cursor), env=env).stdout.splitlines()
+    assert first + rest == lines
+    record = json.loads(lines[0])
+    assert record["invocation"]["id"] == record["invocation_id"]
+    assert {"prev_hash", "hash", "position", "detail"} <= set(record)
+
+
+async def test_a_prune_by_age_keeps_the_chain_verifiable(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    env = bastion_env(config.parent)
+    await _record(config, 1, "completed", minutes_ago=3 * 24 * 60)
+    await _record(config, 2, "completed", minutes_ago=2 * 24 * 60)
+    await _record(config, 3, "completed", minutes_ago=1)
+    pruned = run_cli("audit", "prune", "--older-than-days", "1", "--json", env=env)
+    assert pruned.returncode == 0, pruned.stderr
+    report = json.loads(pruned.stdout)
+    assert (report["events"], report["invocations"], report["kept_by"]) == (8, 2, "inv-0003")
+    verified = run_cli("audit", "verify", "--json", env=env)
+    assert verified.returncode == 0
+    assert json.loads(verified.stdout)["verified"] == 4
