@@ -560,3 +560,56 @@ async def test_an_id_prefix_names_one_invocation_among_those_the_token_may_see(t
         assert approved.status_code == 200
         assert approved.json()["id"] == theirs.id
         assert await status_of(live.ledger, theirs.id) == "approved"
+
+
+# -- reconciliation and the audit trail -------------------------------------------------------------------
+
+
+async def test_an_approver_reconciles_an_unknown_call_and_only_an_unresolved_one(tmp_path: Path) -> None:
+    async with live_bastion(tmp_path) as live:
+        agent = await live.token("ci-agent", "agent")
+        admin = await live.token("alice", "admin")
+        await seed(live.ledger, invocation(1))
+        await live.ledger.invocations.record(invocation(2, status="unknown", expires_at=None), ("planned", "unknown"))
+        body = {"outcome": "completed", "note": "the issue exists upstream"}
+
+        refused = await live.http.post("/api/invocations/inv-0002/reconcile", json=body, headers=agent)
+        assert refused.status_code == 403
+        assert error_class(refused) == "forbidden"
+        settled = await live.http.post("/api/invocations/inv-0002/reconcile", json=body, headers=admin)
+        assert settled.status_code == 200, settled.text
+        assert settled.json()["status"] == "completed"
+        events = await live.ledger.invocations.events("inv-0002")
+        assert events[-1].kind == "reconciled"
+        assert events[-1].detail["by"] == "alice"
+
+        pending = await live.http.post("/api/invocations/inv-0001/reconcile", json=body, headers=admin)
+        assert pending.status_code == 409
+        bad = await live.http.post("/api/invocations/inv-0002/reconcile", json={"outcome": "maybe"}, headers=admin)
+        assert bad.status_code == 422
+
+
+async def test_the_audit_trail_read_page_by_page_from_a_cursor_equals_it_read_whole(tmp_path: Path) -> None:
+    async with live_bastion(tmp_path) as live:
+        agent = await live.token("ci-agent", "agent")
+        admin = await live.token("alice", "admin")
+        await seed(live.ledger, *(invocation(n) for n in range(1, 6)))
+
+        whole = (await live.http.get("/api/audit/events", headers=admin)).json()
+        assert [e["kind"] for e in whole["events"]] == ["planned", "pending"] * 5
+        assert all(e["invocation"]["args"]["api_token"] == "[REDACTED]" for e in whole["events"])
+        paged: list[dict[str, Any]] = []
+        since = 0
+        while True:
+            page = (await live.http.get("/api/audit/events", params={"since": since, "limit": 3}, headers=admin)).json()
+            if not page["events"]:
+                assert page["next"] == since
+                break
+            paged += page["events"]
+            since = page["next"]
+        assert paged == whole["events"]
+        assert whole["next"] == whole["events"][-1]["id"]
+
+        refused = await live.http.get("/api/audit/events", headers=agent)
+        assert refused.status_code == 403
+        assert (await live.http.get("/api/audit/events", params={"since": "-1"}, headers=admin)).status_code == 422

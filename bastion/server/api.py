@@ -24,15 +24,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bastion import __version__
-from bastion.errors import BastionError, Conflict, InvalidArguments, NotFound, Unauthenticated
+from bastion.errors import BastionError, Conflict, Forbidden, InvalidArguments, NotFound, Unauthenticated
 from bastion.models import STATUSES, Invocation, Principal, utcnow
-from bastion.pipeline.authority import MIN_ID_PREFIX, accept_pins, decide, visible_invocation
+from bastion.pipeline.authority import MIN_ID_PREFIX, Outcome, accept_pins, decide, reconcile, visible_invocation
 from bastion.pipeline.seams import Ledger
 from bastion.pipeline.views import (
     DEFAULT_LIMIT,
     InvocationDetail,
     PendingInvocation,
     PinView,
+    audit_record_json,
     invocation_detail_json,
     invocation_json,
     pending_invocations,
@@ -84,6 +85,22 @@ class AcceptSource(BaseModel):
 
 class AcceptPinsRequest(RootModel[AcceptKey | AcceptSource]):
     """Exactly one of `key` or `source_id`."""
+
+
+class ReconcileRequest(BaseModel):
+    """Record what came of a call whose outcome is unknown, after checking the downstream."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    outcome: Outcome
+    note: str | None = None
+
+
+class AuditPage(BaseModel):
+    """Audit events after the cursor, oldest first, each with its chain hashes and its invocation as stored."""
+
+    events: list[dict[str, Any]]
+    next: int = Field(description="The cursor to ask for the next page with (`since`); the same when none is left.")
 
 
 class InvocationList(BaseModel):
@@ -175,6 +192,12 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _cursor(text: str) -> int:
+    if not text.isascii() or not text.isdigit():
+        raise ValueError("must be an event id: a whole number, 0 or more")
+    return int(text)
+
+
 def _flag(text: str) -> bool:
     if text not in ("true", "false"):
         raise ValueError("must be true or false")
@@ -197,6 +220,20 @@ LIMIT = Query(
 STATUS = Query("status", "Only invocations with this status.", {"type": "string", "enum": list(STATUSES)}, _status)
 SOURCE = Query("source", "Only this source id.", {"type": "string"}, str)
 SESSION = Query("session", "Only this host session id.", {"type": "string"}, str)
+SINCE = Query(
+    "since",
+    "Only events after this event id (the `next` of the previous page; 0 for the start).",
+    {"type": "integer", "minimum": 0, "default": 0},
+    _cursor,
+    0,
+)
+PAGE = Query(
+    "limit",
+    "At most this many events.",
+    {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": MAX_LIMIT},
+    _count,
+    MAX_LIMIT,
+)
 DRIFTED = Query("drifted", "Only drifted pins.", {"type": "boolean", "default": False}, _flag, False)
 
 
@@ -266,6 +303,29 @@ async def accept(call: Call) -> dict[str, Any]:
         if not accepted and not await call.ledger.pins.pins(source_id):
             raise NotFound(f"no pins of source {source_id!r}; see GET /api/pins")
     return {"pins": [pin_json(pin) for pin in accepted]}
+
+
+async def reconcile_invocation(call: Call) -> dict[str, Any]:
+    assert isinstance(call.body, ReconcileRequest)
+    settled = await reconcile(
+        call.ledger,
+        call.path["invocation_id"],
+        outcome=call.body.outcome,
+        principal=call.principal,
+        note=call.body.note,
+    )
+    return invocation_json(settled)
+
+
+async def audit_events(call: Call) -> dict[str, Any]:
+    if not call.principal.may_decide:
+        raise Forbidden(f"{call.principal.name} has the {call.principal.role} role; the audit trail is for approvers")
+    since: int = call.query["since"]
+    page = await call.ledger.audit.export(since, call.query["limit"])
+    return {
+        "events": [audit_record_json(event, invocation) for event, invocation in page],
+        "next": page[-1][0].id if page else since,
+    }
 
 
 async def get_openapi(call: Call) -> dict[str, Any]:
@@ -343,6 +403,31 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         body=AcceptPinsRequest,
         body_required=True,
         description="Owner and admin tokens only. 409 when the named pin has not drifted. Answers the accepted pins.",
+    ),
+    Operation(
+        "POST",
+        "/invocations/{invocation_id}/reconcile",
+        "reconcileInvocation",
+        "Record the outcome of an unknown (or stale executing) call, found by checking the downstream",
+        reconcile_invocation,
+        Invocation,
+        refusals=(403, 404, 409),
+        body=ReconcileRequest,
+        body_required=True,
+        description="Owner and admin tokens only. 409 when the call is not unresolved. Records a `reconciled` "
+        "event; answers the updated invocation.",
+    ),
+    Operation(
+        "GET",
+        "/audit/events",
+        "exportAuditEvents",
+        "The audit trail from a cursor: events oldest first with their chain hashes and invocations",
+        audit_events,
+        AuditPage,
+        refusals=(403,),
+        query=(SINCE, PAGE),
+        description="Owner and admin tokens only. Page through the whole trail by passing each answer's `next` "
+        "as `since` until `events` is empty; `bastion audit verify` checks the chain.",
     ),
     Operation("GET", "/openapi.json", "getOpenApiDocument", "This OpenAPI 3.1 document", get_openapi, None),
 )
