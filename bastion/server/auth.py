@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 PRINCIPAL_KEY: Final = "bastion.principal"
 """Where the authenticated principal (None when anonymous) is kept in `scope["state"]`."""
 
-OPEN_PATHS: Final = frozenset({"/healthz"})
+OPEN_PATHS: Final = frozenset({"/healthz", "/metrics"})
 API_PREFIX: Final = "/api"
 INBOX_PREFIX: Final = "/inbox"
 

@@ -44,6 +44,7 @@ from bastion.server.errors import http_response
 from bastion.server.events import events_endpoint
 from bastion.server.inbox import Inbox
 from bastion.server.mcp import FrontDoor
+from bastion.server.metrics import METRICS_PATH, Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -205,6 +206,7 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
     sse = SseServerTransport("/messages/")
     approver = ApproverEndpoint(front.gateway)
     inbox = Inbox(front.gateway)
+    metrics = Metrics(front.gateway)
 
     async def healthz(request: Request) -> Response:
         """200 while Bastion serves: `ok` when every enabled source is ready, else `degraded` (see `health`)."""
@@ -234,6 +236,7 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
             Route("/sse", endpoint=_SseEndpoint(front, sse), methods=["GET"]),
             Mount("/messages/", app=sse.handle_post_message),
             Route("/healthz", endpoint=healthz, methods=["GET"]),
+            Route(METRICS_PATH, endpoint=metrics.endpoint, methods=["GET"]),
             Route("/api/events", endpoint=events_endpoint(front.gateway.ledger), methods=["GET"]),
             Mount("/api", app=build_api(front.gateway.ledger)),
             *inbox.routes(),

@@ -1,0 +1,46 @@
+"""/metrics: scraped over real HTTP and read back with the Prometheus client library's own parser."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.test_api import WAIT, live_bastion
+
+pytestmark = pytest.mark.anyio
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a scrape, by name and labels."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+async def test_a_scrape_counts_calls_by_source_mode_and_status_and_shows_sources_and_pending(tmp_path: Path) -> None:
+    async with live_bastion(tmp_path, gateway_running=True, modes={"fx:echo": "allow"}) as live:
+        with anyio.fail_after(WAIT):
+            async with (
+                httpx2.AsyncClient(timeout=WAIT) as http,
+                Client(streamable_http_client(f"{live.url}/mcp", http_client=http), mode="legacy", cache=None) as c,
+            ):
+                for text in ("first-argument-7f3", "second-argument-7f3"):
+                    assert not (await c.call_tool("fx__echo", {"text": text})).is_error
+            scrape = await live.http.get("/metrics")  # open, like /healthz: no token
+
+        assert scrape.status_code == 200
+        assert scrape.headers["content-type"].startswith("text/plain")
+        found = samples(scrape.text)
+        calls = frozenset({("source", "fx"), ("mode", "allow"), ("status", "completed")})
+        assert found[("bastion_calls_total", calls)] == 2
+        assert found[("bastion_source_up", frozenset({("source", "fx"), ("state", "ready")}))] == 1
+        assert found[("bastion_pending_calls", frozenset())] == 0
+        assert "argument-7f3" not in scrape.text  # counts only, never arguments
