@@ -29,7 +29,7 @@ Answer = httpx2.Response | Exception | Callable[[httpx2.Request], Awaitable[http
 
 async def never(request: httpx2.Request) -> httpx2.Response:
     """An answer that does not come (the call's own deadline ends the wait)."""
-    await anyio.sleep_forever()
+    await anyio.Event().wait()  # nothing ever sets it
     raise AssertionError("unreachable")
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from mcp.server.mcpserver import MCPServer
 
-GRANDCHILD = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n"
+# Waits for a signal that never comes (SIGTERM is ignored; only SIGKILL ends it).
+GRANDCHILD = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nsignal.pause()\n"
 
 server = MCPServer("stubborn", version="1.0.0", log_level="WARNING")
 

@@ -296,7 +296,7 @@ def test_a_composite_with_a_step_that_needs_an_approver_is_held_even_when_policy
 
 
 async def test_a_step_that_runs_too_long_is_stopped(tmp_path: Path) -> None:
-    code = "import time; print('{}', flush=True); time.sleep(60)"
+    code = "import threading; print('{}', flush=True); threading.Event().wait()"  # never ends by itself
     run = await run_step([sys.executable, "-c", code], {}, cwd=tmp_path, env={}, timeout=0.5, max_output=1024)
     assert not run.ok
     assert run.error is not None
