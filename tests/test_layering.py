@@ -36,7 +36,7 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.authority": 6,
     "bastion.pipeline.views": 6,  # the JSON shapes the CLI prints and the API answers
     "bastion.pipeline.outcomes": 6,  # recording what came of a call that was sent
-    "bastion.pipeline.steps": 6,  # the gateway's step runner: a composite's steps, each a child invocation
+    "bastion.pipeline.steps": 7,  # the gateway's step runner: a composite's steps, each a child invocation
     "bastion.pipeline.manifests": 6,  # manifest actions as a source, run through the step runner
     "bastion.pipeline.listings": 7,  # the sources and what hosts list of them
     "bastion.pipeline.events": 7,  # the change feed read as named events (event stream, inbox, webhooks)

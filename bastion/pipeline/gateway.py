@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from functools import partial
-from typing import Any, NoReturn
+from typing import Any
 
 import anyio
 import mcp_types as types
@@ -111,7 +111,7 @@ class Gateway:
             drift=self.pins.drift,
             current_drift=self.pins.current_drift,
             invocations=self.invocations,
-            observers=self.observers,
+            outcomes=self._outcomes,
             run=self._run_counted,
             relaying=self._relaying,
             owner=self.instance_id,
@@ -268,22 +268,19 @@ class Gateway:
             wait = await self.ledger.limits.admit(context.session_id, per_minute=limit, now=invocation.created_at)
             if wait is not None:
                 reason = f"session over its limit of {limit} invocations per minute; retry in {math.ceil(wait)} s"
-                await self._refuse(invocation, RateLimited(reason, retry_after=math.ceil(wait)))
+                await self._outcomes.refuse(invocation, RateLimited(reason, retry_after=math.ceil(wait)))
             if decision.mode == "deny":
                 reason = f"policy ({decision.source}) denies {entry.key}"
                 if drift is not None and self.listings.drift_listing(entry.action) == "hide":
                     reason = f"{entry.key} changed since it was trusted; it is withheld until an approver accepts it"
-                await self._refuse(invocation, PolicyDenied(reason))
+                await self._outcomes.refuse(invocation, PolicyDenied(reason))
             admit = entry.action.spec.admit
             refusal = admit(arguments) if admit is not None else None
             if refusal is not None:
-                await self._refuse(invocation, PolicyDenied(f"{entry.key} refused before it ran: {refusal}"))
+                await self._outcomes.refuse(invocation, PolicyDenied(f"{entry.key} refused before it ran: {refusal}"))
             if decision.mode == "require_approval":
                 return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
-            await self.invocations.record(invocation, ("planned", "approved", "executing"))
-            await self.observers.planned(invocation)
-            await self.observers.decided(invocation)
-            await self.observers.executing(invocation)
+            await self._outcomes.start(invocation)
             return await self._run_counted(entry, invocation, arguments, Progress(on_progress) if on_progress else None)
 
     @contextmanager
@@ -297,18 +294,6 @@ class Gateway:
             yield
         finally:
             self._relays.pop(invocation_id, None)
-
-    async def _refuse(self, invocation: Invocation, error: BastionError) -> NoReturn:
-        """Record the call as refused by `error` (nothing was sent) and raise it, naming the invocation."""
-        reason = error.message
-        refused = invocation.model_copy(
-            update={"status": "denied", "error_class": error.error_class, "error_message": reason, "owner": None}
-        )
-        await self.invocations.record(refused, ("planned", "denied"), {"reason": reason})
-        await self.observers.planned(refused)
-        await self.observers.decided(refused)
-        error.invocation_id = invocation.id
-        raise error
 
     async def _hold(
         self,
@@ -338,7 +323,7 @@ class Gateway:
         try:
             return await self._wait_unless_stopping(held.id, holding)
         except PendingLimit as refused:
-            await self._refuse(invocation, PendingLimit(refused.message))
+            await self._outcomes.refuse(invocation, PendingLimit(refused.message))
 
     async def resume(self, invocation_id: str, *, on_progress: ProgressFn | None = None) -> types.CallToolResult:
         """Wait for a held call again (the host answered an inline approval in a new request)."""

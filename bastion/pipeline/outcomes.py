@@ -8,7 +8,7 @@ disk, say) is kept and offered again until it takes, so no call that ran stays `
 from __future__ import annotations
 
 import logging
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import anyio
 import mcp_types as types
@@ -33,6 +33,28 @@ class Outcomes:
         self._unrecorded: dict[str, tuple[Invocation, dict[str, Any]]] = {}
         """Outcomes of calls that ran which the store refused; `run` retries them."""
         self._late = anyio.Event()
+
+    async def start(self, invocation: Invocation, detail: dict[str, Any] | None = None) -> None:
+        """Record a call that runs now (planned, approved, executing) and tell the observers so."""
+        await self._store.record(invocation, ("planned", "approved", "executing"), detail)
+        await self._observers.planned(invocation)
+        await self._observers.decided(invocation)
+        await self._observers.executing(invocation)
+
+    async def refuse(
+        self, invocation: Invocation, error: BastionError, detail: dict[str, Any] | None = None
+    ) -> NoReturn:
+        """Record the call as refused by `error` before anything was sent, tell the observers, and raise `error`,
+        naming the invocation."""
+        reason = error.message
+        refused = invocation.model_copy(
+            update={"status": "denied", "error_class": error.error_class, "error_message": reason, "owner": None}
+        )
+        await self._store.record(refused, ("planned", "denied"), {"reason": reason, **(detail or {})})
+        await self._observers.planned(refused)
+        await self._observers.decided(refused)
+        error.invocation_id = invocation.id
+        raise error
 
     async def finish(
         self,

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, NoReturn, Protocol
+from typing import Any, Protocol
 
 import mcp_types as types
 
 from bastion.errors import ConnectorUnavailable, InvalidArguments, NotFound, PolicyDenied
 from bastion.models import CallContext, Invocation, ModeDecision
 from bastion.pipeline.catalog import CatalogEntry
-from bastion.pipeline.observer import Observers
+from bastion.pipeline.outcomes import Outcomes
 from bastion.pipeline.seams import ActionSource, InvocationStore, Relay
 from bastion.policies import compose_mode
 
@@ -54,7 +54,7 @@ class GatewaySteps:
         drift: DriftFn,
         current_drift: CurrentDriftFn,
         invocations: InvocationStore,
-        observers: Observers,
+        outcomes: Outcomes,
         run: RunFn,
         relaying: RelayingFn,
         owner: str,
@@ -65,7 +65,7 @@ class GatewaySteps:
         self._drift = drift
         self._current_drift = current_drift
         self._invocations = invocations
-        self._observers = observers
+        self._outcomes = outcomes
         self._run = run
         self._relaying = relaying
         self._owner = owner
@@ -118,36 +118,20 @@ class GatewaySteps:
             arguments, hashed, decision, context, owner=self._owner, drift=drift, parent_id=parent.id
         )
         if decision.mode == "deny":
-            await self._refuse(
-                invocation,
-                step_id,
-                f"policy ({decision.source}) denies {entry.key} (step {step_id!r} of invocation {parent.id})",
-            )
+            reason = f"policy ({decision.source}) denies {entry.key} (step {step_id!r} of invocation {parent.id})"
+            await self._outcomes.refuse(invocation, PolicyDenied(reason), {"step": step_id})
         if entry.action.spec.approval_required and parent.mode != "require_approval":
-            await self._refuse(
-                invocation,
-                step_id,
+            reason = (
                 f"{entry.key} never runs without an approver's decision, and invocation "
-                f"{parent.id} was not held for one (step {step_id!r})",
+                f"{parent.id} was not held for one (step {step_id!r})"
             )
+            await self._outcomes.refuse(invocation, PolicyDenied(reason), {"step": step_id})
         detail: dict[str, Any] = {"step": step_id, "parent_id": parent.id}
         if decision.mode == "require_approval":
             detail["approval"] = f"covered by invocation {parent.id} ({parent.mode}, {parent.mode_source})"
-        await self._invocations.record(invocation, ("planned", "approved", "executing"), detail)
-        await self._observers.planned(invocation)
-        await self._observers.decided(invocation)
-        await self._observers.executing(invocation)
+        await self._outcomes.start(invocation, detail)
         with self._relaying(invocation.id, relay):
             return invocation.id, await self._run(entry, invocation, arguments, None)
-
-    async def _refuse(self, invocation: Invocation, step_id: str, reason: str) -> NoReturn:
-        refused = invocation.model_copy(
-            update={"status": "denied", "error_class": PolicyDenied.error_class, "error_message": reason}
-        )
-        await self._invocations.record(refused, ("planned", "denied"), {"reason": reason, "step": step_id})
-        await self._observers.planned(refused)
-        await self._observers.decided(refused)
-        raise PolicyDenied(reason, invocation_id=invocation.id)
 
     def _entry(self, step_id: str, source_id: str, action_id: str) -> CatalogEntry:
         """The step's action as hosts may call it; ConnectorUnavailable or NotFound (nothing recorded) when it is not
