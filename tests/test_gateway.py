@@ -6,6 +6,7 @@ in-process downstream MCP server (tests/downstream.py) behind a real McpConnecto
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from bastion.config import Profile, ToolOverride
 from bastion.connectors.mcp import CORRELATION_META_KEY
 from bastion.errors import InvalidArguments
-from bastion.models import CallContext
+from bastion.models import CallContext, Invocation
 from tests.downstream import FixtureServer
 from tests.harness import harness
 
@@ -205,3 +206,48 @@ async def test_arguments_nested_deeper_than_can_be_hashed_are_invalid_before_any
             await h.gateway.call("fx__anything", {"value": deep}, CallContext(session_id="s"))
         assert await h.ledger.invocations.list() == []
         assert fixture.calls == []
+
+
+async def test_an_outcome_the_ledger_refuses_is_kept_and_recorded_once_the_ledger_takes_writes_again(
+    tmp_path: Path,
+) -> None:
+    finished: list[Invocation] = []
+    recorded = anyio.Event()
+
+    class Finished:
+        async def planned(self, invocation: Invocation) -> None:
+            pass
+
+        decided = executing = planned
+
+        async def finished(self, invocation: Invocation) -> None:
+            finished.append(invocation)
+            recorded.set()
+
+    async with harness(tmp_path, modes={"fx:sleep": "allow"}) as h:
+        h.gateway.observers.add(Finished())
+        results: list[types.CallToolResult] = []
+        lock = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None)
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def call() -> None:
+                    results.append(await h.call("fx__sleep"))
+
+                tg.start_soon(call)
+                with anyio.fail_after(10):
+                    await h.fixture.sleep_started.wait()
+                lock.execute("BEGIN IMMEDIATE")  # another process holds the write lock past the ledger's patience
+                h.fixture.release.set()
+            # The ledger refused the outcome (LedgerUnavailable after its busy wait); the host got its answer anyway.
+            assert [r.is_error for r in results] == [False]
+            assert (await h.only_invocation()).status == "executing"
+            assert finished == []
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        with anyio.fail_after(30):
+            await recorded.wait()
+        invocation = await h.only_invocation()
+        assert invocation.status == "completed" and invocation.result is not None
+        assert [i.status for i in finished] == ["completed"]
