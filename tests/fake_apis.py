@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx2
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from bastion.models import utcnow
 
@@ -60,6 +65,18 @@ class FakeApi(ABC):
 
     def reads(self) -> list[httpx2.Request]:
         return [r for r in self.requests if r.method == "GET"]
+
+    def asgi(self) -> ASGIApp:
+        """The fake served over real HTTP (a `bastion` process reaches it on loopback); writes are not lost there."""
+
+        async def endpoint(request: Request) -> Response:
+            forwarded = httpx2.Request(
+                request.method, str(request.url), headers=request.headers.raw, content=await request.body()
+            )
+            answer = await self._handle(forwarded)
+            return Response(answer.content, answer.status_code, media_type="application/json")
+
+        return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST", "PATCH"])])
 
 
 @dataclass

@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 from mcp import Client
 
@@ -25,9 +26,11 @@ from bastion.ledger import Redactor, open_ledger
 from bastion.models import Invocation, Principal, utcnow
 from bastion.pipeline.authority import Checked, reconcile_by_check
 from bastion.pipeline.gateway import Gateway
+from bastion.server.http import allowed_hosts_for, build_app
 from bastion.server.mcp import FrontDoor
 from tests.fake_apis import FakeApi, FakeGitHub, FakeLinear, FakeSlack
 from tests.providers import CANARY
+from tests.test_api import error_class, serving
 from tests.test_gateway import error_of
 
 pytestmark = pytest.mark.anyio
@@ -244,3 +247,41 @@ async def test_a_call_executing_recently_is_not_checked_but_one_stale_for_the_gi
             await bastion_.check("inv-stuck")
         checked = await bastion_.check("inv-stuck", stale_after=timedelta(minutes=1))
     assert checked.invocation.status == "completed"
+
+
+async def test_the_api_reconciles_by_check_for_approvers_only_and_documents_the_route(tmp_path: Path) -> None:
+    fake = FakeGitHub()
+    async with bastion(tmp_path, "github", fake) as bastion_:
+        fake.lose = "answer"
+        created = await bastion_.unknown_call("github__create_issue", ISSUE)
+        fake.lose = "request"
+        never = await bastion_.unknown_call("github__create_issue", ISSUE)
+        fake.lose = "answer"
+        closed = await bastion_.unknown_call("github__close_issue", {"owner": "acme", "repo": "app", "number": 1})
+        tokens = bastion_.gateway.ledger.tokens
+        admin = {
+            "Authorization": f"Bearer {await tokens.create_token('alice', role='admin', profile=None, now=utcnow())}"
+        }
+        agent = {"Authorization": f"Bearer {await tokens.create_token('ci', role='agent', profile=None, now=utcnow())}"}
+        app = build_app(FrontDoor(bastion_.gateway), allowed_hosts=allowed_hosts_for("127.0.0.1"))
+        async with serving(app) as url, httpx2.AsyncClient(base_url=url, timeout=20) as http:
+            path = "/api/invocations/{}/reconcile/check"
+            refused = await http.post(path.format(created.id), headers=agent)
+            no_look_up = await http.post(path.format(closed.id), json={}, headers=admin)
+            found = await http.post(path.format(created.id), json={"note": "by check"}, headers=admin)
+            again = await http.post(path.format(created.id), headers=admin)
+            not_found = await http.post(path.format(never.id), headers=admin)
+            document = (await http.get("/api/openapi.json", headers=admin)).json()
+
+    assert (refused.status_code, error_class(refused)) == (403, "forbidden")
+    assert (no_look_up.status_code, error_class(no_look_up)) == (422, "invalid_arguments")
+    assert found.status_code == 200, found.text
+    report = found.json()
+    assert (report["invocation"]["status"], report["found"]["outcome"]) == ("completed", "completed")
+    assert report["found"]["result"]["number"] == 1
+    assert (again.status_code, error_class(again)) == (409, "conflict")
+    assert not_found.status_code == 200
+    assert (not_found.json()["found"], not_found.json()["invocation"]["status"]) == (None, "unknown")
+    operation = document["paths"]["/api/invocations/{invocation_id}/reconcile/check"]["post"]
+    assert operation["operationId"] == "reconcileInvocationByCheck"
+    assert {"403", "409", "422", "502"} <= set(operation["responses"])

@@ -29,6 +29,7 @@ from bastion.cli.app import (
 from bastion.cli.inspect import invocations_app
 from bastion.config import Config
 from bastion.connectors.providers import provider_source
+from bastion.errors import BastionError
 from bastion.models import AuditReport, Invocation, PruneReport, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.authority import MIN_ID_PREFIX, SourceOf
@@ -111,9 +112,13 @@ def _reconcile_by_check(
             full_id = await authority.resolve_invocation_id(ledger.invocations, invocation_id, approver)
             invocation = await ledger.invocations.get(full_id)
             async with _provider(config, invocation.source_id if invocation else None) as source_of:
-                return await authority.reconcile_by_check(
-                    ledger, full_id, source_of=source_of, principal=approver, now=utcnow(), note=note
-                )
+                try:
+                    return await authority.reconcile_by_check(
+                        ledger, full_id, source_of=source_of, principal=approver, now=utcnow(), note=note
+                    )
+                except BastionError as exc:  # raised past the provider's task group, which would wrap it in a group
+                    refused = exc
+            raise refused
 
     checked = run_async(run)
     settled, found = checked.invocation, checked.found
