@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
 import pytest
@@ -23,13 +23,13 @@ from bastion.connectors.providers import provider_source
 from bastion.connectors.providers.github import marker
 from bastion.errors import Conflict, Forbidden, InvalidArguments
 from bastion.ledger import Redactor, open_ledger
-from bastion.models import Invocation, Principal, utcnow
+from bastion.models import EventKind, Invocation, Principal, utcnow
 from bastion.pipeline.authority import Checked, reconcile_by_check
 from bastion.pipeline.gateway import Gateway
 from bastion.server.http import allowed_hosts_for, build_app
 from bastion.server.mcp import FrontDoor
 from tests.fake_apis import FakeApi, FakeGitHub, FakeLinear, FakeSlack
-from tests.providers import CANARY
+from tests.providers import CANARY, dumped
 from tests.test_api import error_class, serving
 from tests.test_gateway import error_of
 
@@ -222,31 +222,52 @@ async def test_a_check_is_refused_for_an_action_without_a_look_up_for_an_agent_a
     assert len(fake.reads()) == reads + 1, "only the allowed check asked the API"
 
 
+async def _recorded(running: Running, status: Literal["executing", "unknown"], *, minutes_ago: float) -> Invocation:
+    """A `github:create_issue` call recorded straight into the ledger, last updated `minutes_ago`."""
+    at = utcnow() - timedelta(minutes=minutes_ago)
+    invocation = Invocation(
+        id=f"inv-{status}",
+        status=status,
+        policy_key="github:create_issue",
+        tool="github__create_issue",
+        source_id="github",
+        action_id="create_issue",
+        risk="write",
+        mode="allow",
+        mode_source="policy",
+        session_id="s",
+        args=ISSUE,
+        owner=running.gateway.instance_id,  # alive: recovery leaves it as it is
+        created_at=at,
+        updated_at=at,
+    )
+    history: list[EventKind] = ["planned", "executing"] if status == "executing" else ["planned", "executing", status]
+    await running.gateway.ledger.invocations.record(invocation, history)
+    return invocation
+
+
 async def test_a_call_executing_recently_is_not_checked_but_one_stale_for_the_given_time_is(tmp_path: Path) -> None:
     fake = FakeGitHub()
     async with bastion(tmp_path, "github", fake) as bastion_:
-        now = utcnow()
-        invocation = Invocation(
-            id="inv-stuck",
-            status="executing",
-            policy_key="github:create_issue",
-            tool="github__create_issue",
-            source_id="github",
-            action_id="create_issue",
-            risk="write",
-            mode="allow",
-            mode_source="policy",
-            session_id="s",
-            args=ISSUE,
-            created_at=now - timedelta(minutes=2),
-            updated_at=now - timedelta(minutes=2),
-        )
-        await bastion_.gateway.ledger.invocations.record(invocation, ["planned", "executing"])
-        fake.seed_issue("Crash on save", f"Steps: save.\n\n{marker('inv-stuck')}")
+        stuck = await _recorded(bastion_, "executing", minutes_ago=2)
+        fake.seed_issue("Crash on save", f"Steps: save.\n\n{marker(stuck.id)}")
         with pytest.raises(Conflict):
-            await bastion_.check("inv-stuck")
-        checked = await bastion_.check("inv-stuck", stale_after=timedelta(minutes=1))
+            await bastion_.check(stuck.id)
+        checked = await bastion_.check(stuck.id, stale_after=timedelta(minutes=1))
     assert checked.invocation.status == "completed"
+
+
+async def test_what_a_look_up_finds_is_scrubbed_of_the_provider_s_token_even_when_the_api_echoes_it(
+    tmp_path: Path,
+) -> None:
+    fake = FakeGitHub()
+    async with bastion(tmp_path, "github", fake) as bastion_:
+        unknown = await _recorded(bastion_, "unknown", minutes_ago=1)
+        fake.seed_issue(f"token seen: {CANARY}", marker(unknown.id))
+        checked = await bastion_.check(unknown.id)
+        events = await bastion_.gateway.ledger.invocations.events(unknown.id)
+    assert checked.found is not None and checked.found.result["title"] == "token seen: [REDACTED]"
+    assert CANARY not in dumped(checked.found.result, checked.found.where, events[-1].detail)
 
 
 async def test_the_api_reconciles_by_check_for_approvers_only_and_documents_the_route(tmp_path: Path) -> None:
