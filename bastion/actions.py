@@ -26,6 +26,23 @@ Reconciliation = Literal["manual", "lookup"]
 """How an `unknown` outcome can be settled: only by a person who checks (`manual`), or by asking the source
 (`lookup`: it can find the call by its idempotency key or correlation marker)."""
 
+LookedUpOutcome = Literal["completed", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What a source found when asked what came of one of its calls (an action with `reconcile = "lookup"`).
+
+    `completed`: what the call made was found; `failed`: the source is certain the call never acted (only a
+    source whose look-up is authoritative says so; the others answer None, "not found", and the call stays
+    unknown)."""
+
+    outcome: LookedUpOutcome
+    where: str
+    """Where it was found (a URL, an id), or why the source is certain it does not exist."""
+    result: Any = None
+    """What the call would have returned, read back from what was found (None when it failed)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ExplicitPin:

@@ -9,11 +9,16 @@ import subprocess
 from datetime import timedelta
 from pathlib import Path
 
+import anyio
 import pytest
 
+from bastion.connectors.providers.github import marker
 from bastion.models import utcnow
-from tests.processes import bastion_env
+from tests.fake_apis import FakeGitHub
+from tests.processes import bastion_command, bastion_env
 from tests.processes import run_cli as run_any_cli
+from tests.providers import CANARY
+from tests.test_api import serving
 from tests.test_cli_approvals import ledger_path, make_config, make_invocation, open_ledger
 
 pytestmark = pytest.mark.anyio
@@ -68,6 +73,50 @@ async def test_an_unknown_call_is_listed_unresolved_then_reconciled_by_hand(tmp_
     assert json.loads(again.stdout)["error"]["class"] == "conflict"
     wrong = run_cli("invocations", "reconcile", stale, "--outcome", "maybe", env=env)
     assert wrong.returncode == 2
+
+
+async def test_reconcile_by_check_asks_the_provider_and_says_when_it_cannot(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    env = bastion_env(config.parent, E2E_GITHUB_TOKEN=CANARY)
+    issue = {"owner": "acme", "repo": "app", "title": "Crash on save"}
+    github = {"source_id": "github", "mode": "allow", "expires_at": None}
+    calls = [
+        make_invocation(1, status="unknown", policy_key="github:create_issue", action_id="create_issue", args=issue),
+        make_invocation(2, status="unknown", policy_key="github:close_issue", action_id="close_issue", args=issue),
+        make_invocation(3, status="unknown", policy_key="github:create_issue", action_id="create_issue", args=issue),
+    ]
+    async with open_ledger(config) as ledger:
+        for call in calls:
+            call = call.model_copy(update=github | {"tool": call.policy_key.replace(":", "__")})
+            await ledger.invocations.record(call, ["planned", "executing", "unknown"])
+    fake = FakeGitHub()
+    fake.seed_issue("Crash on save", f"Made by an agent.\n\n{marker('inv-0001')}")
+
+    async def reconcile(*args: str) -> tuple[int, str]:
+        command = bastion_command("invocations", "reconcile", *args, "--json", "--config", str(config))
+        done = await anyio.run_process(command, env=env, check=False)
+        return done.returncode, done.stdout.decode() + done.stderr.decode()
+
+    async with serving(fake.asgi()) as api_url:
+        with (config / "bastion.toml").open("a") as toml:
+            toml.write(f'\n[providers.github]\ntoken = "${{env:E2E_GITHUB_TOKEN}}"\nbase_url = "{api_url}"\n')
+        both = await reconcile("inv-0001", "--check", "--outcome", "completed")
+        no_look_up = await reconcile("inv-0002", "--check")
+        found = await reconcile("inv-0001", "--check", "--note", "asked")
+        not_found = await reconcile("inv-0003", "--check")
+
+    assert both[0] == 2
+    assert no_look_up[0] == 1, no_look_up
+    assert json.loads(no_look_up[1])["error"]["class"] == "invalid_arguments"
+    assert found[0] == 0, found
+    report = json.loads(found[1])
+    assert (report["invocation"]["status"], report["found"]["outcome"]) == ("completed", "completed")
+    assert report["found"]["result"]["url"] == "https://github.com/acme/app/issues/1"
+    assert not_found[0] == 1
+    assert (json.loads(not_found[1])["found"], json.loads(not_found[1])["invocation"]["status"]) == (None, "unknown")
+    async with open_ledger(config) as ledger:
+        events = await ledger.invocations.events("inv-0001")
+    assert (events[-1].kind, events[-1].detail["how"], events[-1].detail["note"]) == ("reconciled", "check", "asked")
 
 
 async def test_audit_verify_passes_then_reports_the_row_edited_behind_its_back(tmp_path: Path) -> None:

@@ -1,13 +1,17 @@
 """Observable actions (seed 004, issue 16): `bastion invocations reconcile` settles a call whose outcome was unknown,
-and `bastion audit verify|export|prune` checks, exports and trims the ledger's tamper-evident history."""
+by hand or by asking its provider (`--check`), and `bastion audit verify|export|prune` checks, exports and trims the
+ledger's tamper-evident history."""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Annotated, Final
 
+import anyio
 import typer
 
 from bastion.cli.app import (
@@ -23,10 +27,14 @@ from bastion.cli.app import (
     run_async,
 )
 from bastion.cli.inspect import invocations_app
+from bastion.config import Config
+from bastion.connectors.providers import provider_source
+from bastion.errors import BastionError
 from bastion.models import AuditReport, Invocation, PruneReport, utcnow
 from bastion.pipeline import authority
-from bastion.pipeline.authority import MIN_ID_PREFIX
-from bastion.pipeline.views import audit_record_json, invocation_json
+from bastion.pipeline.authority import MIN_ID_PREFIX, SourceOf
+from bastion.pipeline.seams import ActionSource
+from bastion.pipeline.views import audit_record_json, check_json, invocation_json
 
 audit_app = typer.Typer(
     help="The ledger's tamper-evident history: verify its hash chain, export it, prune it by age.",
@@ -36,6 +44,8 @@ app.add_typer(audit_app, name="audit")
 
 EXPORT_PAGE: Final = 1000
 OUTCOMES: Final = ("completed", "failed")
+START_SECONDS: Final = 10.0
+"""How long a provider may take to open its client for a look-up."""
 
 
 @invocations_app.command("reconcile")
@@ -47,8 +57,17 @@ def invocations_reconcile(
         ),
     ],
     outcome: Annotated[
-        str, typer.Option(help="What came of it, as you found it in the downstream: completed or failed.")
-    ],
+        str | None,
+        typer.Option(help="What came of it, as you found it in the downstream: completed or failed. Not with --check."),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Ask the call's provider instead (GitHub, Linear, Slack actions that mark what they make: see the "
+            "README) and record what it finds. Not with --outcome.",
+        ),
+    ] = False,
     note: Annotated[str | None, typer.Option(help="How you know (kept in the `reconciled` event).")] = None,
     token: Annotated[
         str | None, typer.Option(help="An owner or admin token (else $BASTION_TOKEN); needed once the ledger has one.")
@@ -56,12 +75,21 @@ def invocations_reconcile(
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Record the outcome of a call Bastion could not know (status unknown), after looking in the downstream for
-    its correlation id (io.bastion/correlation-id) or idempotency key. Owners and admins only."""
-    if outcome not in OUTCOMES:
+    """Record the outcome of a call Bastion could not know (status unknown): by hand (--outcome), after looking in
+    the downstream for its correlation id (io.bastion/correlation-id) or idempotency key, or by check (--check),
+    where its provider looks it up. A check that finds nothing certain leaves the call unknown and exits 1.
+    Owners and admins only."""
+    if check and outcome is not None:
+        raise Exit("error: give --outcome (by hand) or --check (ask the provider), not both", 2)
+    if not check and outcome is None:
+        raise Exit("error: give --outcome completed|failed (what you found), or --check to ask the provider", 2)
+    if outcome is not None and outcome not in OUTCOMES:
         raise Exit(f"error: --outcome must be completed or failed, got {outcome!r}", 2)
-    chosen: authority.Outcome = "completed" if outcome == "completed" else "failed"
     config = load(config_dir, report=False)
+    if check:
+        _reconcile_by_check(config, invocation_id, note=note, token=token, as_json=as_json)
+        return
+    chosen: authority.Outcome = "completed" if outcome == "completed" else "failed"
 
     async def run() -> Invocation:
         async with open_ledger(config) as ledger:
@@ -73,6 +101,76 @@ def invocations_reconcile(
         emit_json(invocation_json(reconciled))
         return
     out.print(f"reconciled {reconciled.id} ({reconciled.tool}) as {reconciled.status}", markup=False, highlight=False)
+
+
+def _reconcile_by_check(
+    config: Config, invocation_id: str, *, note: str | None, token: str | None, as_json: bool
+) -> None:
+    async def run() -> authority.Checked:
+        async with open_ledger(config) as ledger:
+            approver = await local_approver(ledger, config, token)
+            full_id = await authority.resolve_invocation_id(ledger.invocations, invocation_id, approver)
+            invocation = await ledger.invocations.get(full_id)
+            async with _provider(config, invocation.source_id if invocation else None) as source_of:
+                try:
+                    return await authority.reconcile_by_check(
+                        ledger, full_id, source_of=source_of, principal=approver, now=utcnow(), note=note
+                    )
+                except BastionError as exc:  # raised past the provider's task group, which would wrap it in a group
+                    refused = exc
+            raise refused
+
+    checked = run_async(run)
+    settled, found = checked.invocation, checked.found
+    if as_json:
+        emit_json(check_json(settled, found))
+    elif found is not None:
+        out.print(
+            f"reconciled {settled.id} ({settled.tool}) as {settled.status} by check: {found.where}",
+            markup=False,
+            highlight=False,
+        )
+    else:
+        out.print(
+            f"not found: {settled.source_id} has no trace of {settled.id} ({settled.tool}) it can be sure of; left "
+            f"{settled.status}. Look for it yourself and settle it with --outcome completed|failed.",
+            markup=False,
+            highlight=False,
+        )
+    if found is None:
+        raise typer.Exit(1)
+
+
+@asynccontextmanager
+async def _provider(config: Config, source_id: str | None) -> AsyncIterator[SourceOf]:
+    """The configured provider `source_id`, running (its client open) while the block runs, as a `SourceOf`; no
+    source for anything else (no other kind of source looks calls up)."""
+    provider = config.providers.get(source_id) if source_id is not None else None
+    if source_id is None or provider is None:
+        yield _none
+        return
+    unbound = config.unbound.get(source_id)
+    source = provider_source(
+        source_id,
+        provider,
+        unbound=unbound.message if unbound else None,
+        call_timeout=config.settings.limits.call_timeout_seconds,
+    )
+    started = anyio.Event()
+
+    async def on_change(_: str) -> None:
+        started.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(source.run, on_change)
+        with anyio.fail_after(START_SECONDS):
+            await started.wait()
+        yield lambda wanted: source if wanted == source_id else None
+        tg.cancel_scope.cancel()
+
+
+def _none(source_id: str) -> ActionSource | None:
+    return None
 
 
 @audit_app.command("verify")

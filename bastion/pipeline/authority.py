@@ -5,13 +5,16 @@ Every way of deciding — the REST API, the local CLI, a remote CLI — goes thr
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
-from bastion.errors import AmbiguousId, Conflict, Forbidden, InvalidArguments, NotFound
+from bastion.actions import Found
+from bastion.errors import AmbiguousId, Conflict, ConnectorUnavailable, Forbidden, InvalidArguments, NotFound
 from bastion.models import Invocation, Pin, Principal, Status
 from bastion.pipeline.grants import Grants, Scope
-from bastion.pipeline.seams import InvocationStore, Ledger
+from bastion.pipeline.seams import ActionSource, InvocationStore, Ledger, LookupSource
 
 MIN_ID_PREFIX: Final = 6
 """The fewest characters of an invocation id that name it (when no other id starts with them)."""
@@ -108,6 +111,28 @@ Outcome = Literal["completed", "failed"]
 RECONCILABLE: Final[tuple[Status, ...]] = ("unknown", "executing")
 """What may be reconciled: an outcome nobody could know (`unknown`), or a call stuck `executing` (a person judges
 that it is not still running: its result would then be refused, the reconciled outcome stands)."""
+STALE_AFTER: Final = timedelta(minutes=5)
+"""An `executing` call not updated for this long may be reconciled by check (a fresher one may still be running,
+and a look-up that finds nothing would then say nothing true)."""
+
+SourceOf = Callable[[str], ActionSource | None]
+"""The running source of a source id, if any."""
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What a reconcile by check came to: the invocation (reconciled, or unchanged when nothing was `found`)."""
+
+    invocation: Invocation
+    found: Found | None
+
+
+def _require_approver(principal: Principal, invocation_id: str) -> None:
+    if not principal.may_decide:
+        raise Forbidden(
+            f"{principal.name} has the {principal.role} role; only owner and admin tokens may reconcile",
+            invocation_id=invocation_id,
+        )
 
 
 async def reconcile(
@@ -117,27 +142,28 @@ async def reconcile(
     outcome: Outcome,
     principal: Principal,
     note: str | None,
-    by: Literal["hand", "check"] = "hand",
+    found: Found | None = None,
+    from_statuses: Collection[Status] = RECONCILABLE,
 ) -> Invocation:
     """Record what came of a call whose outcome was unknown (seed 004: reconciled, not left to "ask a human"):
-    unknown or executing -> `outcome`, with a `reconciled` event naming who, how and why. Approvers only; NotFound,
-    or Conflict when the invocation is not unresolved (naming its status)."""
-    if not principal.may_decide:
-        raise Forbidden(
-            f"{principal.name} has the {principal.role} role; only owner and admin tokens may reconcile",
-            invocation_id=invocation_id,
-        )
+    unknown or executing -> `outcome`, with a `reconciled` event naming who, how (by hand, or by check with what
+    was `found`) and why. Approvers only; NotFound, or Conflict when the invocation is not unresolved (naming its
+    status)."""
+    _require_approver(principal, invocation_id)
     invocation_id = await resolve_invocation_id(ledger.invocations, invocation_id, principal)
     failed = outcome == "failed"
+    detail: dict[str, Any] = {"outcome": outcome, "by": principal.name, "how": "hand", "note": note}
+    if found is not None:
+        detail |= {"how": "check", "found": {"where": found.where, "result": found.result}}
     reconciled = await ledger.invocations.transition(
         invocation_id,
-        from_statuses=RECONCILABLE,
+        from_statuses=from_statuses,
         to=outcome,
         event="reconciled",
-        detail={"outcome": outcome, "by": principal.name, "how": by, "note": note},
+        detail=detail,
         fields={
             "error_class": "upstream_error" if failed else None,
-            "error_message": (note or "reconciled as failed") if failed else None,
+            "error_message": (note or (found.where if found else "reconciled as failed")) if failed else None,
         },
     )
     if reconciled is not None:
@@ -150,6 +176,67 @@ async def reconcile(
         "reconciled",
         invocation_id=invocation_id,
     )
+
+
+async def reconcile_by_check(
+    ledger: Ledger,
+    invocation_id: str,
+    *,
+    source_of: SourceOf,
+    principal: Principal,
+    now: datetime,
+    note: str | None = None,
+    stale_after: timedelta = STALE_AFTER,
+) -> Checked:
+    """Ask the call's source what came of it (issue 16: `bastion invocations reconcile ID --check`) and record it as
+    `reconcile` does, the `reconciled` event saying it was found by check and what. The call must be unknown, or
+    executing and not updated for `stale_after` (Conflict otherwise), and its action must declare
+    `reconcile = "lookup"` (InvalidArguments otherwise, naming the fix: by hand). Nothing found that the source
+    can be sure of leaves the call as it is (`found` None). The source's errors (unavailable, rate limited...)
+    leave it too."""
+    _require_approver(principal, invocation_id)
+    invocation_id = await resolve_invocation_id(ledger.invocations, invocation_id, principal)
+    invocation = await ledger.invocations.get(invocation_id)
+    if invocation is None:
+        raise NotFound(f"no invocation {invocation_id!r}", invocation_id=invocation_id)
+    fresh = invocation.status == "executing" and invocation.updated_at > now - stale_after
+    if invocation.status not in RECONCILABLE or fresh:
+        what = "still executing (updated recently)" if fresh else invocation.status
+        raise Conflict(
+            f"invocation {invocation_id} is {what}: only an unknown call, or one executing for more than "
+            f"{stale_after.total_seconds():g} s, is reconciled by check",
+            invocation_id=invocation_id,
+        )
+    source = source_of(invocation.source_id)
+    by_hand = "look in the downstream yourself and settle it by hand with --outcome completed|failed"
+    spec = next((s for s in source.actions() if s.action_id == invocation.action_id), None) if source else None
+    if source is not None and spec is None:
+        state = source.status.state + (f": {source.status.last_error}" if source.status.last_error else "")
+        raise ConnectorUnavailable(
+            f"source {invocation.source_id} is {state} and lists no {invocation.action_id}; retry once it is ready, "
+            f"or {by_hand}",
+            invocation_id=invocation_id,
+        )
+    asked: object = source  # a source is a LookupSource besides (mypy cannot intersect the two protocols)
+    if spec is None or spec.reconcile != "lookup" or not isinstance(asked, LookupSource):
+        raise InvalidArguments(
+            f"{invocation.policy_key} cannot be checked: its source offers no look-up of its calls "
+            f"(only provider actions that mark what they make can); {by_hand}",
+            invocation_id=invocation_id,
+        )
+    found = await asked.look_up(invocation.action_id, invocation)
+    if found is None:
+        return Checked(invocation, None)
+    settled = await reconcile(
+        ledger,
+        invocation_id,
+        outcome=found.outcome,
+        principal=principal,
+        note=note,
+        found=found,
+        from_statuses=(invocation.status,),
+    )
+    return Checked(settled, found)
 
 
 async def unresolved(ledger: Ledger, *, stale_after: timedelta, now: datetime, limit: int = 100) -> list[Invocation]:

@@ -17,7 +17,7 @@ import anyio
 import mcp_types as types
 from anyio.abc import TaskStatus
 
-from bastion.actions import ActionSpec
+from bastion.actions import ActionSpec, Found
 from bastion.errors import BastionError
 from bastion.models import (
     AuditCheckpoint,
@@ -122,6 +122,19 @@ class ActionSource(Protocol):
         """Run one action. Raises ConnectorUnavailable (nothing was sent), CallTimeout or
         UnknownOutcome (sent, outcome unknown) or UpstreamError (the upstream answered with an error).
         `relay` receives what the upstream asks or logs while it runs."""
+        ...
+
+
+@runtime_checkable
+class LookupSource(Protocol):
+    """A source that can find out what came of one of its calls (issue 16: `bastion invocations reconcile --check`):
+    it looks in its downstream for the call's idempotency key or correlation marker. Only actions whose spec
+    declares `reconcile = "lookup"` are asked."""
+
+    async def look_up(self, action_id: str, invocation: Invocation) -> Found | None:
+        """What came of `invocation` (a call of `action_id`): Found, or None when nothing was found and the source
+        cannot be certain the call did not act (the call then stays unresolved). Reads only; raises the errors of
+        `ActionSource.call` (ConnectorUnavailable, UpstreamError, RateLimited...) when it cannot ask."""
         ...
 
 

@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel
 
+from bastion.actions import Found, LookedUpOutcome
 from bastion.models import ChainedEvent, Invocation, InvocationEvent, Pin, PinObservation
 from bastion.pipeline.seams import InvocationStore
 from bastion.policies import diff_definitions
@@ -45,6 +46,30 @@ class PinView(BaseModel):
     drifted: bool
     diff: list[str] | None
     """The unified diff from the pinned definition to the drifted one; None when not drifted."""
+
+
+class FoundView(BaseModel):
+    """What a source found of a call when asked (`bastion invocations reconcile --check`)."""
+
+    outcome: LookedUpOutcome
+    where: str
+    """Where it was found (a URL, an id), or why the source is certain the call never acted."""
+    result: Any = None
+    """What the call would have returned, read back from what was found."""
+
+
+class CheckReport(BaseModel):
+    """A reconcile by check: the invocation (reconciled as `found` says, or unchanged when nothing was found)."""
+
+    invocation: Invocation
+    found: FoundView | None
+    """None: the source found nothing it can be sure of; the call is left unresolved, to settle by hand."""
+
+
+def check_json(invocation: Invocation, found: Found | None) -> dict[str, Any]:
+    """The JSON shape of a reconcile by check, as the API answers and `reconcile --check --json` prints it."""
+    view = None if found is None else FoundView(outcome=found.outcome, where=found.where, result=found.result)
+    return CheckReport(invocation=invocation, found=view).model_dump(mode="json")
 
 
 def invocation_json(invocation: Invocation) -> dict[str, Any]:

@@ -26,14 +26,26 @@ from starlette.routing import Route
 from bastion import __version__
 from bastion.errors import BastionError, Conflict, Forbidden, InvalidArguments, NotFound, Unauthenticated
 from bastion.models import STATUSES, Invocation, Principal, utcnow
-from bastion.pipeline.authority import MIN_ID_PREFIX, Outcome, accept_pins, decide, reconcile, visible_invocation
-from bastion.pipeline.seams import Ledger
+from bastion.pipeline.authority import (
+    MIN_ID_PREFIX,
+    STALE_AFTER,
+    Outcome,
+    SourceOf,
+    accept_pins,
+    decide,
+    reconcile,
+    reconcile_by_check,
+    visible_invocation,
+)
+from bastion.pipeline.seams import ActionSource, Ledger
 from bastion.pipeline.views import (
     DEFAULT_LIMIT,
+    CheckReport,
     InvocationDetail,
     PendingInvocation,
     PinView,
     audit_record_json,
+    check_json,
     invocation_detail_json,
     invocation_json,
     pending_invocations,
@@ -96,6 +108,14 @@ class ReconcileRequest(BaseModel):
     note: str | None = None
 
 
+class ReconcileCheckRequest(BaseModel):
+    """Ask the call's source what came of it; the note is kept in the `reconciled` event."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    note: str | None = None
+
+
 class AuditPage(BaseModel):
     """Audit events after the cursor, oldest first, each with its chain hashes and its invocation as stored."""
 
@@ -151,10 +171,12 @@ class Query:
 
 @dataclass(frozen=True)
 class Call:
-    """What a handler gets: the authenticated principal, the ledger and the validated request."""
+    """What a handler gets: the authenticated principal, the ledger, the running sources and the validated
+    request."""
 
     principal: Principal
     ledger: Ledger
+    source_of: SourceOf
     path: dict[str, str]
     query: dict[str, Any]
     body: BaseModel | None
@@ -317,6 +339,19 @@ async def reconcile_invocation(call: Call) -> dict[str, Any]:
     return invocation_json(settled)
 
 
+async def reconcile_invocation_by_check(call: Call) -> dict[str, Any]:
+    assert isinstance(call.body, ReconcileCheckRequest)
+    checked = await reconcile_by_check(
+        call.ledger,
+        call.path["invocation_id"],
+        source_of=call.source_of,
+        principal=call.principal,
+        now=utcnow(),
+        note=call.body.note,
+    )
+    return check_json(checked.invocation, checked.found)
+
+
 async def audit_events(call: Call) -> dict[str, Any]:
     if not call.principal.may_decide:
         raise Forbidden(f"{call.principal.name} has the {call.principal.role} role; the audit trail is for approvers")
@@ -418,6 +453,22 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         "event; answers the updated invocation.",
     ),
     Operation(
+        "POST",
+        "/invocations/{invocation_id}/reconcile/check",
+        "reconcileInvocationByCheck",
+        "Ask the call's source what came of an unknown (or stale executing) call, and record what it found",
+        reconcile_invocation_by_check,
+        CheckReport,
+        refusals=(403, 404, 409, 429, 502),
+        body=ReconcileCheckRequest,
+        description="Owner and admin tokens only, for actions that declare a look-up (provider actions that mark "
+        "what they make: see the README); 422 `invalid_arguments` for any other, to settle by hand with "
+        "POST .../reconcile. 409 when the call is not unknown or executing for more than "
+        f"{STALE_AFTER.total_seconds():g} s. Found: records a `reconciled` event (`how`: `check`, with what was "
+        "found) and answers it with the invocation reconciled. Not found (`found` null): the call is left as it "
+        "was. 502 or 429 when the source cannot be asked now; nothing is recorded.",
+    ),
+    Operation(
         "GET",
         "/audit/events",
         "exportAuditEvents",
@@ -436,13 +487,17 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
 # -- serving ------------------------------------------------------------------------------------------
 
 
-def build_api(ledger: Ledger) -> Starlette:
-    """The application mounted at `/api`."""
-    routes = [Route(op.path, endpoint=_endpoint(op, ledger), methods=[op.method]) for op in OPERATIONS]
+def _no_source(source_id: str) -> ActionSource | None:
+    return None
+
+
+def build_api(ledger: Ledger, source_of: SourceOf = _no_source) -> Starlette:
+    """The application mounted at `/api`; `source_of` gives the running sources (reconcile by check asks them)."""
+    routes = [Route(op.path, endpoint=_endpoint(op, ledger, source_of), methods=[op.method]) for op in OPERATIONS]
     return Starlette(routes=routes, exception_handlers={HTTPException: routing_error})
 
 
-def _endpoint(op: Operation, ledger: Ledger) -> Callable[[Request], Awaitable[Response]]:
+def _endpoint(op: Operation, ledger: Ledger, source_of: SourceOf) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         try:
             principal = principal_of(request.scope)
@@ -451,6 +506,7 @@ def _endpoint(op: Operation, ledger: Ledger) -> Callable[[Request], Awaitable[Re
             call = Call(
                 principal=principal,
                 ledger=ledger,
+                source_of=source_of,
                 path={name: str(request.path_params[name]) for name in op.path_params},
                 query=_parse_query(op.query, request.query_params.multi_items()),
                 body=await _parse_body(op, await request.body()),
@@ -526,7 +582,10 @@ _REFUSALS: Final = {
     410: "The invocation expired before a decision; it is now marked expired.",
     422: "Invalid request: bad JSON, wrong types, unknown fields or query parameters, bad query values; or an id "
     "prefix that starts more than one invocation id (`ambiguous_id`).",
+    429: "The source's API limits its rate (`rate_limited`, with `retry_after`); nothing was recorded.",
     500: "A bug in Bastion; the server log has the details.",
+    502: "The source could not be asked (`connector_unavailable`, `binding_required`, `upstream_error`); nothing "
+    "was recorded: retry, or settle the call by hand.",
 }
 
 

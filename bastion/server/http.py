@@ -238,7 +238,7 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
             Route("/healthz", endpoint=healthz, methods=["GET"]),
             Route(METRICS_PATH, endpoint=metrics.endpoint, methods=["GET"]),
             Route("/api/events", endpoint=events_endpoint(front.gateway.ledger), methods=["GET"]),
-            Mount("/api", app=build_api(front.gateway.ledger)),
+            Mount("/api", app=build_api(front.gateway.ledger, front.gateway.listings.sources.get)),
             *inbox.routes(),
         ],
         lifespan=lifespan,

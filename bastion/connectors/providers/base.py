@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any, Final, Generic, Literal, TypeVar
 
 import anyio
@@ -24,11 +25,11 @@ import mcp_types as types
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from bastion import __version__
-from bastion.actions import ActionSpec, Reconciliation
+from bastion.actions import ActionSpec, Found, Reconciliation
 from bastion.config import ProviderConfig
 from bastion.connectors.providers.api import Api
-from bastion.errors import BastionError, BindingRequired, ConnectorUnavailable, UpstreamError
-from bastion.models import Risk, SourceStatus
+from bastion.errors import BastionError, BindingRequired, ConnectorUnavailable, InvalidArguments, UpstreamError
+from bastion.models import Invocation, Risk, SourceStatus
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +37,17 @@ USER_AGENT: Final = f"bastion/{__version__}"
 CONNECT_TIMEOUT: Final = 10.0
 SCRUBBED: Final = "[REDACTED]"
 
+CLOCK_SKEW: Final = timedelta(minutes=10)
+"""A look-up searches what was made from this long before the invocation was recorded (the API's clock may lag)."""
+
 ChangeFn = Callable[[str], Awaitable[None]]
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+LookUpFn = Callable[[Api, Mapping[str, Any], datetime], Awaitable[Found | None]]
+"""Find what one call made: (the call's view of the API, its arguments as the ledger kept them, the earliest time
+it can have been made). The invocation id is `api.correlation_id`."""
 
 P = TypeVar("P", bound=BaseModel)
+M = TypeVar("M", bound=BaseModel)
 
 
 class Params(BaseModel):
@@ -69,9 +77,14 @@ class ProviderAction(Generic[P]):
     execute: Callable[[Api, P], Awaitable[Output]]
     idempotency_key: bool = False
     """The action is safe to repeat with the same correlation id (it sets a state, or the API takes the key)."""
-    reconcile: Reconciliation = "manual"
-    """`lookup` when what it created carries the correlation id (a marker, a derived id) the API can be searched
-    for."""
+    look_up: LookUpFn | None = None
+    """How to find what a call made by its correlation id (a marker, a derived id) when its outcome is unknown;
+    None when the API offers no way."""
+
+    @property
+    def reconcile(self) -> Reconciliation:
+        """`lookup` when the action has a `look_up`, else an unknown outcome is settled by hand."""
+        return "lookup" if self.look_up is not None else "manual"
 
     def tool(self) -> types.Tool:
         return types.Tool(
@@ -126,6 +139,20 @@ def _untitled(schema: Any) -> Any:
         else:
             kept[key] = _untitled(value)
     return kept
+
+
+def arguments_for(api: Api, model: type[M], arguments: Mapping[str, Any]) -> M:
+    """The fields of `model` read from a call's arguments as the ledger kept them (redacted, maybe truncated: only
+    what a look-up needs is read); InvalidArguments when they are not there."""
+    try:
+        return model.model_validate({k: v for k, v in arguments.items() if k in model.model_fields})
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"]) or "(root)"
+        raise InvalidArguments(
+            f"{api.name}: the ledger's copy of the call's arguments lacks what a look-up needs ({where}: "
+            f"{problem['msg']}); look for it yourself and settle it by hand with --outcome"
+        ) from exc
 
 
 def scrub(value: Any, secret: str) -> Any:
@@ -281,3 +308,33 @@ class ProviderSource:
             content=[types.TextContent(type="text", text=json.dumps(structured, ensure_ascii=False))],
             structured_content=structured,
         )
+
+    async def look_up(self, action_id: str, invocation: Invocation) -> Found | None:
+        """Ask the API what came of `invocation` (see `LookupSource` in bastion.pipeline.seams): the action's
+        `look_up`, within the call timeout, its answer scrubbed of the token. Reads only."""
+        name = f"{self._id}:{action_id}"
+        action = self._definition.by_name.get(action_id)
+        if action is None or action.look_up is None:
+            raise InvalidArguments(
+                f"{name} cannot be looked up: its API offers no way to find a call; settle it by hand with --outcome"
+            )
+        if self._unbound is not None:
+            raise BindingRequired(f"{name} cannot be looked up: {self._unbound}")
+        client = self._client
+        if client is None:
+            raise ConnectorUnavailable(f"provider {self._id} is not running; nothing was asked")
+        api = Api(client, name=name, correlation_id=invocation.id)
+        arguments = invocation.args if isinstance(invocation.args, Mapping) else {}
+        try:
+            with anyio.fail_after(self._call_timeout):
+                found = await action.look_up(api, arguments, invocation.created_at - CLOCK_SKEW)
+        except TimeoutError as exc:
+            wait = f"{self._call_timeout:g} s"
+            raise UpstreamError(f"{name}: the look-up got no answer within {wait}; it changed nothing, retry") from exc
+        except BastionError as exc:
+            exc.message = scrub(exc.message, self._secret)
+            exc.args = (exc.message,)
+            raise
+        if found is None:
+            return None
+        return replace(found, where=scrub(found.where, self._secret), result=scrub(found.result, self._secret))

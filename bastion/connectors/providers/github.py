@@ -3,19 +3,27 @@
 Risks: the lists and gets are `read`; creating an issue, commenting and closing an issue are `write` (a person
 can edit, delete or reopen them); merging a pull request is `danger` (it changes the base branch for everyone,
 and undoing it takes a revert). What Bastion creates carries a hidden marker with the invocation id
-(`<!-- bastion:invocation ID -->` at the end of the body), so an `unknown` outcome can be settled by searching
-for it; every mutating request also sends the id as `Idempotency-Key`.
+(`<!-- bastion:invocation ID -->` at the end of the body), so an `unknown` outcome can be settled by looking for
+it (`bastion invocations reconcile ID --check`); every mutating request also sends the id as `Idempotency-Key`.
+
+A look-up lists the repository's issues (or the issue's comments) updated since the call, newest first (a list,
+not the search API, whose index lags), and reads each body for the marker. Found: the call completed. Not found
+leaves the call unknown: anyone with write access can edit the marker out of a body or delete what was made, and
+the list is bounded (`api.MAX_PAGES` pages), so GitHub cannot say for certain that a call never acted.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import AliasPath, BeforeValidator, Field
 
+from bastion.actions import Found
 from bastion.config import ProviderConfig
-from bastion.connectors.providers.api import Api
-from bastion.connectors.providers.base import Output, Params, ProviderAction, ProviderDefinition
+from bastion.connectors.providers.api import Api, Json
+from bastion.connectors.providers.base import Output, Params, ProviderAction, ProviderDefinition, arguments_for
 
 DEFAULT_BASE_URL: Final = "https://api.github.com"
 API_VERSION: Final = "2022-11-28"
@@ -272,6 +280,48 @@ async def merge_pull_request(api: Api, params: MergePullRequest) -> Merge:
     return api.parse(Merge, await api.json("PUT", path, body=body))
 
 
+# -- look-ups (see the module docstring)
+
+
+def _marked(invocation_id: str) -> Callable[[Json], bool]:
+    """A `keep` for `Api.pages`: the items whose body carries the invocation's marker."""
+    footer = marker(invocation_id)
+    return lambda item: isinstance(item, dict) and footer in (item.get("body") or "")
+
+
+def _since(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _first_marked(api: Api, path: str, query: dict[str, Any]) -> Json | None:
+    """The first item of a list (every page, up to MAX_PAGES) whose body carries the call's marker."""
+    query = {**query, "per_page": 100}
+    found, _ = await api.pages(path, params=query, limit=1, keep=_marked(api.correlation_id))
+    return found[0] if found else None
+
+
+async def find_issue(api: Api, arguments: Mapping[str, Any], since: datetime) -> Found | None:
+    """The issue a `create_issue` call opened, by its marker among the issues updated since the call."""
+    repo = arguments_for(api, RepoParams, arguments)
+    query = {"state": "all", "sort": "created", "direction": "desc", "since": _since(since)}
+    item = await _first_marked(api, f"{repo.path}/issues", query)
+    if item is None:
+        return None
+    issue = api.parse(CreatedIssue, item)
+    return Found("completed", f"issue {repo.owner}/{repo.repo}#{issue.number} ({issue.url})", issue.model_dump())
+
+
+async def find_comment(api: Api, arguments: Mapping[str, Any], since: datetime) -> Found | None:
+    """The comment a `comment_on_issue` call added, by its marker among the issue's comments since the call."""
+    issue = arguments_for(api, GetIssue, arguments)
+    path = f"{issue.path}/issues/{issue.number}/comments"
+    item = await _first_marked(api, path, {"since": _since(since)})
+    if item is None:
+        return None
+    comment = api.parse(Comment, item)
+    return Found("completed", f"comment {comment.id} ({comment.url})", comment.model_dump())
+
+
 ACTIONS: Final[tuple[ProviderAction[Any], ...]] = (
     ProviderAction(
         "list_issues",
@@ -300,7 +350,7 @@ ACTIONS: Final[tuple[ProviderAction[Any], ...]] = (
         CreateIssue,
         CreatedIssue,
         create_issue,
-        reconcile="lookup",
+        look_up=find_issue,
     ),
     ProviderAction(
         "comment_on_issue",
@@ -310,7 +360,7 @@ ACTIONS: Final[tuple[ProviderAction[Any], ...]] = (
         CommentOnIssue,
         Comment,
         comment_on_issue,
-        reconcile="lookup",
+        look_up=find_comment,
     ),
     ProviderAction(
         "close_issue",

@@ -3,7 +3,13 @@
 Risks: listing issues is `read`; creating and updating an issue are `write` (a person can edit, move or delete
 them). A created issue gets an id derived from the invocation id (a UUID in the v4 format Linear asks for), so
 Linear refuses a second creation of the same call and an `unknown` outcome can be settled by asking for that
-id; an update sets values, so it is safe to repeat. Mutations also send the invocation id as `Idempotency-Key`.
+id (`bastion invocations reconcile ID --check`); an update sets values, so it is safe to repeat. Mutations also
+send the invocation id as `Idempotency-Key`.
+
+The look-up is authoritative: Linear finds an issue by its id whether open, archived or in the trash (the query
+includes archived issues), and no issue but the call's own can have that id. Found: the call completed. Not
+found: the call failed (it never created its issue). Only an issue deleted for good from the trash would read as
+never created; check by hand (`--outcome`) if someone may have done that.
 
 GraphQL answers errors in the body (often with HTTP 200): an error with code `RATELIMITED` is `rate_limited`,
 any other is `upstream_error`.
@@ -14,10 +20,13 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, Final
 
 from pydantic import AliasPath, Field
 
+from bastion.actions import Found
 from bastion.config import ProviderConfig
 from bastion.connectors.providers.api import Api, Json, check_status, retry_after
 from bastion.connectors.providers.base import Output, Params, ProviderAction, ProviderDefinition
@@ -66,6 +75,10 @@ class _Node(Output):
 
 class _Nodes(Output):
     nodes: list[_Node]
+
+
+class _Issues(Output):
+    nodes: list[Issue]
 
 
 class _IssueStates(Output):
@@ -214,6 +227,21 @@ async def update_issue(api: Api, params: UpdateIssue) -> Issue:
     return _issue(api, answer.get("issueUpdate"))
 
 
+async def find_issue(api: Api, arguments: Mapping[str, Any], since: datetime) -> Found:
+    """The issue a `create_issue` call created, by the id derived from its invocation id; `failed` when there is
+    none (see the module docstring)."""
+    issue_id = issue_id_for(api.correlation_id)
+    query = (
+        "query Created($id: ID!) { issues(filter: { id: { eq: $id } }, includeArchived: true, first: 1) {"
+        f" nodes {{ {_ISSUE_FIELDS} }} }} }}"
+    )
+    found = api.parse(_Issues, (await graphql(api, query, {"id": issue_id})).get("issues"))
+    if not found.nodes:
+        return Found("failed", f"Linear has no issue with the call's id {issue_id} (archived and trashed included)")
+    issue = found.nodes[0]
+    return Found("completed", f"issue {issue.identifier} ({issue.url})", issue.model_dump())
+
+
 def _issue(api: Api, payload: Any) -> Issue:
     if isinstance(payload, dict) and payload.get("success") is False:
         raise UpstreamError(f"{api.name}: Linear answered that it did not succeed; nothing was changed")
@@ -242,7 +270,7 @@ ACTIONS: Final[tuple[ProviderAction[Any], ...]] = (
         Issue,
         create_issue,
         idempotency_key=True,
-        reconcile="lookup",
+        look_up=find_issue,
     ),
     ProviderAction(
         "update_issue",

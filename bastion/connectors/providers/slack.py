@@ -2,8 +2,14 @@
 
 Risks: listing channels is `read`; posting a message is `write` (it can be edited or deleted, though people may
 have read it). A posted message carries the invocation id in its metadata (`event_type` `bastion_invocation`),
-so an `unknown` outcome can be settled by looking for it in the channel's history; the request also sends the id
-as `Idempotency-Key`.
+so an `unknown` outcome can be settled by looking for it in the channel's history (`bastion invocations reconcile
+ID --check`); the request also sends the id as `Idempotency-Key`.
+
+A look-up reads the channel's history (a reply: its thread's replies) since the call, with message metadata, and
+looks for the call's. Found: the call completed. Not found leaves the call unknown: people can delete a message,
+a workspace's retention can drop it, and the history read is bounded (MAX_PAGES pages), so Slack cannot say for
+certain that a call never posted. A channel given by `#name` is first found by name among the channels the token
+can list.
 
 Slack answers most errors with HTTP 200 and `{"ok": false, "error": "<code>"}`: those are `upstream_error`
 (nothing was posted), `ratelimited` is `rate_limited`.
@@ -11,13 +17,16 @@ Slack answers most errors with HTTP 200 and `{"ok": false, "error": "<code>"}`: 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, Final, Literal
 
 from pydantic import AliasPath, Field
 
+from bastion.actions import Found
 from bastion.config import ProviderConfig
 from bastion.connectors.providers.api import Api, Json, retry_after
-from bastion.connectors.providers.base import Output, Params, ProviderAction, ProviderDefinition
+from bastion.connectors.providers.base import Output, Params, ProviderAction, ProviderDefinition, arguments_for
 from bastion.errors import RateLimited, UpstreamError
 
 DEFAULT_BASE_URL: Final = "https://slack.com/api"
@@ -115,8 +124,7 @@ async def list_channels(api: Api, params: ListChannels) -> ChannelList:
         }
         data = await call(api, "conversations.list", params=query)
         channels.extend(data.get("channels") or [])
-        metadata = data.get("response_metadata")
-        cursor = (metadata.get("next_cursor") if isinstance(metadata, dict) else None) or None
+        cursor = _next_cursor(data)
         if cursor is None or len(channels) >= params.limit:
             break
     truncated = len(channels) > params.limit or cursor is not None
@@ -132,6 +140,70 @@ async def post_message(api: Api, params: PostMessage) -> Posted:
     if params.thread_ts is not None:
         body["thread_ts"] = params.thread_ts
     return api.parse(Posted, await call(api, "chat.postMessage", body=body))
+
+
+class MessagePlace(Params):
+    """Where a `post_message` call posted: what its look-up needs of the call's arguments."""
+
+    channel: str = Field(min_length=1)
+    thread_ts: str | None = None
+
+
+def _next_cursor(data: dict[str, Any]) -> str | None:
+    metadata = data.get("response_metadata")
+    return (metadata.get("next_cursor") if isinstance(metadata, dict) else None) or None
+
+
+async def _channel_id(api: Api, channel: str) -> str:
+    """The id of a channel given by id or `#name` (the history methods take only ids)."""
+    if not channel.startswith("#"):
+        return channel
+    name, cursor = channel.removeprefix("#"), None
+    for _ in range(MAX_PAGES):
+        query = {"types": "public_channel,private_channel", "limit": PAGE_SIZE, "cursor": cursor}
+        data = await call(api, "conversations.list", params=query)
+        for item in data.get("channels") or []:
+            if isinstance(item, dict) and item.get("name") == name and isinstance(item.get("id"), str):
+                return str(item["id"])
+        cursor = _next_cursor(data)
+        if cursor is None:
+            break
+    raise UpstreamError(f"{api.name}: no channel named {channel} is visible to the token; settle it by hand")
+
+
+def _is_the_call(message: Json, invocation_id: str) -> bool:
+    metadata = message.get("metadata") if isinstance(message, dict) else None
+    if not isinstance(metadata, dict) or metadata.get("event_type") != METADATA_EVENT:
+        return False
+    payload = metadata.get("event_payload")
+    return isinstance(payload, dict) and payload.get("invocation_id") == invocation_id
+
+
+async def find_message(api: Api, arguments: Mapping[str, Any], since: datetime) -> Found | None:
+    """The message a `post_message` call posted, by its metadata, in the channel's history (or the thread's
+    replies) since the call."""
+    place = arguments_for(api, MessagePlace, arguments)
+    channel = await _channel_id(api, place.channel)
+    method = "conversations.history" if place.thread_ts is None else "conversations.replies"
+    cursor: str | None = None
+    for _ in range(MAX_PAGES):
+        query = {
+            "channel": channel,
+            "ts": place.thread_ts,
+            "oldest": f"{since.timestamp():.6f}",
+            "include_all_metadata": "true",
+            "limit": PAGE_SIZE,
+            "cursor": cursor,
+        }
+        data = await call(api, method, params=query)
+        for message in data.get("messages") or []:
+            if _is_the_call(message, api.correlation_id):
+                posted = api.parse(Posted, {"channel": channel, "ts": message.get("ts"), "message": message})
+                return Found("completed", f"message {posted.ts} in channel {channel}", posted.model_dump())
+        cursor = _next_cursor(data)
+        if cursor is None:
+            break
+    return None
 
 
 ACTIONS: Final[tuple[ProviderAction[Any], ...]] = (
@@ -154,7 +226,7 @@ ACTIONS: Final[tuple[ProviderAction[Any], ...]] = (
         PostMessage,
         Posted,
         post_message,
-        reconcile="lookup",
+        look_up=find_message,
     ),
 )
 
