@@ -148,7 +148,7 @@ async def test_a_github_call_that_never_reached_the_api_is_left_unknown_by_check
     assert events[-1].kind == "unknown", "nothing is recorded when nothing certain was found"
 
 
-async def test_a_linear_issue_created_though_its_answer_was_lost_is_completed_and_one_never_created_is_failed(
+async def test_a_linear_issue_made_though_its_answer_was_lost_is_completed_and_one_never_made_is_failed_once_stale(
     tmp_path: Path,
 ) -> None:
     fake = FakeLinear()
@@ -161,12 +161,14 @@ async def test_a_linear_issue_created_though_its_answer_was_lost_is_completed_an
         assert len(fake.issues) == 1
 
         completed = await bastion_.check(created.id)
-        failed = await bastion_.check(lost.id)
+        too_soon = await bastion_.check(lost.id)  # a request lost a moment ago may still be applied
+        failed = await bastion_.check(lost.id, stale_after=timedelta(0))
         events = await bastion_.gateway.ledger.invocations.events(lost.id)
 
     assert completed.invocation.status == "completed"
     assert completed.found is not None and completed.found.result["identifier"] == "ENG-1"
     assert "ENG-1" in completed.found.where
+    assert (too_soon.found, too_soon.invocation.status) == (None, "unknown")
     assert failed.found is not None and failed.found.outcome == "failed"
     assert (failed.invocation.status, failed.invocation.error_class) == ("failed", "upstream_error")
     assert events[-1].kind == "reconciled"

@@ -192,8 +192,8 @@ async def reconcile_by_check(
     `reconcile` does, the `reconciled` event saying it was found by check and what. The call must be unknown, or
     executing and not updated for `stale_after` (Conflict otherwise), and its action must declare
     `reconcile = "lookup"` (InvalidArguments otherwise, naming the fix: by hand). Nothing found that the source
-    can be sure of leaves the call as it is (`found` None). The source's errors (unavailable, rate limited...)
-    leave it too."""
+    can be sure of leaves the call as it is (`found` None), and so does "nothing was made" for a call updated within
+    `stale_after`. The source's errors (unavailable, rate limited...) leave it too."""
     _require_approver(principal, invocation_id)
     invocation_id = await resolve_invocation_id(ledger.invocations, invocation_id, principal)
     invocation = await ledger.invocations.get(invocation_id)
@@ -225,7 +225,9 @@ async def reconcile_by_check(
             invocation_id=invocation_id,
         )
     found = await asked.look_up(invocation.action_id, invocation)
-    if found is None:
+    if found is None or (found.outcome == "failed" and invocation.updated_at > now - stale_after):
+        # Nothing made is certain only once the call has been left alone long enough: a request that timed out
+        # a moment ago may still be applied by the downstream.
         return Checked(invocation, None)
     settled = await reconcile(
         ledger,
