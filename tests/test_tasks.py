@@ -248,3 +248,32 @@ async def test_a_host_without_the_extension_still_blocks_until_the_decision(tmp_
         (result,) = results
         assert not result.is_error
         assert structured(result) == {"echo": {"text": "hello"}}
+
+
+async def test_a_task_outlives_the_bastion_process_that_created_it(tmp_path: Any) -> None:
+    async with live(tmp_path) as first:
+        agent = await first.token("ci-agent", "agent")
+        async with host(first, agent) as client:
+            handle = await call_as_task(client, "fx__echo", {"text": "hello"})
+        assert isinstance(handle, TaskHandle)
+    async with live(tmp_path) as second:  # the same ledger, read by a new process
+        async with host(second, agent) as client:
+            assert (await get_task(client, handle.task_id)).status == "working"
+            await decide(second, handle.task_id, "deny")
+            done = await settled(second, client, handle.task_id)
+        assert done.status == "completed"
+        assert done.result is not None
+        assert structured(types.CallToolResult.model_validate(done.result))["error"]["class"] == "approval_denied"
+
+
+async def test_a_2025_11_25_host_is_not_served_tasks(tmp_path: Any) -> None:
+    async with live(tmp_path) as bastion:
+        bastion.gateway.desk.wait_without_progress_seconds = 0
+        agent = await bastion.token("ci-agent", "agent")
+        async with bastion.client(agent) as client:  # a legacy (handshake) session
+            with anyio.fail_after(WAIT):
+                result = await client.call_tool("fx__echo", {"text": "hello"})
+            assert structured(result)["error"]["class"] == "approval_pending"
+            with pytest.raises(MCPError) as refused:
+                await get_task(client, structured(result)["error"]["invocation_id"])
+            assert refused.value.code == types.METHOD_NOT_FOUND
