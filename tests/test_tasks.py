@@ -1,21 +1,24 @@
 """MCP tasks (SEP-2663) for calls that wait for approval (issue 14): a 2026-07-28 host that declares the extension gets
 a task handle at once, polls it with `tasks/get` and may withdraw it with `tasks/cancel`; other hosts keep blocking.
 
-The host is the SDK's own client over streamable HTTP on loopback, declaring the extension with a `ClientExtension`
-that claims the `task` result shape; `tasks/*` go through its session's `send_request`.
+The host is the SDK's own client, over streamable HTTP on loopback (and over stdio to a `bastion serve` process),
+declaring the extension with a `ClientExtension` that claims the `task` result shape; `tasks/*` go through its
+session's `send_request`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import anyio
 import httpx2
 import mcp_types as types
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -23,7 +26,11 @@ from pydantic import ConfigDict
 
 from bastion.server.tasks import EXTENSION_ID
 from tests.approvers import Bastion, live, structured
+from tests.processes import bastion_command
 from tests.test_api import WAIT
+from tests.test_e2e_approvals import configured, decide_from_another_process, one, watching
+
+__all__ = ["configured"]  # a fixture (a configuration for `bastion serve`), used here by name
 
 pytestmark = pytest.mark.anyio
 
@@ -277,3 +284,32 @@ async def test_a_2025_11_25_host_is_not_served_tasks(tmp_path: Any) -> None:
             with pytest.raises(MCPError) as refused:
                 await get_task(client, structured(result)["error"]["invocation_id"])
             assert refused.value.code == types.METHOD_NOT_FOUND
+
+
+async def test_a_host_over_stdio_gets_a_task_that_an_approval_from_another_process_completes(
+    configured: tuple[Path, Path, dict[str, str]],
+) -> None:
+    config, notes, env = configured
+    argv = bastion_command("serve", "--config", str(config))
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=env)
+    arguments = {"name": "todo", "text": "call mum"}
+    async with (
+        Client(params, mode="2026-07-28", cache=None, extensions=[Tasks()]) as client,
+        watching(config) as ledger,
+    ):
+        await client.list_tools()
+        with anyio.fail_after(WAIT):
+            handle = await call_as_task(client, "notes__write_note", arguments)
+        assert isinstance(handle, TaskHandle)
+        assert handle.task_id == (await one(ledger, "pending")).id
+        assert (await get_task(client, handle.task_id)).status == "working"
+        code, output = await decide_from_another_process(config, env, "approve", handle.task_id)
+        assert code == 0, output
+        with anyio.fail_after(WAIT):
+            while (done := await get_task(client, handle.task_id)).status == "working":
+                with anyio.move_on_after(0.5):  # the ledger's change feed wakes this on the other process's commit
+                    await ledger.changes.next(ledger.changes.cursor)
+    assert done.status == "completed"
+    assert done.result is not None
+    assert not types.CallToolResult.model_validate(done.result).is_error
+    assert json.loads(notes.read_text())["todo"] == "call mum"
