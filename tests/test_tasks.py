@@ -145,6 +145,11 @@ async def test_a_call_needing_approval_returns_a_task_that_completes_with_the_re
 
             await decide(bastion, handle.task_id, "approve")
             done = await settled(bastion, client, handle.task_id)
+            # Too late to take back: acknowledged, and the task stays as it ended.
+            await client.session.send_request(
+                CancelTask(params=TaskRequestParams(task_id=handle.task_id)), types.EmptyResult
+            )
+            assert (await get_task(client, handle.task_id)).status == "completed"
         assert done.status == "completed"
         assert done.result is not None
         result = types.CallToolResult.model_validate(done.result)

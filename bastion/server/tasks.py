@@ -69,18 +69,12 @@ class UpdateTaskParams(types.RequestParams):
 
 
 def declared(ctx: ServerRequestContext[Any]) -> bool:
-    """Whether this request is 2026-07-28 and declares the tasks extension (per request: never inferred from an
-    earlier one)."""
+    """Whether this request is 2026-07-28 and declares the tasks extension in its own `_meta` (capabilities are
+    per request there: never inferred from an earlier one)."""
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
         return False
     capabilities = (ctx.meta or {}).get(CLIENT_CAPABILITIES_META_KEY)
-    if isinstance(capabilities, types.ClientCapabilities):
-        extensions: Any = capabilities.extensions
-    elif isinstance(capabilities, Mapping):
-        extensions = cast(Mapping[str, Any], capabilities).get("extensions")
-    else:
-        client = ctx.session.client_capabilities
-        extensions = client.extensions if client is not None else None
+    extensions = cast(Mapping[str, Any], capabilities).get("extensions") if isinstance(capabilities, Mapping) else None
     return isinstance(extensions, Mapping) and EXTENSION_ID in extensions
 
 
