@@ -27,9 +27,12 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed
 	$(BIN)/bastion serve --transport http --host $(HOST) --port $(PORT)
 
-## test: lint, type-check and run every test (the MCP Inspector test needs the tools below)
+# Test workers (pytest-xdist): one per core, at most four; `make test WORKERS=0` runs in one process.
+WORKERS ?= auto --maxprocesses 4
+
+## test: lint, type-check and run every test on every core (the MCP Inspector test needs the tools below)
 test: lint tools
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(WORKERS)
 
 ## tools: Node 22, the MCP conformance suite and the MCP Inspector into .tools/ at pinned versions (tests/tools.py)
 tools: $(VENV)/.installed
