@@ -12,7 +12,7 @@ from typing import Any, Final, Literal
 
 from bastion.actions import Found
 from bastion.errors import AmbiguousId, Conflict, ConnectorUnavailable, Forbidden, InvalidArguments, NotFound
-from bastion.models import Invocation, Pin, Principal, Status
+from bastion.models import Invocation, InvocationEvent, Pin, Principal, Status
 from bastion.pipeline.grants import Grants, Scope
 from bastion.pipeline.seams import ActionSource, InvocationStore, Ledger, LookupSource
 
@@ -98,6 +98,30 @@ async def decide(
     if grants is not None and scope != "once":
         grants.grant(decided, scope, by=principal.name, now=now)
     return decided
+
+
+PENDING: Final[tuple[Status, ...]] = ("pending",)
+WITHDRAWN: Final = "withdrawn"
+"""The mark, in the `denied` event's detail, of a call withdrawn by the principal that made it (not an approver)."""
+
+
+async def withdraw(ledger: Ledger, invocation: Invocation, *, principal: str | None, how: str) -> Invocation | None:
+    """The principal that made a pending call takes it back: recorded `denied` (a refusal only takes power away, so
+    the caller may make it, unlike an approval), its event marked WITHDRAWN. None when it is no longer pending
+    (whoever came first won). The caller must have checked that `invocation` is `principal`'s own."""
+    by = principal or "its caller"
+    return await ledger.invocations.transition(
+        invocation.id,
+        from_statuses=PENDING,
+        to="denied",
+        detail={"by": by, "reason": f"withdrawn with {how}", WITHDRAWN: True},
+        fields={"error_class": "approval_denied", "error_message": f"withdrawn by {by} with {how}"},
+    )
+
+
+def was_withdrawn(events: list[InvocationEvent]) -> bool:
+    """Whether a denied invocation was withdrawn by its caller (`withdraw`) rather than denied by an approver."""
+    return any(event.kind == "denied" and event.detail.get(WITHDRAWN) is True for event in events)
 
 
 async def accept_pins(ledger: Ledger, *, principal: Principal, source_id: str, action_id: str | None) -> list[Pin]:

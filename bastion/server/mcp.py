@@ -34,7 +34,7 @@ from bastion.pipeline.approvals import AwaitingInput
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.listings import ListingKind
 from bastion.pipeline.seams import ProgressFn, Relay
-from bastion.server import inline
+from bastion.server import inline, tasks
 from bastion.server.auth import principal_of
 from bastion.server.content import ContentHandlers
 from bastion.server.errors import tool_result
@@ -104,7 +104,6 @@ class FrontDoor:
             lifespan=background,
             get_tool_input_schema=self._input_schema,
             on_list_tools=self._list_tools,
-            on_call_tool=self._answer_call,
             on_list_resources=content.list_resources,
             on_list_resource_templates=content.list_resource_templates,
             on_read_resource=content.read_resource,
@@ -115,12 +114,19 @@ class FrontDoor:
             on_get_prompt=content.get_prompt,
             on_completion=content.complete,
         )
+        # Registered as a request handler, not with `on_call_tool`: its answer may also be a task handle (SEP-2663).
+        self.server.add_request_handler("tools/call", types.CallToolRequestParams, self._answer_call)
         # Not the constructor argument, which warns: logging is deprecated at 2026-07-28, yet 2025-era hosts use it.
         self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, content.set_logging_level)
         self.server.add_notification_handler("notifications/initialized", types.NotificationParams, self._initialized)
         # Seals the request_state of inline approvals on 2026-07-28, so a host cannot forge one.
         self.server.middleware.append(
             RequestStateBoundary(RequestStateSecurity.ephemeral(), default_audience="bastion")
+        )
+        # SEP-2663 tasks: `tasks/get` and the like, and the extension in the capabilities (see `_call_tool`).
+        tasks.install(
+            self.server,
+            tasks.TasksExtension(gateway.ledger, context_of=self._context, declares_output=self._declares_output),
         )
         gateway.on_listings_changed(self.notify_listings_changed)
 
@@ -148,7 +154,7 @@ class FrontDoor:
 
     async def _answer_call(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult | types.InputRequiredResult:
+    ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
         self._answering += 1
         try:
             return await self._call_tool(ctx, params)
@@ -159,7 +165,9 @@ class FrontDoor:
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult | types.InputRequiredResult:
+    ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
+        """Run one call through the gateway. A call held for approval blocks (with heartbeats), or asks the host's
+        user inline, or, for a request that declares the tasks extension, answers at once with a task handle."""
         context = self._context(ctx)
         progress_token = ctx.meta.get("progress_token") if ctx.meta else None
 
@@ -171,6 +179,7 @@ class FrontDoor:
         logger.debug("tools/call %s arguments %s", params.name, arguments)  # redacted by the CLI's log handler
         if self.gateway.catalog.get(params.name) is None:  # maybe a tool of a source still starting
             await self.gateway.first_listings()
+        tasked = False
         try:
             hashed = self.gateway.hash_args(arguments)
             if params.request_state is not None:
@@ -182,6 +191,7 @@ class FrontDoor:
                     await inline.apply(self.gateway, invocation_id, answer, context.session_id)
                 return await self.gateway.resume(invocation_id, on_progress=on_progress)
             asking = self._inline_approval(ctx, context)
+            tasked = asking is None and tasks.declared(ctx)
 
             async def ask(invocation: Invocation) -> None:
                 await inline.ask_over_back_channel(ctx, self.gateway, invocation, arguments)
@@ -193,7 +203,7 @@ class FrontDoor:
                     context,
                     on_progress=on_progress,
                     on_pending=ask if asking == "back_channel" else None,
-                    defer=asking == "in_result",
+                    defer=asking == "in_result" or tasked,
                     relay=relay,
                 )
 
@@ -201,6 +211,8 @@ class FrontDoor:
                 ctx, call, tool=params.name, args_hash=hashed, with_progress=progress_token is not None
             )
         except AwaitingInput as waiting:
+            if tasked:
+                return tasks.created(waiting.invocation)
             return inline.input_required(waiting.invocation, arguments)
         except BastionError as exc:
             return tool_result(exc, output_schema=self._declares_output(params.name))
