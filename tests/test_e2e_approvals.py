@@ -77,18 +77,6 @@ async def decide_from_another_process(config: Path, env: dict[str, str], *args: 
     return result.returncode, (result.stdout + result.stderr).decode()
 
 
-@pytest.fixture
-def configured(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
-    notes = tmp_path / "notes.json"
-    notes.write_text(json.dumps({"groceries": "milk"}))
-    config = write_config(tmp_path / "config", notes_file=notes, time_server=False)
-    (config / "bastion.toml").write_text(
-        '[server]\nledger = "sqlite:///state/ledger.db"\nstartup_wait_seconds = 20\n'
-        "[approvals]\nheartbeat_seconds = 0.2\nexpiry_seconds = 60\n"
-    )
-    return config, notes, bastion_env(tmp_path / "home")
-
-
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_a_blocked_call_is_released_by_an_approval_from_another_process(
     configured: tuple[Path, Path, dict[str, str]], mode: str

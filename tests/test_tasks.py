@@ -28,9 +28,7 @@ from bastion.server.tasks import EXTENSION_ID
 from tests.approvers import Bastion, live, structured
 from tests.processes import bastion_command
 from tests.test_api import WAIT
-from tests.test_e2e_approvals import configured, decide_from_another_process, one, watching
-
-__all__ = ["configured"]  # a fixture (a configuration for `bastion serve`), used here by name
+from tests.test_e2e_approvals import decide_from_another_process, one, watching
 
 pytestmark = pytest.mark.anyio
 
