@@ -37,7 +37,7 @@ from bastion.errors import BastionError, ConfigError, HostNotAllowed, OriginNotA
 from bastion.ledger import guarantee_of
 from bastion.models import SourceStatus
 from bastion.pipeline.seams import TokenStore
-from bastion.server.api import build_api, routing_error
+from bastion.server.api import build_api
 from bastion.server.approver import APPROVER_PATH, ApproverEndpoint
 from bastion.server.auth import BearerAuth
 from bastion.server.errors import http_response
@@ -45,6 +45,7 @@ from bastion.server.events import events_endpoint
 from bastion.server.inbox import Inbox
 from bastion.server.mcp import FrontDoor
 from bastion.server.metrics import METRICS_PATH, Metrics
+from bastion.server.rest import routing_error
 
 logger = logging.getLogger(__name__)
 
