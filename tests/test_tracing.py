@@ -4,21 +4,35 @@ through an in-process Bastion (tests/harness.py) to its downstream."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import anyio
 import mcp_types as types
 import pytest
+from mcp import Client
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from bastion import tracing
 from bastion.models import utcnow
+from bastion.server.tracing import export_endpoint, exporting_traces
 from tests.harness import harness
+from tests.processes import bastion_env, bastion_http, write_config
 from tests.providers import ScriptedApi, ok
+from tests.test_api import WAIT, serving
 from tests.test_approvals import FAST, wait_pending
 from tests.test_gateway_providers import LIST, bastion, github
 
@@ -154,3 +168,65 @@ async def test_a_providers_http_request_has_a_span_under_the_downstream_call_and
     assert (attributes["http.request.method"], attributes["http.response.status_code"]) == ("GET", 200)
     _, trace_id, span_id, _ = api.last.headers["traceparent"].split("-")
     assert (trace_id, span_id) == (f"{request.context.trace_id:032x}", f"{request.context.span_id:016x}")
+
+
+# -- bastion serve: export over OTLP/HTTP --------------------------------------------------------------------
+
+
+@dataclass
+class Collector:
+    """An OTLP/HTTP trace collector: keeps every span it is sent."""
+
+    spans: list[Span] = field(default_factory=list)
+    services: set[str] = field(default_factory=set)
+
+    async def export(self, request: Request) -> Response:
+        export = ExportTraceServiceRequest.FromString(await request.body())
+        for resource in export.resource_spans:
+            names = [a.value.string_value for a in resource.resource.attributes if a.key == "service.name"]
+            self.services.update(names)
+            for scope in resource.scope_spans:
+                self.spans.extend(scope.spans)
+        return Response(ExportTraceServiceResponse().SerializeToString(), media_type="application/x-protobuf")
+
+    def named(self, prefix: str) -> Span:
+        (found,) = [span for span in self.spans if span.name.startswith(prefix)]
+        return found
+
+
+async def test_bastion_serve_exports_its_spans_and_the_sdks_in_the_hosts_trace_when_the_otlp_endpoint_is_set(
+    tmp_path: Path,
+) -> None:
+    collector = Collector()
+    app = Starlette(routes=[Route("/v1/traces", collector.export, methods=["POST"])])
+    config = write_config(tmp_path / "config", notes_file=tmp_path / "notes.json", time_server=False)
+    meta = cast(types.RequestParamsMeta, {"traceparent": f"00-{HOST_TRACE}-{HOST_SPAN}-01"})
+    async with serving(app) as endpoint:
+        env = bastion_env(tmp_path / "home", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_SERVICE_NAME="gw-7")
+        async with bastion_http(["--config", str(config)], env=env) as running:
+            with anyio.fail_after(WAIT):
+                async with Client(running.mcp_url, mode="legacy", cache=None) as client:
+                    assert not (await client.call_tool("notes__list_notes", {}, meta=meta)).is_error
+        # Stopped (SIGTERM): the spans not sent yet were sent before it exited.
+
+    assert collector.services == {"gw-7"}
+    call = collector.named("bastion.call notes__list_notes")
+    assert call.trace_id.hex() == HOST_TRACE
+    server = collector.named("tools/call notes__list_notes")  # the MCP SDK's span of the host's request
+    assert (server.parent_span_id.hex(), call.parent_span_id) == (HOST_SPAN, server.span_id)
+    downstream = collector.named("bastion.downstream notes:list_notes")
+    assert downstream.parent_span_id == call.span_id
+    sent = collector.named("MCP send tools/call list_notes")  # the SDK's span of the request to the downstream
+    assert sent.parent_span_id == downstream.span_id
+    attributes = {a.key: a.value.string_value for a in call.attributes}
+    assert (attributes[tracing.POLICY_KEY], attributes[tracing.STATUS]) == ("notes:list_notes", "completed")
+
+
+def test_no_export_is_set_up_without_an_endpoint_or_when_the_sdk_is_disabled() -> None:
+    assert export_endpoint({}) is None
+    assert export_endpoint({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}) is None
+    assert export_endpoint({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none"}) is None
+    both = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t/v1/traces"}
+    assert export_endpoint(both) == "http://t/v1/traces"
+    with exporting_traces({}) as provider:
+        assert provider is None
