@@ -52,6 +52,9 @@ def exporting_traces(environ: Mapping[str, str] = os.environ) -> Iterator[Tracer
     resource = Resource.create({SERVICE_VERSION: __version__})
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    if protocol and protocol.strip().lower() != "http/protobuf":
+        logger.warning("OTLP protocol %r is not offered: Bastion sends traces over http/protobuf", protocol)
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
