@@ -1,10 +1,11 @@
 """OpenTelemetry spans of Bastion's calls (issue 16): the attribute names, named once, and the spans the pipeline
 and the connectors open.
 
-Only the OpenTelemetry API is used here. Until a tracer provider is set (`bastion serve` sets one when the OTLP
-environment variables ask for it, see `bastion.server.tracing`) every span is the API's no-op, which still carries
-a host's trace context through to the downstreams. Spans carry ids, keys, modes and statuses with the values the
-ledger records, never arguments or results (they may hold secrets), nor error messages (they may quote a downstream).
+Only the OpenTelemetry API is used here. Until `use_provider` gives a tracer provider (`bastion serve` does when the
+OTLP environment variables ask for it, see `bastion.server.tracing`) no span is opened at all: an API no-op span
+still costs microseconds on every call, and the MCP SDK's own no-op spans already carry a host's trace context
+through to the downstreams. Spans carry ids, keys, modes and statuses with the values the ledger records,
+never arguments or results (they may hold secrets), nor error messages (they may quote a downstream).
 """
 
 from __future__ import annotations
@@ -63,13 +64,15 @@ ERROR_CLASS: Final = "bastion.error.class"
 """The error class of DESIGN.md §7 (`policy_denied`, `unknown_outcome`, ...), as the ledger records it."""
 
 _TRACER_NAME: Final = "bastion"
-_tracer = trace.get_tracer(_TRACER_NAME, __version__)
+_tracer: trace.Tracer = trace.NoOpTracer()
+_enabled = False
 
 
 def use_provider(provider: TracerProvider | None) -> None:
-    """Trace with `provider` rather than the global one (None: the global one again), e.g. a test's own."""
-    global _tracer
-    _tracer = trace.get_tracer(_TRACER_NAME, __version__, tracer_provider=provider)
+    """Open spans with `provider` (`bastion serve`'s, a test's own, an embedder's global one); None: open none."""
+    global _tracer, _enabled
+    _tracer = trace.NoOpTracer() if provider is None else provider.get_tracer(_TRACER_NAME, __version__)
+    _enabled = provider is not None
 
 
 def invocation_attributes(invocation: Invocation) -> dict[str, AttributeValue]:
@@ -110,7 +113,10 @@ def span(
     parent: Context | None = None,
 ) -> Iterator[Span]:
     """A span, current for the block (a child of `parent`, else of the current span); an exception leaving the
-    block marks it failed (see `fail`)."""
+    block marks it failed (see `fail`). Without a tracer provider, the invalid span, which records nothing."""
+    if not _enabled:
+        yield trace.INVALID_SPAN
+        return
     with _tracer.start_as_current_span(
         name, context=parent, kind=kind, attributes=attributes, record_exception=False, set_status_on_exception=False
     ) as current:

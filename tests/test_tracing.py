@@ -230,3 +230,14 @@ def test_no_export_is_set_up_without_an_endpoint_or_when_the_sdk_is_disabled() -
     assert export_endpoint(both) == "http://t/v1/traces"
     with exporting_traces({}) as provider:
         assert provider is None
+
+
+async def test_without_a_tracer_provider_no_span_is_opened_and_the_hosts_trace_context_still_reaches_the_downstream(
+    tmp_path: Path,
+) -> None:
+    meta = cast(types.RequestParamsMeta, {"traceparent": f"00-{HOST_TRACE}-{HOST_SPAN}-01"})
+    async with harness(tmp_path, modes={"fx:echo": "allow"}, mode="legacy", downstream="streams") as h:
+        with tracing.span("bastion.call fx__echo") as span:
+            assert not span.is_recording()
+        assert not (await h.client.call_tool("fx__echo", {"text": "hi"}, meta=meta)).is_error
+    assert h.fixture.calls[0].meta["traceparent"].split("-")[1] == HOST_TRACE

@@ -22,7 +22,7 @@ from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from bastion import __version__
+from bastion import __version__, tracing
 from bastion.config.models import display_url
 
 logger = logging.getLogger(__name__)
@@ -57,9 +57,11 @@ def exporting_traces(environ: Mapping[str, str] = os.environ) -> Iterator[Tracer
         logger.warning("OTLP protocol %r is not offered: Bastion sends traces over http/protobuf", protocol)
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    trace.set_tracer_provider(provider)
+    trace.set_tracer_provider(provider)  # the MCP SDK's spans too
+    tracing.use_provider(provider)
     logger.info("exporting traces over OTLP/HTTP to %s", display_url(endpoint))
     try:
         yield provider
     finally:
+        tracing.use_provider(None)
         provider.shutdown()
