@@ -111,9 +111,11 @@ def span(
     kind: SpanKind = SpanKind.INTERNAL,
     attributes: Mapping[str, AttributeValue] | None = None,
     parent: Context | None = None,
+    not_failures: tuple[type[BaseException], ...] = (),
 ) -> Iterator[Span]:
     """A span, current for the block (a child of `parent`, else of the current span); an exception leaving the
-    block marks it failed (see `fail`). Without a tracer provider, the invalid span, which records nothing."""
+    block marks it failed (see `fail`), unless it is one of `not_failures`. Without a tracer provider, the invalid
+    span, which records nothing."""
     if not _enabled:
         yield trace.INVALID_SPAN
         return
@@ -122,6 +124,8 @@ def span(
     ) as current:
         try:
             yield current
+        except not_failures:
+            raise
         except BaseException as exc:
             fail(current, exc)
             raise

@@ -35,6 +35,7 @@ from tests.providers import ScriptedApi, ok
 from tests.test_api import WAIT, serving
 from tests.test_approvals import FAST, wait_pending
 from tests.test_gateway_providers import LIST, bastion, github
+from tests.test_inline_approval import LOCAL, Answers
 
 pytestmark = pytest.mark.anyio
 
@@ -241,3 +242,16 @@ async def test_without_a_tracer_provider_no_span_is_opened_and_the_hosts_trace_c
             assert not span.is_recording()
         assert not (await h.client.call_tool("fx__echo", {"text": "hi"}, meta=meta)).is_error
     assert h.fixture.calls[0].meta["traceparent"].split("-")[1] == HOST_TRACE
+
+
+async def test_a_call_answered_with_an_input_request_is_not_a_failure_and_its_approved_run_stays_in_its_trace(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    answers = Answers("accept", {"decision": "approve", "reason": "fine"})
+    async with harness(tmp_path, profiles=LOCAL, profile="local", mode="auto", elicitation=answers) as h:
+        assert not (await h.call("fx__progress")).is_error  # 2026-07-28: input required, then resumed
+
+    call = named(spans, "bastion.call fx__progress")
+    assert call.status.status_code is StatusCode.UNSET
+    assert cast(dict[str, Any], named(spans, "bastion.approval").attributes)[tracing.STATUS] == "approved"
+    assert parent_of(named(spans, "bastion.downstream fx:progress")) == call.context.span_id

@@ -40,7 +40,7 @@ from bastion.errors import (
     UpstreamError,
 )
 from bastion.models import CallContext, Invocation, ModeDecision, Risk, SourceStatus, utcnow
-from bastion.pipeline.approvals import ApprovalDesk, PendingFn, Progress
+from bastion.pipeline.approvals import ApprovalDesk, AwaitingInput, PendingFn, Progress
 from bastion.pipeline.catalog import Catalog, CatalogEntry
 from bastion.pipeline.grants import Grants
 from bastion.pipeline.instances import Instance
@@ -250,7 +250,7 @@ class Gateway:
         call() is waiting for it (a call resumed later by `resume` runs without one).
         One span covers the call (`bastion.call <tool>`), a child of the host's trace context, if it sent one.
         """
-        with tracing.span(f"bastion.call {name}") as span:
+        with tracing.span(f"bastion.call {name}", not_failures=(AwaitingInput,)) as span:
             return await self._call(name, arguments, context, span, on_progress, on_pending, defer, relay)
 
     async def _call(
