@@ -1,25 +1,9 @@
 """Configuration (DESIGN.md §8): the models of what the files say (`models`), the loading of a configuration
-directory with file:line problems (`loader`; bastion.toml's `[providers.<id>]` tables in `providers`), and the
+directory with file:line problems (`loader`; bastion.toml's `[providers.<id>]` tables in `providers`), where it
+and its state live and the starter directory (`places`), and the
 TOML position scanner behind those lines (`tomlpos`)."""
 
-from bastion.config.loader import (
-    CONFIG_ENV_VAR,
-    CONFIG_FILE,
-    POSTGRES_PREFIXES,
-    PYTHON_COMMAND,
-    SQLITE_PREFIX,
-    STARTER_FILES,
-    config_hint,
-    config_option,
-    default_state_dir,
-    embedded_default,
-    find_config_dir,
-    init_config_dir,
-    is_postgres_url,
-    load_config,
-    sqlite_path,
-    validate_profile,
-)
+from bastion.config.loader import load_config, validate_profile
 from bastion.config.models import (
     PROVIDER_KINDS,
     ApprovalSettings,
@@ -42,6 +26,22 @@ from bastion.config.models import (
     ToolPin,
     WebhookSettings,
     host_name,
+)
+from bastion.config.places import (
+    CONFIG_ENV_VAR,
+    CONFIG_FILE,
+    POSTGRES_PREFIXES,
+    PYTHON_COMMAND,
+    SQLITE_PREFIX,
+    STARTER_FILES,
+    config_hint,
+    config_option,
+    default_state_dir,
+    embedded_default,
+    find_config_dir,
+    init_config_dir,
+    is_postgres_url,
+    sqlite_path,
 )
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Loading a configuration directory (DESIGN.md §8): discovery, parsing, validation, policy merging, `init`.
+"""Loading a configuration directory (DESIGN.md §8): parsing, validation and policy merging (finding it, the
+embedded default and `init` are in `places`).
 
 Loading never raises for what a file says: every problem becomes a `ConfigIssue` with its file, line and
 fix, every file is checked in the same pass, and a broken file never stops the others (DESIGN.md §7).
@@ -9,13 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import sys
 import tomllib
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Final, TypeVar, Union, get_args, get_origin
 
@@ -34,6 +33,16 @@ from bastion.config.models import (
     Settings,
     SourcesPolicy,
 )
+from bastion.config.places import (
+    CONFIG_FILE,
+    PYTHON_COMMAND,
+    SQLITE_PREFIX,
+    embedded_default,
+    existing_config_dir,
+    is_postgres_url,
+    ledger_key,
+    sqlite_path,
+)
 from bastion.config.providers import is_credential, load_providers
 from bastion.config.tomlpos import (
     MAX_NESTING,
@@ -49,18 +58,6 @@ from bastion.errors import ConfigError
 from bastion.models import MANIFEST_SOURCE_ID, MODES, PLUGIN_SOURCE_ID, PolicyRule
 from bastion.policies import strictness
 
-# -- discovery
-
-CONFIG_FILE: Final = "bastion.toml"
-CONFIG_ENV_VAR: Final = "BASTION_CONFIG"
-PYTHON_COMMAND: Final = "python"
-"""A connector `command` of exactly this runs the interpreter that runs Bastion (`sys.executable`)."""
-STARTER_FILES: Final = ("bastion.toml", "connectors/notes.toml", "policies/default.toml")
-
-SQLITE_PREFIX: Final = "sqlite:///"
-POSTGRES_PREFIXES: Final = ("postgresql://", "postgres://")
-DEFAULT_POSTGRES_KEY: Final = "state/ledger.key"
-"""Where a PostgreSQL ledger's key of argument hashes is kept, relative to the config directory, by default."""
 _ENV_REFERENCE: Final = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_START: Final = "${env:"
 _SOURCE_ID: Final = re.compile(r"^[a-z0-9_-]+$")
@@ -69,87 +66,6 @@ _TOO_DEEP: Final = (
     f"values nest deeper than {MAX_NESTING} levels here (tables, arrays and dotted keys count alike); "
     "flatten them (this file is ignored until then)"
 )
-
-
-def find_config_dir(explicit: Path | None, *, env: Mapping[str, str], cwd: Path, home: Path) -> Path | None:
-    """The configuration directory in DESIGN.md §8 order, or None for the embedded default.
-
-    `--config` and `$BASTION_CONFIG` must name an existing directory: a typo there must not silently
-    fall back to another configuration.
-    """
-    if explicit is not None:
-        return _existing_dir(cwd / _expand_home(explicit, home), "--config")
-    from_env = env.get(CONFIG_ENV_VAR, "")
-    if from_env:
-        return _existing_dir(cwd / _expand_home(Path(from_env), home), f"${CONFIG_ENV_VAR}")
-    if (cwd / CONFIG_FILE).is_file():
-        return cwd
-    user_dir = user_config_dir(home)
-    return user_dir if user_dir.is_dir() else None
-
-
-def user_config_dir(home: Path) -> Path:
-    """The configuration directory every command finds when nothing else names one: `~/.config/bastion`."""
-    return home / ".config" / "bastion"
-
-
-def config_option(directory: Path | None, *, home: Path | None) -> str:
-    """What a printed `bastion ...` hint appends to reach this configuration (and so its ledger) from any
-    directory: ` --config DIR`, shell-quoted; "" for the embedded default (None) and for `~/.config/bastion`,
-    which commands find by default. An unknown `home` (None) always names the directory."""
-    if directory is None or (home is not None and directory == user_config_dir(home).resolve()):
-        return ""
-    return f" --config {shlex.quote(str(directory))}"
-
-
-def config_hint(config: Config) -> str:
-    """`config_option` of a loaded configuration, for the current user (whose home may be unknown)."""
-    try:
-        home: Path | None = Path.home()
-    except (RuntimeError, KeyError):
-        home = None
-    return config_option(config.directory, home=home)
-
-
-def _expand_home(path: Path, home: Path) -> Path:
-    if path.parts and path.parts[0] == "~":
-        return home.joinpath(*path.parts[1:])
-    return path
-
-
-def _existing_dir(path: Path, origin: str) -> Path:
-    if path.is_dir():
-        return path
-    problem = "is not a directory" if path.exists() else "does not exist"
-    raise ConfigError(
-        f"config directory {path} (from {origin}) {problem}; "
-        f"create a starter one with `bastion init {shlex.quote(str(path))}` or point {origin} at an existing directory"
-    )
-
-
-def default_state_dir(*, env: Mapping[str, str], home: Path) -> Path:
-    """Where the embedded default keeps its state: `$XDG_STATE_HOME/bastion` or `~/.local/state/bastion`."""
-    xdg = env.get("XDG_STATE_HOME", "")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else home / ".local" / "state"
-    return base / "bastion"
-
-
-def sqlite_path(ledger_url: str) -> Path:
-    """The file of a `sqlite:///relative` or `sqlite:////absolute` ledger URL (ConfigError for another scheme):
-    the loader resolves relative ones against the config directory, and `bastion.ledger.open_ledger` opens it."""
-    path = ledger_url.removeprefix(SQLITE_PREFIX)
-    if path == ledger_url or not path:
-        scheme = ledger_url.split(":", 1)[0] if ":" in ledger_url else ledger_url
-        raise ConfigError(
-            f'ledger URL scheme "{scheme}" is not supported; use "sqlite:///state/ledger.db" (relative to the '
-            'config directory), "sqlite:////absolute/path.db" or "postgresql://user:password@host:5432/database"'
-        )
-    return Path(path)
-
-
-def is_postgres_url(url: str) -> bool:
-    """Whether `url` names a PostgreSQL ledger (`postgresql://...` or `postgres://...`)."""
-    return url.startswith(POSTGRES_PREFIXES)
 
 
 def validate_profile(config: Config, name: str) -> None:
@@ -176,7 +92,7 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
     environ = os.environ if env is None else env
     if directory is None:
         return embedded_default(env=environ, home=Path.home() if home is None else home)
-    directory = _existing_dir(directory.resolve(), "the configuration")
+    directory = existing_config_dir(directory.resolve(), "the configuration")
     loader = _Loader(directory, environ)
     settings, settings_file = loader.settings()
     ledger_url = loader.ledger_url(settings, settings_file)
@@ -196,35 +112,6 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
         unbound={pid: issue for pid, issue in loader.unbound.items() if pid in providers},
         ledger_url=ledger_url,
         ledger_key=ledger_key(directory, settings, ledger_url),
-    )
-
-
-def ledger_key(directory: Path, settings: Settings, ledger_url: str) -> Path | None:
-    """The file of the key of argument hashes: `[ledger] key_file`, else `state/ledger.key` for PostgreSQL; None
-    lets a SQLite ledger keep it beside its file."""
-    key_file = settings.ledger.key_file
-    if key_file is None and is_postgres_url(ledger_url):
-        key_file = DEFAULT_POSTGRES_KEY
-    return None if key_file is None else directory / key_file
-
-
-def embedded_default(*, env: Mapping[str, str], home: Path) -> Config:
-    """The configuration used when no directory is found: the bundled notes demo and a SQLite ledger."""
-    state = default_state_dir(env=env, home=home)
-    notes = ConnectorConfig(
-        id="notes",
-        transport="stdio",
-        command=sys.executable,
-        args=["-m", "bastion.demo.notes"],
-        env={"BASTION_NOTES_FILE": str(state / "notes.json")},
-    )
-    ledger_url = SQLITE_PREFIX + str(state / "ledger.db")
-    return Config(
-        directory=None,
-        settings=Settings(server=ServerSettings(ledger=ledger_url)),
-        connectors=[notes],
-        policy=PolicyConfig(),
-        ledger_url=ledger_url,
     )
 
 
@@ -620,41 +507,3 @@ def _unwrap(annotation: Any) -> Any:
             annotation = members[0]
         else:
             return annotation
-
-
-# -- starter directory
-
-
-def init_config_dir(target: Path) -> list[Path]:
-    """Write the starter configuration (the templates in `bastion/starter/`) into `target`.
-
-    Creates `target` if needed and refuses to overwrite any existing file. Returns the files written.
-    """
-    if target.exists() and not target.is_dir():
-        raise ConfigError(f"{target} is a file; choose an empty or new directory for `bastion init`")
-    destinations = [target.joinpath(*name.split("/")) for name in STARTER_FILES]
-    for destination in destinations:
-        if destination.exists():
-            raise _refuse_overwrite(destination)
-    templates = resources.files("bastion.starter")
-    written: list[Path] = []
-    for name, destination in zip(STARTER_FILES, destinations, strict=True):
-        template = templates
-        for part in name.split("/"):
-            template = template / part
-        try:
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            with destination.open("x", encoding="utf-8") as out:
-                out.write(template.read_text(encoding="utf-8"))
-        except FileExistsError as exc:
-            raise _refuse_overwrite(destination) from exc
-        except OSError as exc:
-            raise ConfigError(f"cannot write {destination} ({exc.strerror}); choose a writable directory") from exc
-        written.append(destination)
-    return written
-
-
-def _refuse_overwrite(path: Path) -> ConfigError:
-    return ConfigError(
-        f"{path} already exists and `bastion init` never overwrites files; choose an empty or new directory"
-    )
