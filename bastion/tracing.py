@@ -16,7 +16,6 @@ from typing import Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.propagate import inject
 from opentelemetry.trace import Span, SpanKind, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
@@ -36,7 +35,6 @@ __all__ = [
     "SOURCE",
     "STATUS",
     "TOOL",
-    "Context",
     "Span",
     "SpanKind",
     "downstream_attributes",
@@ -110,17 +108,16 @@ def span(
     *,
     kind: SpanKind = SpanKind.INTERNAL,
     attributes: Mapping[str, AttributeValue] | None = None,
-    parent: Context | None = None,
     not_failures: tuple[type[BaseException], ...] = (),
 ) -> Iterator[Span]:
-    """A span, current for the block (a child of `parent`, else of the current span); an exception leaving the
-    block marks it failed (see `fail`), unless it is one of `not_failures`. Without a tracer provider, the invalid
-    span, which records nothing."""
+    """A span, current for the block (a child of the current span); an exception leaving the block marks it
+    failed (see `fail`), unless it is one of `not_failures`. Without a tracer provider: the invalid span, which
+    records nothing."""
     if not _enabled:
         yield trace.INVALID_SPAN
         return
     with _tracer.start_as_current_span(
-        name, context=parent, kind=kind, attributes=attributes, record_exception=False, set_status_on_exception=False
+        name, kind=kind, attributes=attributes, record_exception=False, set_status_on_exception=False
     ) as current:
         try:
             yield current
