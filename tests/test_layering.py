@@ -19,6 +19,7 @@ LAYERS: dict[str, int] = {
     "bastion.config.approved": 2,  # the policy file Bastion writes ("always" approvals), read by the loader
     "bastion.starter": 1,
     "bastion.actions": 2,  # what a source declares about its actions (ActionSpec)
+    "bastion.tracing": 2,  # OpenTelemetry attribute names and spans, for the pipeline and the connectors
     "bastion.policies": 2,  # pure functions over the vocabulary: anyone above may call them
     "bastion.manifests": 3,  # action files (seed 002), beside config: parsed and checked; the pipeline runs them
     "bastion.config": 3,
@@ -31,6 +32,7 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.pinning": 6,
     "bastion.pipeline.instances": 6,  # this instance's lease, and who else is alive
     "bastion.pipeline.observer": 5,  # the hook observers of invocations register on
+    "bastion.pipeline.traces": 5,  # the span of each call, kept while its invocation lives
     "bastion.pipeline.approvals": 6,
     "bastion.pipeline.grants": 5,  # "session" and "always" approvals
     "bastion.pipeline.authority": 6,
@@ -52,6 +54,7 @@ LAYERS: dict[str, int] = {
 THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.models": {"pydantic"},
     "bastion.actions": {"mcp_types"},
+    "bastion.tracing": {"opentelemetry"},  # the API only: the SDK and the exporter are set up by the server
     "bastion.errors": set(),
     "bastion.config": {"pydantic", "cel"},  # cel: policy conditions, compiled at load
     "bastion.manifests": {"pydantic"},
@@ -68,6 +71,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.pinning": set(),
     "bastion.pipeline.instances": {"anyio"},
     "bastion.pipeline.observer": set(),
+    "bastion.pipeline.traces": set(),
     "bastion.pipeline.approvals": {"mcp_types", "anyio"},
     "bastion.pipeline.authority": set(),
     "bastion.pipeline.grants": set(),

@@ -44,3 +44,22 @@ async def test_a_scrape_counts_calls_by_source_mode_and_status_and_shows_sources
         assert found[("bastion_source_up", frozenset({("source", "fx"), ("state", "ready")}))] == 1
         assert found[("bastion_pending_calls", frozenset())] == 0
         assert "argument-7f3" not in scrape.text  # counts only, never arguments
+
+
+async def test_the_ledgers_commit_times_are_observed_by_backend_as_calls_are_recorded(tmp_path: Path) -> None:
+    commits = ("bastion_ledger_commit_seconds_count", frozenset({("backend", "sqlite")}))
+    async with live_bastion(tmp_path, gateway_running=True, modes={"fx:echo": "allow"}) as live:
+        with anyio.fail_after(WAIT):
+            first = samples((await live.http.get("/metrics")).text)
+            async with (
+                httpx2.AsyncClient(timeout=WAIT) as http,
+                Client(streamable_http_client(f"{live.url}/mcp", http_client=http), mode="legacy", cache=None) as c,
+            ):
+                for text in ("one", "two"):
+                    assert not (await c.call_tool("fx__echo", {"text": text})).is_error
+            after = samples((await live.http.get("/metrics")).text)
+
+    assert after[commits] >= first[commits] + 2  # each call's intent and outcome are committed
+    assert after[("bastion_ledger_commit_seconds_sum", frozenset({("backend", "sqlite")}))] > 0
+    buckets = [v for (name, _), v in after.items() if name == "bastion_ledger_commit_seconds_bucket"]
+    assert max(buckets) == after[commits]  # the +Inf bucket holds every commit

@@ -34,6 +34,7 @@ from bastion.server.http import (
     serve_http,
 )
 from bastion.server.mcp import FrontDoor, serve_stdio
+from bastion.server.tracing import exporting_traces
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,9 @@ def serve(
     SIGTERM or Ctrl-C stops it gracefully: new calls are refused, running ones get
     \\[server] shutdown_grace_seconds (default 10) to finish, then every connector is stopped. A second
     signal stops at once.
+
+    With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set, a span of every call and
+    downstream call is sent there over OTLP/HTTP (OTEL_SDK_DISABLED=true turns it off).
     """
     config = load(config_dir)
     if profile is not None:
@@ -115,7 +119,8 @@ def serve(
             raise _sole(group) from None
 
     try:
-        run_async(run)
+        with exporting_traces():
+            run_async(run)
     finally:
         if listener is not None:
             listener.close()

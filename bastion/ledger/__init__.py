@@ -35,6 +35,7 @@ from bastion.ledger.sqlite.limits import SqliteLimits
 from bastion.ledger.sqlite.outbox import SqliteOutbox
 from bastion.ledger.sqlite.pins import SqlitePins
 from bastion.ledger.sqlite.tokens import SqliteTokens
+from bastion.ledger.timing import CommitTimes
 from bastion.models import Guarantee
 
 __all__ = [
@@ -67,6 +68,11 @@ class OpenLedger:
     """The stores as the backend implements them (tests of SQLite internals reach the file through it)."""
     key_path: Path
     """The file of the key of its argument hashes (every instance on one PostgreSQL ledger needs the same)."""
+
+    @property
+    def commits(self) -> CommitTimes:
+        """How long its writes take to commit (the server's `/metrics` listens)."""
+        return self.backend.database.commits
 
     async def close(self) -> None:
         """Close the backend, even when cancelled; safe to call twice."""

@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 
+from bastion import tracing
 from bastion.config import Config, config_hint
 from bastion.config.approved import ApprovedModes
 from bastion.config.conditions import Conditions
@@ -39,7 +40,7 @@ from bastion.errors import (
     UpstreamError,
 )
 from bastion.models import CallContext, Invocation, ModeDecision, Risk, SourceStatus, utcnow
-from bastion.pipeline.approvals import ApprovalDesk, PendingFn, Progress
+from bastion.pipeline.approvals import ApprovalDesk, AwaitingInput, PendingFn, Progress
 from bastion.pipeline.catalog import Catalog, CatalogEntry
 from bastion.pipeline.grants import Grants
 from bastion.pipeline.instances import Instance
@@ -49,6 +50,7 @@ from bastion.pipeline.outcomes import Outcomes
 from bastion.pipeline.pinning import PinBook
 from bastion.pipeline.seams import ActionSource, Ledger, ProgressFn, Relay
 from bastion.pipeline.steps import GatewaySteps
+from bastion.pipeline.traces import CallTraces
 from bastion.policies import guard_drift, resolve_mode
 
 logger = logging.getLogger(__name__)
@@ -85,6 +87,8 @@ class Gateway:
         """The merged resources, templates and prompts, and the routes back to their sources."""
         self.observers = Observers()
         """Told what happens to every invocation (see bastion.pipeline.observer)."""
+        self._traces = CallTraces()
+        self.observers.add(self._traces)
         self._outcomes = Outcomes(ledger.invocations, self.observers)
         self.desk = ApprovalDesk(
             ledger.invocations,
@@ -244,7 +248,22 @@ class Gateway:
         2025-era connection), and `defer` raises AwaitingInput instead of waiting (2026-07-28).
         `relay` receives what the downstream logs or asks while the call runs, as long as this
         call() is waiting for it (a call resumed later by `resume` runs without one).
+        One span covers the call (`bastion.call <tool>`), a child of the host's trace context, if it sent one.
         """
+        with tracing.span(f"bastion.call {name}", not_failures=(AwaitingInput,)) as span:
+            return await self._call(name, arguments, context, span, on_progress, on_pending, defer, relay)
+
+    async def _call(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        context: CallContext,
+        span: tracing.Span,
+        on_progress: ProgressFn | None,
+        on_pending: PendingFn | None,
+        defer: bool,
+        relay: Relay | None,
+    ) -> types.CallToolResult:
         arguments = arguments or {}
         if name == INVOCATION_TOOL.name:
             return await self._invocation_status(arguments, context)
@@ -262,7 +281,7 @@ class Gateway:
         drift = await self.pins.current_drift(entry.source_id, entry.action_id)
         decision = self.mode_of(entry, context, drifted=drift is not None, arguments=arguments)
         invocation = entry.new_invocation(arguments, hashed, decision, context, owner=self.instance_id, drift=drift)
-        with self._relaying(invocation.id, relay):
+        with self._relaying(invocation.id, relay), self._traces.following(invocation, span):
             limit = self.config.settings.limits.invocations_per_minute
             # Counted in the ledger: every instance sharing it counts against the session's one budget.
             wait = await self.ledger.limits.admit(context.session_id, per_minute=limit, now=invocation.created_at)
@@ -351,8 +370,9 @@ class Gateway:
     async def _run_counted(
         self, entry: CatalogEntry, invocation: Invocation, arguments: dict[str, Any], progress: Progress | None
     ) -> types.CallToolResult:
-        """`_run`, known while it runs so a shutdown can wait for it and cancel it (`settle`)."""
-        with anyio.CancelScope() as scope:
+        """`_run`, known while it runs so a shutdown can wait for it and cancel it (`settle`); in the trace of the
+        call that made the invocation, also when the approval desk runs it."""
+        with anyio.CancelScope() as scope, self._traces.within(invocation.id):
             self._running.add(scope)
             try:
                 return await self._run(entry, invocation, arguments, progress)
@@ -390,14 +410,19 @@ class Gateway:
         try:
             if source is None:
                 raise ConnectorUnavailable(f"source {entry.source_id!r} is not running")
-            result = await source.call(
-                entry.action_id,
-                arguments,
-                correlation_id=invocation.id,
-                timeout=self.config.settings.limits.call_timeout_seconds,
-                on_progress=progress.relay if progress else None,
-                relay=self._relays.get(invocation.id),
-            )
+            with tracing.span(f"bastion.downstream {entry.key}", kind=tracing.SpanKind.CLIENT) as span:
+                if span.is_recording():
+                    span.set_attributes(tracing.downstream_attributes(invocation))
+                result = await source.call(
+                    entry.action_id,
+                    arguments,
+                    correlation_id=invocation.id,
+                    timeout=self.config.settings.limits.call_timeout_seconds,
+                    on_progress=progress.relay if progress else None,
+                    relay=self._relays.get(invocation.id),
+                )
+                if result.is_error:
+                    tracing.fail(span, UpstreamError.error_class)
         except (CallTimeout, UnknownOutcome) as exc:
             await self._outcomes.finish(invocation, "unknown", error=exc)
             exc.invocation_id = invocation.id

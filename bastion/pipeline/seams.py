@@ -482,6 +482,17 @@ class AuditLog(Protocol):
         ...
 
 
+class CommitTimes(Protocol):
+    """How long the ledger's writes take to commit: whoever listens is told the seconds of each (`/metrics`)."""
+
+    @property
+    def backend(self) -> str:
+        """`sqlite` or `postgresql`."""
+        ...
+
+    def listen(self, listener: Callable[[float], None]) -> None: ...
+
+
 class Ledger(Protocol):
     """The durable store (DESIGN.md §6), as the stores each consumer takes what it needs from."""
 
@@ -508,3 +519,6 @@ class Ledger(Protocol):
 
     @property
     def audit(self) -> AuditLog: ...
+
+    @property
+    def commits(self) -> CommitTimes: ...

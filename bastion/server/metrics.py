@@ -2,7 +2,8 @@
 
 An observer of the gateway (bastion.pipeline.observer) counts calls as they end and times the approvals; what is a
 state rather than an event (calls pending, sources up) is read when the scrape comes, so every instance sharing a
-ledger reports the same pending count. `/metrics` is open like `/healthz`: it carries counts, modes, statuses and
+ledger reports the same pending count. The ledger's commit times come from the ledger itself (it tells its
+listeners, see bastion.ledger.timing). `/metrics` is open like `/healthz`: it carries counts, modes, statuses and
 source ids, never arguments, results or principals.
 """
 
@@ -21,6 +22,7 @@ METRICS_PATH: Final = "/metrics"
 _ENDED_AT_DECISION: Final = frozenset({"denied", "expired"})
 """Statuses a call ends in when it is decided (it never executes): counted then, not when finished."""
 _WAIT_BUCKETS: Final = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 1800.0, 3600.0)
+_COMMIT_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 class Metrics:
@@ -42,6 +44,14 @@ class Metrics:
             buckets=_WAIT_BUCKETS,
             registry=self.registry,
         )
+        commits = Histogram(
+            "bastion_ledger_commit_seconds",
+            "From a ledger write's start to its commit (waiting for the write lock or a connection included).",
+            ["backend"],
+            buckets=_COMMIT_BUCKETS,
+            registry=self.registry,
+        )
+        gateway.ledger.commits.listen(commits.labels(backend=gateway.ledger.commits.backend).observe)
         self._pending = Gauge("bastion_pending_calls", "Calls waiting for an approver now.", registry=self.registry)
         self._up = Gauge(
             "bastion_source_up", "1 when the source is ready, else 0 (with its state).", ["source", "state"],

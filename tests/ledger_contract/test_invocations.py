@@ -13,6 +13,7 @@ import pytest
 from bastion.errors import Conflict
 from bastion.ledger import OpenLedger
 from bastion.pipeline.seams import Ledger
+from tests.ledger_contract.backends import Backend
 from tests.ledger_contract.samples import CANARY, T0, make_invocation
 
 pytestmark = pytest.mark.anyio
@@ -310,3 +311,18 @@ async def test_find_sees_ids_at_the_very_end_of_the_id_space(ledger: OpenLedger,
         await ledger.invocations.record(make_invocation(number, id=invocation_id), ["planned"])
     expected = [invocation_id for invocation_id in ids if invocation_id.startswith(prefix)]
     assert await ledger.invocations.find(prefix, limit=100) == expected
+
+
+# -- commit times ------------------------------------------------------------------------------------------
+
+
+async def test_every_committed_write_is_timed_for_the_commit_listeners(ledger: OpenLedger, backend: Backend) -> None:
+    seconds: list[float] = []
+    ledger.commits.listen(seconds.append)
+    invocation = make_invocation()
+    await ledger.invocations.record(invocation, ["planned", "approved", "executing"])
+    assert len(seconds) == 1
+    await ledger.invocations.finish(invocation.id, "completed", result=None, error_class=None, error_message=None)
+    assert len(seconds) == 2
+    assert all(s >= 0 for s in seconds)
+    assert ledger.commits.backend == backend.name

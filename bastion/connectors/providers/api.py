@@ -23,6 +23,7 @@ from typing import Any, Final, TypeVar
 import httpx2
 from pydantic import BaseModel, ValidationError
 
+from bastion import tracing
 from bastion.errors import BastionError, ConnectorUnavailable, RateLimited, UnknownOutcome, UpstreamError
 
 IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
@@ -75,19 +76,24 @@ class Api:
             raise ConnectorUnavailable(f"{self.name}: the request cannot be made ({exc}); check base_url") from exc
         before = self.mutated
         self.mutated = before or changes  # from here on the request may leave, even if the call is cancelled
-        try:
-            response = await self.client.send(request)
-        except _NOT_SENT as exc:
-            self.mutated = before  # it never left
-            if before:  # but an earlier request of the call may have acted
+        attributes = {"http.request.method": method, "server.address": request.url.host}
+        with tracing.span(f"HTTP {method}", kind=tracing.SpanKind.CLIENT, attributes=attributes) as span:
+            request.headers.update(tracing.inject_headers({}))  # W3C trace context: the API may continue the trace
+            try:
+                response = await self.client.send(request)
+            except _NOT_SENT as exc:
+                self.mutated = before  # it never left
+                if before:  # but an earlier request of the call may have acted
+                    raise self.lost(exc) from exc
+                raise ConnectorUnavailable(
+                    f"{self.name}: cannot reach {request.url.host} ({type(exc).__name__}); nothing was sent, "
+                    "retry later"
+                ) from exc
+            except httpx2.HTTPError as exc:
                 raise self.lost(exc) from exc
-            raise ConnectorUnavailable(
-                f"{self.name}: cannot reach {request.url.host} ({type(exc).__name__}); nothing was sent, retry later"
-            ) from exc
-        except httpx2.HTTPError as exc:
-            raise self.lost(exc) from exc
-        if check:
-            check_status(response, self.name, mutating=changes)
+            span.set_attribute("http.response.status_code", response.status_code)
+            if check:
+                check_status(response, self.name, mutating=changes)
         return response
 
     def lost(self, exc: BaseException) -> BastionError:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
@@ -32,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from bastion.config.models import display_url
 from bastion.errors import BastionError, ConfigError, LedgerUnavailable
 from bastion.ledger.postgres.schema import migrate
+from bastion.ledger.timing import CommitTimes
 from bastion.models import Change
 
 _T = TypeVar("_T")
@@ -102,6 +104,8 @@ class PostgresDatabase:
         self.url = url
         self.display = display_url(url)
         self._commit_listeners: list[CommitListener] = []
+        self.commits = CommitTimes("postgresql")
+        """How long each write took to commit (`/metrics`)."""
 
     @classmethod
     async def open(cls, url: str) -> PostgresDatabase:
@@ -183,19 +187,23 @@ class PostgresDatabase:
     async def write(self, sql: str, params: Params = None) -> builtins.list[TupleRow]:
         """One statement in its own transaction, shielded once sent; its rows (RETURNING or the SELECT of a CTE)."""
         rows: builtins.list[TupleRow] = []
+        started = time.perf_counter()
         async with self.connection() as conn:
             with anyio.CancelScope(shield=True):
                 cursor = await conn.execute(sql, params)
                 if cursor.description is not None:
                     rows = await cursor.fetchall()
+                self.commits.committed(started)
         return rows
 
     async def transaction(self, work: Callable[[Connection], Awaitable[_T]]) -> _T:
         """`work` in one transaction, shielded once begun: committed if it returns, rolled back if it raises."""
+        started = time.perf_counter()
         async with self.connection() as conn:
             with anyio.CancelScope(shield=True):
                 async with conn.transaction():
                     done = await work(conn)
+                self.commits.committed(started)
         return done
 
     @asynccontextmanager

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import sqlite3
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -27,6 +28,7 @@ import anyio
 
 from bastion.errors import BastionError, ConfigError, LedgerUnavailable
 from bastion.ledger.sqlite.schema import migrate, register_functions, register_functions_async
+from bastion.ledger.timing import CommitTimes
 
 _T = TypeVar("_T")
 
@@ -66,6 +68,8 @@ class SqliteDatabase:
         self.uncheckpointed = 0
         self.checkpoint_due = anyio.Event()
         self._commit_listeners: list[CommitListener] = []
+        self.commits = CommitTimes("sqlite")
+        """How long each write took to commit (`/metrics`)."""
 
     @classmethod
     async def open(cls, path: Path) -> SqliteDatabase:
@@ -164,6 +168,7 @@ class SqliteDatabase:
         A BastionError raised by `work` (a conflict, say) passes through after the rollback; any other SQLite
         failure is `LedgerUnavailable`. `events=False` says `work` appends no event: the listeners are not told.
         """
+        started = time.perf_counter()
         try:
             if not self._writer_busy.locked():
                 changes = self._writer.total_changes
@@ -173,12 +178,14 @@ class SqliteDatabase:
                     if not _is_busy(exc):
                         raise
                 else:
+                    self.commits.committed(started)
                     self._committed(changes, events)
                     return result
             async with self._writer_busy:
                 changes = self._writer.total_changes
                 with anyio.CancelScope(shield=True):
                     result = await anyio.to_thread.run_sync(_wait_and_write, self._writer, work)
+                self.commits.committed(started)
                 self._committed(changes, events)  # still holding the writer: listeners read on it
             return result
         except (sqlite3.IntegrityError, BastionError):
