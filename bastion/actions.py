@@ -30,6 +30,21 @@ LookedUpOutcome = Literal["completed", "failed"]
 
 
 @dataclass(frozen=True, slots=True)
+class WireResult:
+    """A tool result as the JSON object its downstream sent, already checked (its protocol version's shape, the
+    tool's output schema) and without the downstream's protocol-internal `_meta` keys: the express lane forwards
+    it to the host without modelling it again (issue 17)."""
+
+    data: dict[str, Any]
+    checked_at: str | None = None
+    """The protocol version whose result shape `data` was checked against (None: a model's dump, valid at all)."""
+
+    @property
+    def is_error(self) -> bool:
+        return self.data.get("isError") is True
+
+
+@dataclass(frozen=True, slots=True)
 class Found:
     """What a source found when asked what came of one of its calls (an action with `reconcile = "lookup"`).
 

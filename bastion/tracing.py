@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Final
+from typing import Any, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -39,8 +39,10 @@ __all__ = [
     "SpanKind",
     "downstream_attributes",
     "fail",
+    "inject_context",
     "inject_headers",
     "invocation_attributes",
+    "recording",
     "span",
     "start",
     "use_provider",
@@ -71,6 +73,11 @@ def use_provider(provider: TracerProvider | None) -> None:
     global _tracer, _enabled
     _tracer = trace.NoOpTracer() if provider is None else provider.get_tracer(_TRACER_NAME, __version__)
     _enabled = provider is not None
+
+
+def recording() -> bool:
+    """Whether Bastion opens spans (a tracer provider was given)."""
+    return _enabled
 
 
 def invocation_attributes(invocation: Invocation) -> dict[str, AttributeValue]:
@@ -158,6 +165,12 @@ def within(current: Span | None) -> Iterator[None]:
         yield
     finally:
         otel_context.detach(token)
+
+
+def inject_context(meta: dict[str, Any]) -> None:
+    """Add the current trace context to a request's `_meta` (W3C `traceparent`, `tracestate`), as the MCP SDK's
+    client does: with no tracer provider, the context a host sent still reaches the downstream."""
+    inject(meta)
 
 
 def inject_headers(headers: dict[str, str]) -> dict[str, str]:

@@ -60,7 +60,8 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.manifests": {"pydantic"},
     "bastion.policies": {"pydantic"},
     "bastion.ledger": {"pydantic", "aiosqlite", "anyio", "psycopg", "psycopg_pool"},
-    "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic", "jsonschema"},  # plugins: action.json
+    # jsonschema: plugins' action.json and tools' output schemas; orjson: the express lane's wire calls
+    "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic", "jsonschema", "orjson"},
     "bastion.config.tomlpos": set(),
     "bastion.config.approved": {"tomlkit"},  # the policy file Bastion writes, comments kept
     "bastion.starter": set(),

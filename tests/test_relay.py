@@ -530,6 +530,10 @@ class Recorder:
     def log_level(self) -> types.LoggingLevel | None:
         return "debug"
 
+    @property
+    def answers(self) -> bool:
+        return False
+
     async def log(self, params: types.LoggingMessageNotificationParams) -> None:
         self.logged.append(str(params.data))
 

@@ -26,6 +26,7 @@ from bastion.config import Config, config_hint, host_name, validate_profile
 from bastion.errors import ConfigError
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.notify import Notifier
+from bastion.server.express_stdio import serve_stdio
 from bastion.server.http import (
     bind_listener,
     is_loopback,
@@ -33,7 +34,7 @@ from bastion.server.http import (
     require_tokens_beyond_loopback,
     serve_http,
 )
-from bastion.server.mcp import FrontDoor, serve_stdio
+from bastion.server.mcp import FrontDoor
 from bastion.server.tracing import exporting_traces
 
 logger = logging.getLogger(__name__)

@@ -68,6 +68,9 @@ class ServerSettings(_Strict):
     startup_wait_seconds: float = Field(default=5, ge=0)
     """`bastion serve` answers hosts at once; for this long after it starts, a listing (or a call of a tool not
     listed yet) waits for connectors still starting, then is answered with what is ready."""
+    express_lane: bool = True
+    """Answer plain allowed tool calls without the MCP SDK's server and client models (bastion.server.express):
+    the same pipeline, checks and records, a fraction of the CPU. `false` serves every call through the SDK."""
 
 
 class ApprovalSettings(_Strict):

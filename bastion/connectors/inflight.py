@@ -36,6 +36,9 @@ class CallRelay(Protocol):
     @property
     def log_level(self) -> types.LoggingLevel | None: ...
 
+    @property
+    def answers(self) -> bool: ...
+
     async def log(self, params: types.LoggingMessageNotificationParams) -> None: ...
 
     async def sample(
@@ -54,6 +57,10 @@ class _Nowhere:
     @property
     def log_level(self) -> types.LoggingLevel | None:
         return None
+
+    @property
+    def answers(self) -> bool:
+        return False
 
     async def log(self, params: types.LoggingMessageNotificationParams) -> None:
         logger.debug("connector %s logged for no host request: %s %r", self._source_id, params.level, params.data)

@@ -38,6 +38,14 @@ class Listing:
     resources: list[types.Resource] = field(default_factory=list)
     templates: list[types.ResourceTemplate] = field(default_factory=list)
     prompts: list[types.Prompt] = field(default_factory=list)
+    _tools_by_name: dict[str, types.Tool] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_tools_by_name", {tool.name: tool for tool in self.tools})
+
+    def tool(self, name: str) -> types.Tool | None:
+        """The listed tool called `name`."""
+        return self._tools_by_name.get(name)
 
 
 async def _every_page(

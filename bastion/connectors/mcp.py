@@ -53,7 +53,8 @@ from mcp_types import CONNECTION_CLOSED, LOG_LEVEL_META_KEY, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from bastion.actions import ActionSpec
+from bastion import tracing
+from bastion.actions import ActionSpec, WireResult
 from bastion.config import ConnectorConfig
 from bastion.connectors.failures import describe, first_line, is_expected
 from bastion.connectors.inflight import CallRelay, InFlightCalls
@@ -61,6 +62,7 @@ from bastion.connectors.listing import Kind, Listing, list_prompts, list_resourc
 from bastion.connectors.process import Child, child_process
 from bastion.connectors.specs import action_specs, risk_of
 from bastion.connectors.subscriptions import ResourceWatch, UpdatedFn
+from bastion.connectors.wire import OutputSchemaError, ResultChecks, WireClosed, WireError, strip_protocol_meta
 from bastion.errors import BastionError, CallTimeout, ConnectorUnavailable, UnknownOutcome, UpstreamError
 from bastion.models import Risk, SourceStatus, utcnow
 
@@ -70,11 +72,6 @@ logger = logging.getLogger(__name__)
 
 CORRELATION_META_KEY: Final = "io.bastion/correlation-id"
 """The request `_meta` key that carries an invocation's correlation id to the downstream (DESIGN.md §6)."""
-
-PROTOCOL_META_PREFIX: Final = "io.modelcontextprotocol/"
-"""Protocol-internal `_meta` keys of the downstream, stripped from forwarded results. On 2026-07-28 a downstream
-stamps its own identity there (`io.modelcontextprotocol/serverInfo`), and the SDK's server keeps a stamp the
-handler's result already carries: forwarded as is, the result would name the downstream instead of Bastion."""
 
 DOWNSTREAM_LOG_LEVEL: Final = "debug"
 """What a 2025-era downstream that offers logging is asked for once: everything (each host's own
@@ -167,6 +164,7 @@ class McpConnector:
         """The failure last logged, so a reconnect that fails the same way stays quiet."""
         self._calls = InFlightCalls(config.id)
         self._watch = ResourceWatch(config.id, timeout=list_timeout)
+        self._checks = ResultChecks()
 
     @property
     def source_id(self) -> str:
@@ -278,6 +276,63 @@ class McpConnector:
                 f"({first_line(exc)}); the result is withheld, and the call is not safe to repeat blindly"
             ) from exc
         return strip_protocol_meta(result)
+
+    async def call_wire(
+        self,
+        action_id: str,
+        arguments: dict[str, Any],
+        *,
+        correlation_id: str,
+        timeout: float,
+        relay: CallRelay | None = None,
+    ) -> WireResult | None:
+        """`call`, written to the downstream's process and answered as JSON (see `bastion.connectors.wire`), with the
+        same checks and errors; None, having sent nothing, when this call cannot go that way: a downstream not run
+        by Bastion over stdio, or a 2026-07-28 one while the host could answer its questions (only the SDK's client
+        drives those rounds)."""
+        link = self._ready_link()
+        wire = self._child.wire if self._child is not None else None
+        if wire is None or not wire.open:
+            return None
+        meta: dict[str, Any] = {CORRELATION_META_KEY: correlation_id}
+        if link.modern:
+            if wire.envelope is None or (relay is not None and relay.answers):
+                return None
+            meta.update(wire.envelope)
+            if relay is not None and relay.log_level is not None:
+                meta[LOG_LEVEL_META_KEY] = relay.log_level
+        tracing.inject_context(meta)  # the host's trace context, as the SDK's client passes it on
+        params = {"name": action_id, "arguments": arguments, "_meta": meta}
+        try:
+            with self._calls.calling(relay):
+                raw = await wire.request("tools/call", params, timeout=timeout)
+        except TimeoutError as exc:
+            raise CallTimeout(f"{self.source_id}:{action_id} did not answer within {timeout:g}s") from exc
+        except WireClosed as exc:
+            link.lose(f"the connection closed during a call of {action_id}")
+            raise UnknownOutcome(
+                f"the connection to {self.source_id} closed while {action_id} was running; its outcome is unknown"
+            ) from exc
+        except WireError as exc:
+            raise UpstreamError(f"{self.source_id}:{action_id} failed with error {exc.code}: {exc.message}") from exc
+        if raw.get("resultType", "complete") != "complete":
+            # Input requests (or an extension's result) that nobody behind this host can answer: refused as the
+            # SDK's client refuses them when the host's relay cannot answer.
+            raise UpstreamError(
+                f"{self.source_id}:{action_id} asked for {raw.get('resultType')!s} during the call, which the host "
+                "behind Bastion cannot answer"
+            )
+        version = link.client.protocol_version
+        try:
+            checked = self._checks.checked(self._listing.tool(action_id), raw, version)
+        except ValidationError as exc:
+            raise UpstreamError(f"{self.source_id}:{action_id} returned an unusable result: {exc}") from exc
+        except OutputSchemaError as exc:
+            raise UpstreamError(
+                f"{self.source_id}:{action_id} ran, but its result breaks the tool's own output schema "
+                f"({first_line(exc)}); the result is withheld, and the call is not safe to repeat blindly"
+            ) from exc
+        return WireResult(checked, checked_at=version)
 
     # -- resources, prompts, completion ------------------------------------------------------------
 
@@ -595,18 +650,6 @@ def _forwarder(on_progress: ProgressFn) -> ProgressFnT:
         await on_progress(progress, total, message)
 
     return forward
-
-
-def strip_protocol_meta(result: _Result) -> _Result:
-    """Drop the downstream's `io.modelcontextprotocol/*` `_meta` keys, and `_meta` itself if that empties it.
-
-    Everything else of a forwarded result (contents, structured content, other `_meta` keys) is kept as is.
-    """
-    meta = result.meta
-    if not meta or not any(key.startswith(PROTOCOL_META_PREFIX) for key in meta):
-        return result
-    kept = {key: value for key, value in meta.items() if not key.startswith(PROTOCOL_META_PREFIX)}
-    return result.model_copy(update={"meta": kept or None})
 
 
 def _has_session(client: Client) -> bool:

@@ -38,6 +38,7 @@ from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
+from bastion.connectors.wire import WireCalls
 from bastion.errors import ConnectorUnavailable
 
 __all__ = ["Child", "Streams", "child_process"]
@@ -76,6 +77,8 @@ class Child:
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._held = ""
         self._passing_on = False
+        self.wire = WireCalls()
+        """Calls Bastion writes to the process itself (the express lane), beside the SDK client's."""
 
     @property
     def ending(self) -> str | None:
@@ -156,12 +159,15 @@ async def child_process(params: StdioServerParameters, child: Child) -> AsyncIte
     with to_session, from_process, to_process, from_session:  # closed however the tasks below end
         async with anyio.create_task_group() as tg:
             tg.start_soon(_read_stdout, process, to_session, child)
-            tg.start_soon(_write_stdin, process, from_session, to_session, written)
+            tg.start_soon(_write_stdin, process, from_session, to_session, written, child.wire)
             tg.start_soon(_read_stderr, process, child, heard)
+            assert process.stdin is not None
+            child.wire.attach(process.stdin.send)
             try:
                 yield from_process, to_process
             finally:
                 child.stopping = True
+                child.wire.close()
                 with anyio.CancelScope(shield=True):
                     from_process.close()
                     to_process.close()
@@ -194,7 +200,7 @@ async def _read_stdout(
             while delivering and (end := buffer.find(b"\n", max(start, searched))) >= 0:
                 line = bytes(buffer[start:end])
                 start = end + 1
-                if not line.strip():
+                if not line.strip() or child.wire.claims(line):
                     continue
                 try:
                     await to_session.send(_parse(line))
@@ -204,6 +210,7 @@ async def _read_stdout(
             searched = len(buffer)
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         pass  # our own shutdown closed the pipe under the read
+    child.wire.close()
     if not child.stopping:
         child.ended_by_itself = True
     await to_session.aclose()
@@ -222,15 +229,18 @@ async def _write_stdin(
     from_session: MemoryObjectReceiveStream[SessionMessage],
     to_session: MemoryObjectSendStream[SessionMessage | Exception],
     written: anyio.Event,
+    wire: WireCalls,
 ) -> None:
     assert process.stdin is not None
     try:
         async with from_session:
             async for message in from_session:
+                wire.noticed(message.message)
                 line = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
                 await process.stdin.send(line.encode())
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
         # The process closed its stdin (or died): end the session's read side rather than leave a request hanging.
+        wire.close()
         await to_session.aclose()
     finally:
         written.set()

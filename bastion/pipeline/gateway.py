@@ -24,6 +24,7 @@ import anyio
 import mcp_types as types
 
 from bastion import tracing
+from bastion.actions import WireResult
 from bastion.config import Config, config_hint
 from bastion.config.approved import ApprovedModes
 from bastion.config.conditions import Conditions
@@ -48,12 +49,17 @@ from bastion.pipeline.listings import INVOCATION_TOOL, Listings, ListingsFn
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.outcomes import Outcomes
 from bastion.pipeline.pinning import PinBook
-from bastion.pipeline.seams import ActionSource, Ledger, ProgressFn, Relay
+from bastion.pipeline.seams import ActionSource, Ledger, ProgressFn, Relay, WireSource
 from bastion.pipeline.steps import GatewaySteps
 from bastion.pipeline.traces import CallTraces
 from bastion.policies import guard_drift, resolve_mode
 
 logger = logging.getLogger(__name__)
+
+
+class HandOff(Exception):
+    """An express call that needs what only the SDK's front door gives (it is held for an approver): nothing was
+    recorded or sent, and the caller serves the request the usual way."""
 
 
 class Gateway:
@@ -93,7 +99,7 @@ class Gateway:
         self.desk = ApprovalDesk(
             ledger.invocations,
             ledger.changes,
-            runner=self._run_counted,
+            runner=self._run_modelled,
             lookup=self.listings.lookup,
             owner=self.instance_id,
             gone_of=self.instance.gone,
@@ -116,7 +122,7 @@ class Gateway:
             current_drift=self.pins.current_drift,
             invocations=self.invocations,
             outcomes=self._outcomes,
-            run=self._run_counted,
+            run=self._run_modelled,
             relaying=self._relaying,
             owner=self.instance_id,
         )
@@ -251,7 +257,28 @@ class Gateway:
         One span covers the call (`bastion.call <tool>`), a child of the host's trace context, if it sent one.
         """
         with tracing.span(f"bastion.call {name}", not_failures=(AwaitingInput,)) as span:
-            return await self._call(name, arguments, context, span, on_progress, on_pending, defer, relay)
+            result = await self._call(name, arguments, context, span, on_progress, on_pending, defer, relay)
+        assert isinstance(result, types.CallToolResult)
+        return result
+
+    async def call_express(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        context: CallContext,
+        *,
+        relay: Relay | None = None,
+        on_progress: ProgressFn | None = None,
+    ) -> WireResult:
+        """`call` for the express lane (issue 17): the same pipeline, checks and records, but the result is its JSON,
+        forwarded as the downstream sent it where the source can (`WireSource`; a call relaying progress goes the
+        usual way). A call that would wait for an approver raises HandOff before anything is recorded; refusals
+        raise a BastionError, as from `call`."""
+        with tracing.span(f"bastion.call {name}", not_failures=(HandOff,)) as span:
+            result = await self._call(name, arguments, context, span, on_progress, None, False, relay, express=True)
+        if isinstance(result, WireResult):
+            return result
+        return WireResult(result.model_dump(by_alias=True, mode="json", exclude_none=True))
 
     async def _call(
         self,
@@ -263,7 +290,9 @@ class Gateway:
         on_pending: PendingFn | None,
         defer: bool,
         relay: Relay | None,
-    ) -> types.CallToolResult:
+        *,
+        express: bool = False,
+    ) -> types.CallToolResult | WireResult:
         arguments = arguments or {}
         if name == INVOCATION_TOOL.name:
             return await self._invocation_status(arguments, context)
@@ -280,6 +309,8 @@ class Gateway:
             raise InvalidArguments(f"invalid arguments for {name}: {exc}; send arguments nested less deeply") from exc
         drift = await self.pins.current_drift(entry.source_id, entry.action_id)
         decision = self.mode_of(entry, context, drifted=drift is not None, arguments=arguments)
+        if express and decision.mode == "require_approval":
+            raise HandOff(f"{entry.key} waits for an approver")
         invocation = entry.new_invocation(arguments, hashed, decision, context, owner=self.instance_id, drift=drift)
         with self._relaying(invocation.id, relay), self._traces.following(invocation, span):
             limit = self.config.settings.limits.invocations_per_minute
@@ -300,7 +331,8 @@ class Gateway:
             if decision.mode == "require_approval":
                 return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
             await self._outcomes.start(invocation)
-            return await self._run_counted(entry, invocation, arguments, Progress(on_progress) if on_progress else None)
+            progress = Progress(on_progress) if on_progress else None
+            return await self._run_counted(entry, invocation, arguments, progress, wire=express)
 
     @contextmanager
     def _relaying(self, invocation_id: str, relay: Relay | None) -> Iterator[None]:
@@ -368,19 +400,33 @@ class Gateway:
         return cancelled
 
     async def _run_counted(
-        self, entry: CatalogEntry, invocation: Invocation, arguments: dict[str, Any], progress: Progress | None
-    ) -> types.CallToolResult:
+        self,
+        entry: CatalogEntry,
+        invocation: Invocation,
+        arguments: dict[str, Any],
+        progress: Progress | None,
+        *,
+        wire: bool = False,
+    ) -> types.CallToolResult | WireResult:
         """`_run`, known while it runs so a shutdown can wait for it and cancel it (`settle`); in the trace of the
         call that made the invocation, also when the approval desk runs it."""
         with anyio.CancelScope() as scope, self._traces.within(invocation.id):
             self._running.add(scope)
             try:
-                return await self._run(entry, invocation, arguments, progress)
+                return await self._run(entry, invocation, arguments, progress, wire=wire)
             finally:
                 self._running.discard(scope)
                 self._call_ended.set()
                 self._call_ended = anyio.Event()
         raise UnknownOutcome("Bastion stopped while the call ran; its outcome is unknown", invocation_id=invocation.id)
+
+    async def _run_modelled(
+        self, entry: CatalogEntry, invocation: Invocation, arguments: dict[str, Any], progress: Progress | None
+    ) -> types.CallToolResult:
+        """`_run_counted` for the approval desk and the step runner, which take results as models."""
+        result = await self._run_counted(entry, invocation, arguments, progress)
+        assert isinstance(result, types.CallToolResult)
+        return result
 
     async def _wait_unless_stopping(
         self, invocation_id: str, waiting: Awaitable[types.CallToolResult]
@@ -399,28 +445,43 @@ class Gateway:
         )
 
     async def _run(
-        self, entry: CatalogEntry, invocation: Invocation, arguments: dict[str, Any], progress: Progress | None
-    ) -> types.CallToolResult:
+        self,
+        entry: CatalogEntry,
+        invocation: Invocation,
+        arguments: dict[str, Any],
+        progress: Progress | None,
+        *,
+        wire: bool = False,
+    ) -> types.CallToolResult | WireResult:
         """Run an `executing` invocation and record its outcome (durably `planned` before this is reached).
 
         Whatever happens once the call may have been sent ends recorded as `completed`, `failed` or `unknown`,
-        and the host gets the result or a Bastion error class, never an internal error.
+        and the host gets the result or a Bastion error class, never an internal error. With `wire`, a source that
+        can answers with the result's JSON (`WireSource`).
         """
         source = self.listings.sources.get(entry.source_id)
+        timeout = self.config.settings.limits.call_timeout_seconds
+        relay = self._relays.get(invocation.id)
         try:
             if source is None:
                 raise ConnectorUnavailable(f"source {entry.source_id!r} is not running")
             with tracing.span(f"bastion.downstream {entry.key}", kind=tracing.SpanKind.CLIENT) as span:
                 if span.is_recording():
                     span.set_attributes(tracing.downstream_attributes(invocation))
-                result = await source.call(
-                    entry.action_id,
-                    arguments,
-                    correlation_id=invocation.id,
-                    timeout=self.config.settings.limits.call_timeout_seconds,
-                    on_progress=progress.relay if progress else None,
-                    relay=self._relays.get(invocation.id),
-                )
+                result: types.CallToolResult | WireResult | None = None
+                if wire and progress is None and isinstance(source, WireSource):
+                    result = await source.call_wire(
+                        entry.action_id, arguments, correlation_id=invocation.id, timeout=timeout, relay=relay
+                    )
+                if result is None:
+                    result = await source.call(
+                        entry.action_id,
+                        arguments,
+                        correlation_id=invocation.id,
+                        timeout=timeout,
+                        on_progress=progress.relay if progress else None,
+                        relay=relay,
+                    )
                 if result.is_error:
                     tracing.fail(span, UpstreamError.error_class)
         except (CallTimeout, UnknownOutcome) as exc:
@@ -474,6 +535,10 @@ class Gateway:
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=view)
 
 
-def _error_text(result: types.CallToolResult) -> str:
-    texts = [c.text for c in result.content if isinstance(c, types.TextContent)]
+def _error_text(result: types.CallToolResult | WireResult) -> str:
+    if isinstance(result, WireResult):
+        content = result.data.get("content")
+        texts = [str(c.get("text")) for c in content or () if isinstance(c, dict) and c.get("type") == "text"]
+    else:
+        texts = [c.text for c in result.content if isinstance(c, types.TextContent)]
     return " ".join(texts)[:500] or "the tool reported an error"

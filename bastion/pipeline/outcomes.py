@@ -13,6 +13,7 @@ from typing import Any, Final, NoReturn
 import anyio
 import mcp_types as types
 
+from bastion.actions import WireResult
 from bastion.errors import BastionError
 from bastion.models import Invocation, Status
 from bastion.pipeline.observer import Observers
@@ -61,13 +62,13 @@ class Outcomes:
         invocation: Invocation,
         status: Status,
         *,
-        result: types.CallToolResult | None = None,
+        result: types.CallToolResult | WireResult | None = None,
         error: BastionError | None = None,
     ) -> None:
         """Record the outcome of a call that was sent, and tell the observers. Never raises."""
         outcome = {
             "status": status,
-            "result": None if result is None else result.model_dump(by_alias=True, mode="json", exclude_none=True),
+            "result": _dumped(result),
             "error_class": error.error_class if error is not None else None,
             "error_message": error.message if error is not None else None,
         }
@@ -122,3 +123,10 @@ class Outcomes:
         if not finished:
             logger.warning("invocation %s was no longer executing when its outcome came", invocation_id)
         return finished
+
+
+def _dumped(result: types.CallToolResult | WireResult | None) -> dict[str, Any] | None:
+    """A result as JSON: the front door's dump of a model, the JSON itself of a forwarded result."""
+    if isinstance(result, WireResult):
+        return result.data
+    return None if result is None else result.model_dump(by_alias=True, mode="json", exclude_none=True)

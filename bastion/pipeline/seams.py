@@ -17,7 +17,7 @@ import anyio
 import mcp_types as types
 from anyio.abc import TaskStatus
 
-from bastion.actions import ActionSpec, Found
+from bastion.actions import ActionSpec, Found, WireResult
 from bastion.errors import BastionError
 from bastion.models import (
     AuditCheckpoint,
@@ -61,6 +61,11 @@ class Relay(Protocol):
     @property
     def log_level(self) -> types.LoggingLevel | None:
         """The lowest level of log message the host wants for this request; None for none at all."""
+        ...
+
+    @property
+    def answers(self) -> bool:
+        """Whether the host may answer the downstream's questions (sampling, elicitation) during this call."""
         ...
 
     async def log(self, params: types.LoggingMessageNotificationParams) -> None:
@@ -122,6 +127,25 @@ class ActionSource(Protocol):
         """Run one action. Raises ConnectorUnavailable (nothing was sent), CallTimeout or
         UnknownOutcome (sent, outcome unknown) or UpstreamError (the upstream answered with an error).
         `relay` receives what the upstream asks or logs while it runs."""
+        ...
+
+
+@runtime_checkable
+class WireSource(Protocol):
+    """A source that can also answer a call with the result's JSON as its downstream sent it, checked but not
+    modelled (the express lane, issue 17)."""
+
+    async def call_wire(
+        self,
+        action_id: str,
+        arguments: dict[str, Any],
+        *,
+        correlation_id: str,
+        timeout: float,
+        relay: Relay | None = None,
+    ) -> WireResult | None:
+        """`ActionSource.call` answered as JSON, with the same errors; None, having sent nothing, when this call
+        cannot go that way (the pipeline then uses `call`)."""
         ...
 
 

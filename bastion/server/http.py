@@ -42,6 +42,8 @@ from bastion.server.approver import APPROVER_PATH, ApproverEndpoint
 from bastion.server.auth import BearerAuth
 from bastion.server.errors import http_response
 from bastion.server.events import events_endpoint
+from bastion.server.express import LaneCounts
+from bastion.server.express_http import HttpLane
 from bastion.server.inbox import Inbox
 from bastion.server.mcp import FrontDoor
 from bastion.server.metrics import METRICS_PATH, Metrics
@@ -201,13 +203,18 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
 
     `non_loopback` (the server listens beyond loopback) makes a token compulsory on `/mcp` and `/sse`
     even while the ledger holds none; otherwise they are open to anonymous local hosts until the first
-    token is created. `/api` always needs one.
+    token is created. `/api` always needs one. Plain allowed calls of 2026-07-28 hosts take the express lane
+    (bastion.server.express) unless `[server] express_lane = false`.
     """
     manager = StreamableHTTPSessionManager(app=front.server, json_response=False, stateless=False)
+    mcp_endpoint: ASGIApp = StreamableHTTPASGIApp(manager)
+    express = LaneCounts()
+    if front.gateway.config.settings.server.express_lane:
+        mcp_endpoint = HttpLane(mcp_endpoint, front, manager, express)
     sse = SseServerTransport("/messages/")
     approver = ApproverEndpoint(front.gateway)
     inbox = Inbox(front.gateway)
-    metrics = Metrics(front.gateway)
+    metrics = Metrics(front.gateway, express)
 
     async def healthz(request: Request) -> Response:
         """200 while Bastion serves: `ok` when every enabled source is ready, else `degraded` (see `health`)."""
@@ -232,7 +239,7 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
 
     app = Starlette(
         routes=[
-            Route("/mcp", endpoint=StreamableHTTPASGIApp(manager)),
+            Route("/mcp", endpoint=mcp_endpoint),
             Route(APPROVER_PATH, endpoint=approver),
             Route("/sse", endpoint=_SseEndpoint(front, sse), methods=["GET"]),
             Mount("/messages/", app=sse.handle_post_message),

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import anyio
 import mcp_types as types
 from mcp.server import NotificationOptions, Server, ServerRequestContext
+from mcp.server.connection import Connection
 from mcp.server.models import InitializationOptions
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.session import ServerSession
@@ -26,6 +29,8 @@ from mcp.server.subscriptions import (
     ToolsListChanged,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+from starlette.types import Scope
 
 from bastion import __version__
 from bastion.errors import BastionError
@@ -41,7 +46,6 @@ from bastion.server.errors import tool_result
 from bastion.server.pages import Pager, page_cursor
 from bastion.server.relay import CallRelays, background
 from bastion.server.sdk import connection_of
-from bastion.server.stdio import stdio_streams
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +91,9 @@ class FrontDoor:
         self.principal = principal
         self.session_id = session_id
         self._bus = InMemorySubscriptionBus()
-        self._handshake_sessions: dict[int, ServerSession] = {}
+        self._handshake_sessions: dict[int, tuple[ServerSession, Connection]] = {}
+        self._http_sessions: dict[str, Connection] = {}
+        """The initialized handshake-era connections of streamable HTTP, by their `Mcp-Session-Id`."""
         self._relays = CallRelays(answer_timeout=gateway.config.settings.limits.call_timeout_seconds)
         self._tool_pages = Pager[types.Tool]("tools")
         self._answering = 0
@@ -126,7 +132,7 @@ class FrontDoor:
         # SEP-2663 tasks: `tasks/get` and the like, and the extension in the capabilities (see `_call_tool`).
         tasks.install(
             self.server,
-            tasks.TasksExtension(gateway.ledger, context_of=self._context, declares_output=self._declares_output),
+            tasks.TasksExtension(gateway.ledger, context_of=self._context, declares_output=self.declares_output),
         )
         gateway.on_listings_changed(self.notify_listings_changed)
 
@@ -155,9 +161,15 @@ class FrontDoor:
     async def _answer_call(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
+        with self.answering():
+            return await self._call_tool(ctx, params)
+
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        """Count a `tools/call` being answered for the block (`calls_answered` waits for none to be left)."""
         self._answering += 1
         try:
-            return await self._call_tool(ctx, params)
+            yield
         finally:
             self._answering -= 1
             self._answered.set()
@@ -215,12 +227,12 @@ class FrontDoor:
                 return tasks.created(waiting.invocation)
             return inline.input_required(waiting.invocation, arguments)
         except BastionError as exc:
-            return tool_result(exc, output_schema=self._declares_output(params.name))
+            return tool_result(exc, output_schema=self.declares_output(params.name))
         except Exception as exc:  # the MCP boundary translator: a bug must still answer the host
             logger.exception("tools/call %s failed unexpectedly", params.name)
-            return tool_result(BastionError(f"internal error: {exc}"), output_schema=self._declares_output(params.name))
+            return tool_result(BastionError(f"internal error: {exc}"), output_schema=self.declares_output(params.name))
 
-    def _declares_output(self, name: str) -> bool:
+    def declares_output(self, name: str) -> bool:
         """Whether the tool the host called declares an outputSchema (its error results must then not carry
         structuredContent that breaks it)."""
         entry = self.gateway.catalog.get(name)
@@ -229,12 +241,48 @@ class FrontDoor:
     def _context(self, ctx: ServerRequestContext[Any]) -> CallContext:
         """Who calls: the token's principal on HTTP (and its profile, for agent tokens), else this door's."""
         scope = getattr(ctx.request, "scope", None)
-        token = principal_of(scope) if scope is not None else None
-        principal = token.name if token is not None else self.principal
-        profile = token.profile if token is not None and token.profile else self.profile
+        principal, profile = self._caller(scope)
         return CallContext(
             session_id=self.session_id or _session_id(ctx, principal), profile=profile, principal=principal
         )
+
+    def http_context(self, scope: Scope, session_id: str) -> CallContext:
+        """Who calls in a handshake-era HTTP request of the session `session_id`, as `_context` tells it."""
+        principal, profile = self._caller(scope)
+        return CallContext(session_id=self.session_id or session_id, profile=profile, principal=principal)
+
+    def modern_http_context(self, scope: Scope, client_info: Any) -> CallContext:
+        """Who calls in a 2026-07-28 HTTP request (`client_info`: its envelope's), as `_context` tells it."""
+        principal, profile = self._caller(scope)
+        try:
+            name = types.Implementation.model_validate(client_info).name if client_info is not None else None
+        except ValidationError:  # the SDK's server reads a malformed client info as none
+            name = None
+        return CallContext(session_id=modern_session_id(principal, name), profile=profile, principal=principal)
+
+    def _caller(self, scope: Scope | None) -> tuple[str | None, str | None]:
+        """The principal and profile of a request: its token's on HTTP (and its profile, for agent tokens), else
+        this door's."""
+        token = principal_of(scope) if scope is not None else None
+        principal = token.name if token is not None else self.principal
+        profile = token.profile if token is not None and token.profile else self.profile
+        return principal, profile
+
+    def stdio_context(self) -> CallContext:
+        """Who calls over stdio: this door's one host, in its one session."""
+        assert self.session_id is not None, "a front door serving stdio has its session fixed"
+        return CallContext(session_id=self.session_id, profile=self.profile, principal=self.principal)
+
+    def http_session(self, session_id: str) -> Connection | None:
+        """The initialized handshake-era streamable-HTTP connection with this `Mcp-Session-Id`."""
+        return self._http_sessions.get(session_id)
+
+    def sole_handshake_connection(self) -> Connection | None:
+        """The handshake-era host connection once it is initialized, when this door serves exactly one (stdio)."""
+        if len(self._handshake_sessions) != 1:
+            return None
+        ((_, connection),) = self._handshake_sessions.values()
+        return connection
 
     def _inline_approval(
         self, ctx: ServerRequestContext[Any], context: CallContext
@@ -252,14 +300,17 @@ class FrontDoor:
         """Remember handshake-era sessions so catalog changes reach them, and forget them when they close."""
         connection = connection_of(ctx)
         key = id(connection)
-        self._handshake_sessions[key] = ctx.session
+        self._handshake_sessions[key] = (ctx.session, connection)
         connection.exit_stack.callback(self._handshake_sessions.pop, key, None)
+        if connection.session_id:
+            self._http_sessions[connection.session_id] = connection
+            connection.exit_stack.callback(self._http_sessions.pop, connection.session_id, None)
 
     async def notify_listings_changed(self, kinds: frozenset[ListingKind]) -> None:
         """Tell every host which listings changed: on the subscription bus and on each handshake-era connection."""
         for kind in sorted(kinds):
             await self._bus.publish(_LIST_CHANGED[kind])
-        for session in list(self._handshake_sessions.values()):
+        for session, _ in list(self._handshake_sessions.values()):
             try:
                 if "tools" in kinds:
                     await session.send_tool_list_changed()
@@ -269,6 +320,11 @@ class FrontDoor:
                     await session.send_prompt_list_changed()
             except Exception:  # one broken host connection must not stop the others from hearing
                 logger.exception("could not notify a host of the catalog change")
+
+
+def modern_session_id(principal: str | None, client_name: str | None) -> str:
+    """The session a 2026-07-28 request counts against: its caller's identity (see `_session_id`)."""
+    return f"{principal or 'anonymous'}/{client_name or 'unknown-client'}"
 
 
 def _session_id(ctx: ServerRequestContext[Any], principal: str | None) -> str:
@@ -283,15 +339,8 @@ def _session_id(ctx: ServerRequestContext[Any], principal: str | None) -> str:
         return connection.session_id
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
         params = connection.client_params
-        client = params.client_info.name if params is not None else "unknown-client"
-        return f"{principal or 'anonymous'}/{client}"
+        return modern_session_id(principal, params.client_info.name if params is not None else None)
     session_id = connection.state.get(_SESSION_KEY)
     if session_id is None:
         session_id = connection.state[_SESSION_KEY] = secrets.token_hex(8)
     return str(session_id)
-
-
-async def serve_stdio(front: FrontDoor) -> None:
-    """Serve one host over this process's stdin/stdout until it closes them."""
-    async with stdio_streams() as (read_stream, write_stream):
-        await front.server.run(read_stream, write_stream, front.server.create_initialization_options())

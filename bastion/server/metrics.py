@@ -9,14 +9,18 @@ source ids, never arguments, results or principals.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
 from bastion.models import Invocation, utcnow
 from bastion.pipeline.gateway import Gateway
+from bastion.server.express import LaneCounts
 
 METRICS_PATH: Final = "/metrics"
 _ENDED_AT_DECISION: Final = frozenset({"denied", "expired"})
@@ -28,9 +32,11 @@ _COMMIT_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
 class Metrics:
     """The gateway's metrics: an observer of its calls, and the `/metrics` endpoint."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, express: LaneCounts | None = None) -> None:
         self._gateway = gateway
         self.registry = CollectorRegistry()
+        if express is not None:
+            self.registry.register(_ExpressCollector(express))
         self._calls = Counter(
             "bastion_calls",
             "Calls that ended, by source, mode and final status.",
@@ -86,3 +92,20 @@ class Metrics:
         for status in self._gateway.statuses():
             self._up.labels(source=status.source_id, state=status.state).set(1 if status.state == "ready" else 0)
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class _ExpressCollector(Collector):
+    """The express lane's counts (bastion.server.express), read when the scrape comes."""
+
+    def __init__(self, counts: LaneCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "bastion_express_calls",
+            "Tool calls the express lane took: answered by it, or handed back to the SDK's server (held for approval).",
+            labels=["outcome"],
+        )
+        family.add_metric(["answered"], self._counts.answered)
+        family.add_metric(["handed_back"], self._counts.handed_back)
+        yield family

@@ -63,10 +63,19 @@ CallFn = Callable[[Relay, ProgressFn | None], Awaitable[types.CallToolResult]]
 
 def host_log_level(ctx: ServerRequestContext[Any]) -> types.LoggingLevel | None:
     """The lowest level this host request wants; None when it wants no log messages."""
-    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-        requested = (ctx.meta or {}).get(LOG_LEVEL_META_KEY)
+    modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+    return log_level_of(ctx.protocol_version, ctx.meta, None if modern else connection_of(ctx).state)
+
+
+def log_level_of(
+    protocol_version: str, meta: Mapping[str, Any] | None, connection_state: Mapping[str, Any] | None
+) -> types.LoggingLevel | None:
+    """The lowest level a host request wants: a 2026-07-28 request's own `_meta` opt-in, else what its 2025-era
+    connection set with `logging/setLevel` (`info` until it does)."""
+    if protocol_version in MODERN_PROTOCOL_VERSIONS:
+        requested = (meta or {}).get(LOG_LEVEL_META_KEY)
         return next((level for level in LOG_LEVELS if level == requested), None)
-    level: types.LoggingLevel = connection_of(ctx).state.get(LOG_LEVEL_STATE, DEFAULT_LOG_LEVEL)
+    level: types.LoggingLevel = (connection_state or {}).get(LOG_LEVEL_STATE, DEFAULT_LOG_LEVEL)
     return level
 
 
@@ -74,7 +83,7 @@ def set_host_log_level(ctx: ServerRequestContext[Any], level: types.LoggingLevel
     connection_of(ctx).state[LOG_LEVEL_STATE] = level
 
 
-def _relayable(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def relayable_meta(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A downstream message's `_meta` without what only made sense between it and Bastion."""
     if not meta:
         return None
@@ -82,15 +91,22 @@ def _relayable(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return kept or None
 
 
-async def _send_log(ctx: ServerRequestContext[Any], params: types.LoggingMessageNotificationParams) -> None:
-    threshold = host_log_level(ctx)
+def relayed_log(
+    params: types.LoggingMessageNotificationParams, threshold: types.LoggingLevel | None
+) -> types.LoggingMessageNotification | None:
+    """The notification that relays a downstream's log message to a host wanting `threshold` and above; None when
+    the host does not want it."""
     if threshold is None or LOG_LEVELS.index(params.level) < LOG_LEVELS.index(threshold):
+        return None
+    return types.LoggingMessageNotification(params=params.model_copy(update={"meta": relayable_meta(params.meta)}))
+
+
+async def _send_log(ctx: ServerRequestContext[Any], params: types.LoggingMessageNotificationParams) -> None:
+    notification = relayed_log(params, host_log_level(ctx))
+    if notification is None:
         return
-    relayed = params.model_copy(update={"meta": _relayable(params.meta)})
     try:
-        await ctx.session.send_notification(
-            types.LoggingMessageNotification(params=relayed), related_request_id=ctx.request_id
-        )
+        await ctx.session.send_notification(notification, related_request_id=ctx.request_id)
     except (anyio.ClosedResourceError, anyio.BrokenResourceError):
         logger.debug("a log message arrived after its host request ended")
 
@@ -107,6 +123,13 @@ class HostRelay:
     def log_level(self) -> types.LoggingLevel | None:
         return host_log_level(self._ctx)
 
+    @property
+    def answers(self) -> bool:
+        """A 2025-era host that declares sampling or elicitation (a 2026-07-28 host is asked by a `ParkedCall`)."""
+        return self._ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS and (
+            _declares(self._ctx, "sampling") or _declares(self._ctx, "elicitation")
+        )
+
     async def log(self, params: types.LoggingMessageNotificationParams) -> None:
         await _send_log(self._ctx, params)
 
@@ -116,7 +139,7 @@ class HostRelay:
         capabilities = self._ctx.session.client_capabilities
         if capabilities is None or capabilities.sampling is None:
             return _cannot("sampling", self._ctx)
-        request = types.CreateMessageRequest(params=params.model_copy(update={"meta": _relayable(params.meta)}))
+        request = types.CreateMessageRequest(params=params.model_copy(update={"meta": relayable_meta(params.meta)}))
         if wants_sampling_tools(params.tools, params.tool_choice):
             return await self._ask(request, types.CreateMessageResultWithTools)
         return await self._ask(request, types.CreateMessageResult)
@@ -125,7 +148,7 @@ class HostRelay:
         capabilities = self._ctx.session.client_capabilities
         if capabilities is None or capabilities.elicitation is None:
             return _cannot("elicitation", self._ctx)
-        request = types.ElicitRequest(params=params.model_copy(update={"meta": _relayable(params.meta)}))
+        request = types.ElicitRequest(params=params.model_copy(update={"meta": relayable_meta(params.meta)}))
         return await self._ask(request, types.ElicitResult)
 
     async def _ask(
@@ -150,9 +173,14 @@ class HostRelay:
 
 
 def _cannot(what: str, ctx: ServerRequestContext[Any]) -> types.ErrorData:
+    return cannot_answer(what, ctx.protocol_version)
+
+
+def cannot_answer(what: str, protocol_version: str) -> types.ErrorData:
+    """The downstream's answer when the host behind Bastion cannot answer its `what` (sampling, elicitation)."""
     return types.ErrorData(
         code=types.INVALID_REQUEST,
-        message=f"the host behind Bastion (protocol {ctx.protocol_version}) cannot answer {what} during this call",
+        message=f"the host behind Bastion (protocol {protocol_version}) cannot answer {what} during this call",
     )
 
 
@@ -189,6 +217,10 @@ class ParkedCall:
     @property
     def log_level(self) -> types.LoggingLevel | None:
         return host_log_level(self._ctx)
+
+    @property
+    def answers(self) -> bool:
+        return _declares(self._ctx, "sampling") or _declares(self._ctx, "elicitation")
 
     async def log(self, params: types.LoggingMessageNotificationParams) -> None:
         await _send_log(self._ctx, params)

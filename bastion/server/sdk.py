@@ -7,10 +7,13 @@ reached here, only this module needs to follow.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import anyio
 from mcp.server import ServerRequestContext
 from mcp.server.connection import Connection
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 
 def connection_of(ctx: ServerRequestContext[Any]) -> Connection:
@@ -27,3 +30,26 @@ def connection_of(ctx: ServerRequestContext[Any]) -> Connection:
     """
     connection: Connection = ctx.session._connection
     return connection
+
+
+def keep_http_session(manager: StreamableHTTPSessionManager, session_id: str) -> bool:
+    """Whether the SDK still serves the handshake-era streamable-HTTP session `session_id`; if so, a request the
+    express lane answered for it counts as the session's activity, as one the SDK answered would.
+
+    The SDK closes a session after `session_idle_timeout` without a request (its transport's `idle_scope`), and
+    counts only the requests its transport serves. A host whose every request the lane answered would see its
+    session closed in the middle of its work. The manager keeps its transports by session id only in its private
+    `_server_instances`; the deadline is moved the way the transport moves it when a request ends.
+    """
+    transport = manager._server_instances.get(session_id)
+    if transport is None:
+        return False
+    idle = transport.idle_scope
+    if idle is None:
+        return True
+    if idle.cancel_called:
+        return False
+    timeout = manager.session_idle_timeout
+    if timeout is not None and idle.deadline != math.inf:
+        idle.deadline = max(idle.deadline, anyio.current_time() + timeout)
+    return True

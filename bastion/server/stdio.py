@@ -28,9 +28,9 @@ import logging
 import os
 import re
 import stat
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
-from typing import Final
+from typing import Final, Protocol, cast
 
 import anyio
 import mcp_types as types
@@ -57,42 +57,90 @@ Streams = tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObj
 """What `Server.run` reads messages (or parse errors) from, and writes messages to."""
 
 
+LineFn = Callable[[bytes], Awaitable[None]]
+"""Sends one line: to the host (a JSON-RPC message and its newline), or on to the SDK's server."""
+
+
+class Shortcut(Protocol):
+    """What may answer some of the host's lines itself, before the SDK's server sees them (the express lane)."""
+
+    def take(self, line: bytes) -> bool:
+        """Whether it takes this line (the SDK's server then never sees it)."""
+        ...
+
+    async def run(self, write: LineFn, pass_on: LineFn) -> None:
+        """Answer what it took until cancelled: `write` sends to the host, `pass_on` gives a line to the server."""
+        ...
+
+
 @asynccontextmanager
-async def stdio_streams() -> AsyncIterator[Streams]:
+async def stdio_streams(shortcut: Shortcut | None = None) -> AsyncIterator[Streams]:
     """Serve over this process's stdin and stdout (claimed for the duration, see the module docstring)."""
     with ExitStack() as claims:
         wire_in = claims.enter_context(_claimed(0, lambda: os.open(os.devnull, os.O_RDONLY)))
         wire_out = claims.enter_context(_claimed(1, _stdout_diversion))
-        async with pipe_streams(wire_in, wire_out) as streams:
+        async with pipe_streams(wire_in, wire_out, shortcut) as streams:
             yield streams
 
 
 @asynccontextmanager
-async def pipe_streams(read_fd: int, write_fd: int) -> AsyncIterator[Streams]:
+async def pipe_streams(read_fd: int, write_fd: int, shortcut: Shortcut | None = None) -> AsyncIterator[Streams]:
     """Messages read from `read_fd` and written to `write_fd`: pipes and sockets non-blocking, a terminal or
-    a regular file as it is.
+    a regular file as it is. A `shortcut` is offered every line first, and runs until reading ends.
 
     Reading ends at end of input (the read stream then ends). On exit reading stops, both streams close,
     and what the server sent is written out.
     """
     incoming, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    write_stream, outgoing = anyio.create_memory_object_stream[SessionMessage](0)
+    write_stream, outgoing = anyio.create_memory_object_stream[SessionMessage | bytes](0)
     async with anyio.create_task_group() as writing:
         writing.start_soon(_write_lines, write_fd, outgoing)
         async with read_stream, write_stream, anyio.create_task_group() as reading:
-            reading.start_soon(_read_lines, read_fd, incoming, write_stream.clone())
+            shortcut_scope = anyio.CancelScope()
+            if shortcut is not None:
+                reading.start_soon(_run_shortcut, shortcut, shortcut_scope, write_stream.clone(), incoming.clone())
+            reading.start_soon(_read_lines, read_fd, incoming, write_stream.clone(), shortcut, shortcut_scope)
             try:
-                yield read_stream, write_stream
+                yield read_stream, cast(MemoryObjectSendStream[SessionMessage], write_stream)
             finally:
                 reading.cancel_scope.cancel()
+
+
+async def _run_shortcut(
+    shortcut: Shortcut,
+    scope: anyio.CancelScope,
+    lines: MemoryObjectSendStream[SessionMessage | bytes],
+    incoming: MemoryObjectSendStream[SessionMessage | Exception],
+) -> None:
+    async def pass_on(line: bytes) -> None:
+        await _deliver(line, incoming, None)
+
+    with scope:
+        async with lines, incoming:
+            await shortcut.run(lines.send, pass_on)
 
 
 async def _read_lines(
     fd: int,
     incoming: MemoryObjectSendStream[SessionMessage | Exception],
-    replies: MemoryObjectSendStream[SessionMessage],
+    replies: MemoryObjectSendStream[SessionMessage | bytes],
+    shortcut: Shortcut | None,
+    shortcut_scope: anyio.CancelScope,
 ) -> None:
-    """Deliver each line of `fd` to `incoming`; answer an over-long one on `replies` instead."""
+    """Deliver each line of `fd` to `incoming` (unless the shortcut takes it); answer an over-long one on `replies`
+    instead. At the end of input the shortcut stops too (its calls are cancelled, as the server cancels its own)."""
+    try:
+        await _read_lines_until_end(fd, incoming, replies, shortcut)
+    finally:
+        shortcut_scope.cancel()
+
+
+async def _read_lines_until_end(
+    fd: int,
+    incoming: MemoryObjectSendStream[SessionMessage | Exception],
+    replies: MemoryObjectSendStream[SessionMessage | bytes],
+    shortcut: Shortcut | None,
+) -> None:
     wait_first = os.get_blocking(fd) and os.isatty(fd)  # a blocking terminal: a read would stall the loop
     async with incoming, replies:
         buffer = bytearray()
@@ -127,7 +175,7 @@ async def _read_lines(
                 if len(line) > MAX_MESSAGE_BYTES:
                     await _refuse(_OverlongLine(line), replies)
                 else:
-                    await _deliver(line, incoming)
+                    await _deliver(line, incoming, shortcut)
                 start = end + 1
             del buffer[:start]
             searched = len(buffer)
@@ -140,7 +188,7 @@ async def _read_lines(
         elif len(buffer) > MAX_MESSAGE_BYTES:
             await _refuse(_OverlongLine(buffer), replies)
         else:
-            await _deliver(bytes(buffer), incoming)
+            await _deliver(bytes(buffer), incoming, shortcut)
 
 
 class _OverlongLine:
@@ -201,7 +249,7 @@ def _as_id(value: object) -> types.RequestId | None:
     return value if isinstance(value, str | int) and not isinstance(value, bool) else None
 
 
-async def _refuse(line: _OverlongLine, replies: MemoryObjectSendStream[SessionMessage]) -> None:
+async def _refuse(line: _OverlongLine, replies: MemoryObjectSendStream[SessionMessage | bytes]) -> None:
     """Answer an over-long line with an error for its request (or a parse error with id null)."""
     request_id = line.request_id()
     limit = f"{MAX_MESSAGE_BYTES // (1 << 20)} MiB"
@@ -214,8 +262,10 @@ async def _refuse(line: _OverlongLine, replies: MemoryObjectSendStream[SessionMe
         logger.info("the server stopped before the refusal of an over-long message could be sent")
 
 
-async def _deliver(line: bytes, incoming: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
-    if not line.strip():
+async def _deliver(
+    line: bytes, incoming: MemoryObjectSendStream[SessionMessage | Exception], shortcut: Shortcut | None
+) -> None:
+    if not line.strip() or (shortcut is not None and shortcut.take(line)):
         return
     try:
         message = types.jsonrpc_message_adapter.validate_json(line.decode("utf-8", "replace"), by_name=False)
@@ -225,11 +275,14 @@ async def _deliver(line: bytes, incoming: MemoryObjectSendStream[SessionMessage 
     await incoming.send(SessionMessage(message))
 
 
-async def _write_lines(fd: int, outgoing: MemoryObjectReceiveStream[SessionMessage]) -> None:
+async def _write_lines(fd: int, outgoing: MemoryObjectReceiveStream[SessionMessage | bytes]) -> None:
+    """Write each message as a line; a shortcut's lines come as bytes, already serialized."""
     async with outgoing:
-        async for session_message in outgoing:
-            line = session_message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-            pending = memoryview(line.encode())
+        async for item in outgoing:
+            if isinstance(item, bytes):
+                pending = memoryview(item)
+            else:
+                pending = memoryview((item.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode())
             while pending:
                 try:
                     written = os.write(fd, pending)

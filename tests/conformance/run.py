@@ -26,6 +26,8 @@ from typing import Final
 from urllib.parse import urlsplit
 
 import anyio
+import httpx2
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.processes import served
 from tests.tools import ROOT, SUITE_BIN, ToolsError, ensure_tools, node_environment
@@ -107,6 +109,24 @@ def baseline_scenarios(baseline: Path) -> set[str]:
     return set(re.findall(r"^\s*-\s*([\w-]+)", baseline.read_text(), flags=re.MULTILINE))
 
 
+async def check_express_lane(base_url: str) -> int:
+    """The suite's tool calls went through Bastion's express lane (issue 17): read from `/metrics`, 1 if none did."""
+    async with httpx2.AsyncClient() as client:
+        scraped = (await client.get(f"{base_url}/metrics")).text
+    counts = {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(scraped)
+        if family.name == "bastion_express_calls"
+        for sample in family.samples
+        if sample.name == "bastion_express_calls_total"
+    }
+    print(f"\n=== Express lane: {counts.get('answered', 0):.0f} tool calls answered by it ===")
+    if not counts.get("answered"):
+        print("error: no tool call of the suite went through the express lane", file=sys.stderr)
+        return 1
+    return 0
+
+
 async def run(direct: bool, scenario: str | None) -> int:
     ensure_tools()
     with tempfile.TemporaryDirectory(prefix="bastion-conformance-") as scratch:
@@ -121,6 +141,8 @@ async def run(direct: bool, scenario: str | None) -> int:
                 port = urlsplit(server.base_url).port
                 assert port is not None
                 status = await run_suite(port, baseline=baseline, scenario=scenario, output=output)
+                if not direct:
+                    status = status or await check_express_lane(server.base_url)
         except AssertionError as exc:  # it never served: `served` says how far it got
             raise RunError(f"{name} did not start: {exc}") from exc
         if status != 0:

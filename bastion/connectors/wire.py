@@ -1,0 +1,248 @@
+"""Tool calls Bastion writes to a stdio connector's process itself, and their answers picked out of its output.
+
+The SDK's client models each request and each answer: it builds a request model, dumps it, parses the answer line
+into a message model, validates the result once for the protocol version and once more into a `CallToolResult`.
+For a call whose result Bastion forwards as it came (the express lane, issue 17) that is most of the CPU a call
+costs Bastion. `WireCalls` sends such a call as one JSON line under an id of its own (`bastion-<n>`, never one of
+the SDK client's integer ids), and the reader of the process's stdout offers it every line first (`claims`): the
+answer to one of its calls is taken, anything else goes on to the SDK's session. Everything else on the connection
+(the handshake, listings, notifications, the downstream's own requests, calls with progress) stays the SDK's.
+
+A 2026-07-28 downstream needs the per-request `_meta` envelope (protocol version, client info, capabilities): it is
+the one the SDK's client stamps on its own requests, read off them as they are written (`noticed`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, TypeVar
+
+import anyio
+import mcp_types as types
+import orjson
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import best_match
+from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY, methods
+
+logger = logging.getLogger(__name__)
+
+ID_PREFIX: Final = "bastion-"
+_ID_MARK: Final = b'"bastion-'
+_ENVELOPE_KEYS: Final = (PROTOCOL_VERSION_META_KEY, CLIENT_INFO_META_KEY, CLIENT_CAPABILITIES_META_KEY)
+_CANCEL_TIMEOUT: Final = 1.0
+
+PROTOCOL_META_PREFIX: Final = "io.modelcontextprotocol/"
+"""Protocol-internal `_meta` keys of the downstream, stripped from forwarded results. On 2026-07-28 a downstream
+stamps its own identity there (`io.modelcontextprotocol/serverInfo`), and the SDK's server keeps a stamp the
+handler's result already carries: forwarded as is, the result would name the downstream instead of Bastion."""
+
+SendFn = Callable[[bytes], Awaitable[None]]
+_Result = TypeVar("_Result", bound=types.Result)
+
+
+class WireClosed(Exception):
+    """The connection ended (or was never open) before the call was answered."""
+
+
+class WireError(Exception):
+    """The downstream answered the call with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON bytes: orjson, or the standard library for what orjson refuses (integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def loads(line: bytes | str) -> Any:
+    """Parse JSON: orjson, or the standard library for what orjson refuses (integers beyond 64 bits)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
+
+
+def _parsed_as_the_sdk_does(line: bytes) -> dict[str, Any] | None:
+    try:
+        message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValueError:
+        return None
+    return message.model_dump(by_alias=True, exclude_unset=True)
+
+
+class _Call:
+    __slots__ = ("answered", "closed", "error", "result")
+
+    def __init__(self) -> None:
+        self.answered = anyio.Event()
+        self.result: dict[str, Any] | None = None
+        self.error: WireError | None = None
+        self.closed = False
+
+
+class WireCalls:
+    """The calls written to one connection of a connector's process, waiting for their answers."""
+
+    def __init__(self) -> None:
+        self._send: SendFn | None = None
+        self._calls: dict[str, _Call] = {}
+        self._ids = itertools.count(1)
+        self.envelope: dict[str, Any] | None = None
+        """The 2026-07-28 `_meta` envelope of the SDK client's requests on this connection (None until one is seen,
+        and on a 2025-era connection)."""
+
+    @property
+    def open(self) -> bool:
+        return self._send is not None
+
+    def attach(self, send: SendFn) -> None:
+        """Start writing calls with `send` (one line to the process's stdin)."""
+        self._send = send
+
+    def close(self) -> None:
+        """The connection ended: every call waiting for an answer fails with WireClosed, and so do new ones."""
+        self._send = None
+        for call in self._calls.values():
+            call.closed = True
+            call.answered.set()
+
+    def noticed(self, message: types.JSONRPCMessage) -> None:
+        """Keep the envelope of an SDK client request about to be written (2026-07-28 connections)."""
+        if self.envelope is not None or not isinstance(message, types.JSONRPCRequest) or not message.params:
+            return
+        meta = message.params.get("_meta")
+        if isinstance(meta, dict) and PROTOCOL_VERSION_META_KEY in meta:
+            self.envelope = {key: meta[key] for key in _ENVELOPE_KEYS if key in meta}
+
+    def claims(self, line: bytes) -> bool:
+        """Take `line` if it answers one of the calls waiting here; False leaves it to the SDK's session."""
+        if not self._calls or _ID_MARK not in line:
+            return False
+        try:
+            message = loads(line)
+        except (ValueError, RecursionError):  # nested beyond the JSON parsers' depth: as the SDK's session reads it
+            message = _parsed_as_the_sdk_does(line)
+        request_id = message.get("id") if isinstance(message, dict) else None
+        call = self._calls.get(request_id) if isinstance(request_id, str) else None
+        if call is None or call.answered.is_set():
+            return False
+        result, error = message.get("result"), message.get("error")
+        if isinstance(result, dict):
+            call.result = result
+        elif isinstance(error, dict):
+            code, text = error.get("code"), error.get("message")
+            call.error = WireError(code if isinstance(code, int) else 0, str(text), error.get("data"))
+        else:
+            return False
+        call.answered.set()
+        return True
+
+    async def request(self, method: str, params: Mapping[str, Any], *, timeout: float) -> dict[str, Any]:
+        """Send one request and wait (at most `timeout` seconds, TimeoutError) for its result.
+
+        Raises WireError for an error answer and WireClosed when the connection ends first. A call given up (timed
+        out or cancelled) after it was sent is cancelled at the downstream with `notifications/cancelled`, as the
+        SDK's client does."""
+        send = self._send
+        if send is None:
+            raise WireClosed("the connection is not open")
+        request_id = f"{ID_PREFIX}{next(self._ids)}"
+        call = self._calls[request_id] = _Call()
+        try:
+            try:
+                await send(dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}) + b"\n")
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+                raise WireClosed("the process's stdin is closed") from exc
+            try:
+                with anyio.fail_after(timeout):
+                    await call.answered.wait()
+            except BaseException:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_TIMEOUT):
+                    await self._cancel(request_id)
+                raise
+        finally:
+            del self._calls[request_id]
+        if call.closed:
+            raise WireClosed("the connection closed before the call was answered")
+        if call.error is not None:
+            raise call.error
+        assert call.result is not None
+        return call.result
+
+    async def _cancel(self, request_id: str) -> None:
+        send = self._send
+        if send is None:
+            return
+        cancelled = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}}
+        try:
+            await send(dumps(cancelled) + b"\n")
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            logger.debug("the cancellation of %s could not be sent: the connection is gone", request_id)
+
+
+class ResultChecks:
+    """What the SDK's client checks of a `tools/call` result, done on the JSON the downstream sent: its shape for the
+    connection's protocol version, then the tool's own output schema (compiled once per schema)."""
+
+    def __init__(self) -> None:
+        self._validators: dict[str, tuple[Mapping[str, Any], Any]] = {}
+
+    def checked(self, tool: types.Tool | None, raw: dict[str, Any], version: str) -> dict[str, Any]:
+        """The result without its protocol `_meta` keys. Raises ValidationError for a result off its protocol
+        version's shape, and OutputSchemaError for structured content off the tool's output schema."""
+        try:
+            methods.validate_server_result("tools/call", version, raw)
+        except KeyError:  # a version the SDK has no result surface for: the model checks it
+            types.CallToolResult.model_validate(raw, by_name=False)
+        schema = tool.output_schema if tool is not None else None
+        if tool is not None and schema is not None and raw.get("isError") is not True:
+            if "structuredContent" not in raw:
+                raise OutputSchemaError(f"Tool {tool.name} has an output schema but did not return structured content")
+            validator = self._validator(tool.name, schema)
+            structured = raw["structuredContent"]
+            if not validator.is_valid(structured):
+                error = best_match(validator.iter_errors(structured))
+                raise OutputSchemaError(f"Invalid structured content returned by tool {tool.name}: {error}")
+        meta = raw.get("_meta")
+        if isinstance(meta, dict) and any(key.startswith(PROTOCOL_META_PREFIX) for key in meta):
+            kept = {key: value for key, value in meta.items() if not key.startswith(PROTOCOL_META_PREFIX)}
+            raw = {key: value for key, value in raw.items() if key != "_meta"}
+            if kept:
+                raw["_meta"] = kept
+        return raw
+
+    def _validator(self, name: str, schema: Mapping[str, Any]) -> Any:
+        known = self._validators.get(name)
+        if known is not None and known[0] is schema:
+            return known[1]
+        cls = validators.validator_for(schema, default=Draft202012Validator)
+        validator = cls(schema)
+        self._validators[name] = (schema, validator)
+        return validator
+
+
+class OutputSchemaError(Exception):
+    """A tool's result breaks the tool's own output schema (the SDK's client raises RuntimeError for it)."""
+
+
+def strip_protocol_meta(result: _Result) -> _Result:
+    """Drop the downstream's `io.modelcontextprotocol/*` `_meta` keys, and `_meta` itself if that empties it.
+
+    Everything else of a forwarded result (contents, structured content, other `_meta` keys) is kept as is.
+    """
+    meta = result.meta
+    if not meta or not any(key.startswith(PROTOCOL_META_PREFIX) for key in meta):
+        return result
+    kept = {key: value for key, value in meta.items() if not key.startswith(PROTOCOL_META_PREFIX)}
+    return result.model_copy(update={"meta": kept or None})
