@@ -74,6 +74,11 @@ class _Nowhere:
         return _refused("elicitation", self._source_id)
 
 
+def nowhere(source_id: str) -> CallRelay:
+    """The relay of a request made without one (see `_Nowhere`)."""
+    return _Nowhere(source_id)
+
+
 _calling: ContextVar[CallRelay | None] = ContextVar("bastion_calling", default=None)
 """The relay of the downstream request the current task is making, if any."""
 

@@ -53,25 +53,22 @@ from mcp_types import CONNECTION_CLOSED, LOG_LEVEL_META_KEY, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from bastion import tracing
 from bastion.actions import ActionSpec, WireResult
 from bastion.config import ConnectorConfig
 from bastion.connectors.failures import describe, first_line, is_expected
+from bastion.connectors.forwarding import CORRELATION_META_KEY, Forwarding
 from bastion.connectors.inflight import CallRelay, InFlightCalls
 from bastion.connectors.listing import Kind, Listing, list_prompts, list_resources, list_tools
 from bastion.connectors.process import Child, child_process
 from bastion.connectors.specs import action_specs, risk_of
 from bastion.connectors.subscriptions import ResourceWatch, UpdatedFn
-from bastion.connectors.wire import OutputSchemaError, ResultChecks, WireClosed, WireError, strip_protocol_meta
+from bastion.connectors.wire import ResultChecks, strip_protocol_meta
 from bastion.errors import BastionError, CallTimeout, ConnectorUnavailable, UnknownOutcome, UpstreamError
 from bastion.models import Risk, SourceStatus, utcnow
 
 __all__ = ["CORRELATION_META_KEY", "ClientTarget", "McpConnector", "strip_protocol_meta"]
 
 logger = logging.getLogger(__name__)
-
-CORRELATION_META_KEY: Final = "io.bastion/correlation-id"
-"""The request `_meta` key that carries an invocation's correlation id to the downstream (DESIGN.md §6)."""
 
 DOWNSTREAM_LOG_LEVEL: Final = "debug"
 """What a 2025-era downstream that offers logging is asked for once: everything (each host's own
@@ -286,53 +283,25 @@ class McpConnector:
         timeout: float,
         relay: CallRelay | None = None,
     ) -> WireResult | None:
-        """`call`, written to the downstream's process and answered as JSON (see `bastion.connectors.wire`), with the
+        """`call`, written to the downstream's process and answered as JSON (bastion.connectors.forwarding), with the
         same checks and errors; None, having sent nothing, when this call cannot go that way: a downstream not run
-        by Bastion over stdio, or a 2026-07-28 one while the host could answer its questions (only the SDK's client
+        by Bastion over stdio, or a 2026-07-28 one while the host could answer its questions (the SDK's client then
         drives those rounds)."""
         link = self._ready_link()
         wire = self._child.wire if self._child is not None else None
-        if wire is None or not wire.open:
+        if wire is None or not wire.open or (link.modern and (wire.envelope is None or (relay and relay.answers))):
             return None
-        meta: dict[str, Any] = {CORRELATION_META_KEY: correlation_id}
-        if link.modern:
-            if wire.envelope is None or (relay is not None and relay.answers):
-                return None
-            meta.update(wire.envelope)
-            if relay is not None and relay.log_level is not None:
-                meta[LOG_LEVEL_META_KEY] = relay.log_level
-        tracing.inject_context(meta)  # the host's trace context, as the SDK's client passes it on
-        params = {"name": action_id, "arguments": arguments, "_meta": meta}
-        try:
-            with self._calls.calling(relay):
-                raw = await wire.request("tools/call", params, timeout=timeout)
-        except TimeoutError as exc:
-            raise CallTimeout(f"{self.source_id}:{action_id} did not answer within {timeout:g}s") from exc
-        except WireClosed as exc:
-            link.lose(f"the connection closed during a call of {action_id}")
-            raise UnknownOutcome(
-                f"the connection to {self.source_id} closed while {action_id} was running; its outcome is unknown"
-            ) from exc
-        except WireError as exc:
-            raise UpstreamError(f"{self.source_id}:{action_id} failed with error {exc.code}: {exc.message}") from exc
-        if raw.get("resultType", "complete") != "complete":
-            # Input requests (or an extension's result) that nobody behind this host can answer: refused as the
-            # SDK's client refuses them when the host's relay cannot answer.
-            raise UpstreamError(
-                f"{self.source_id}:{action_id} asked for {raw.get('resultType')!s} during the call, which the host "
-                "behind Bastion cannot answer"
-            )
-        version = link.client.protocol_version
-        try:
-            checked = self._checks.checked(self._listing.tool(action_id), raw, version)
-        except ValidationError as exc:
-            raise UpstreamError(f"{self.source_id}:{action_id} returned an unusable result: {exc}") from exc
-        except OutputSchemaError as exc:
-            raise UpstreamError(
-                f"{self.source_id}:{action_id} ran, but its result breaks the tool's own output schema "
-                f"({first_line(exc)}); the result is withheld, and the call is not safe to repeat blindly"
-            ) from exc
-        return WireResult(checked, checked_at=version)
+        forwarding = Forwarding(
+            self.source_id, wire, link.client.protocol_version, link.modern, self._calls, self._checks, link.lose
+        )
+        return await forwarding.call(
+            action_id,
+            arguments,
+            self._listing.tool(action_id),
+            correlation_id=correlation_id,
+            timeout=timeout,
+            relay=relay,
+        )
 
     # -- resources, prompts, completion ------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar
 
@@ -31,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 ID_PREFIX: Final = "bastion-"
 _ID_MARK: Final = b'"bastion-'
+_LEADING_ID: Final = re.compile(rb'\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*"(bastion-\d+)"')
+"""The id of a JSON-RPC answer whose first members are `jsonrpc` and `id` (or `id`), found without parsing it."""
 _ENVELOPE_KEYS: Final = (PROTOCOL_VERSION_META_KEY, CLIENT_INFO_META_KEY, CLIENT_CAPABILITIES_META_KEY)
 _CANCEL_TIMEOUT: Final = 1.0
 
@@ -45,6 +48,10 @@ _Result = TypeVar("_Result", bound=types.Result)
 
 class WireClosed(Exception):
     """The connection ended (or was never open) before the call was answered."""
+
+
+class WireUnreadable(Exception):
+    """The downstream answered the call with a line that is not JSON that can be read."""
 
 
 class WireError(Exception):
@@ -73,22 +80,15 @@ def loads(line: bytes | str) -> Any:
         return json.loads(line)
 
 
-def _parsed_as_the_sdk_does(line: bytes) -> dict[str, Any] | None:
-    try:
-        message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-    except ValueError:
-        return None
-    return message.model_dump(by_alias=True, exclude_unset=True)
-
-
 class _Call:
-    __slots__ = ("answered", "closed", "error", "result")
+    __slots__ = ("answered", "closed", "error", "result", "unreadable")
 
     def __init__(self) -> None:
         self.answered = anyio.Event()
         self.result: dict[str, Any] | None = None
         self.error: WireError | None = None
         self.closed = False
+        self.unreadable = False
 
 
 class WireCalls:
@@ -131,8 +131,8 @@ class WireCalls:
             return False
         try:
             message = loads(line)
-        except (ValueError, RecursionError):  # nested beyond the JSON parsers' depth: as the SDK's session reads it
-            message = _parsed_as_the_sdk_does(line)
+        except (ValueError, RecursionError):  # e.g. nested beyond every parser's depth
+            return self._unreadable(line)
         request_id = message.get("id") if isinstance(message, dict) else None
         call = self._calls.get(request_id) if isinstance(request_id, str) else None
         if call is None or call.answered.is_set():
@@ -145,6 +145,18 @@ class WireCalls:
             call.error = WireError(code if isinstance(code, int) else 0, str(text), error.get("data"))
         else:
             return False
+        call.answered.set()
+        return True
+
+    def _unreadable(self, line: bytes) -> bool:
+        """Take an answer that does not parse, when it opens with one of the ids waiting here: its call learns at
+        once that it was answered unreadably (the SDK's session would drop the line, and the call wait until its
+        timeout)."""
+        found = _LEADING_ID.match(line)
+        call = self._calls.get(found.group(1).decode()) if found else None
+        if call is None or call.answered.is_set():
+            return False
+        call.unreadable = True
         call.answered.set()
         return True
 
@@ -175,6 +187,8 @@ class WireCalls:
             del self._calls[request_id]
         if call.closed:
             raise WireClosed("the connection closed before the call was answered")
+        if call.unreadable:
+            raise WireUnreadable("the answer could not be parsed as JSON")
         if call.error is not None:
             raise call.error
         assert call.result is not None

@@ -38,6 +38,7 @@ class StdioLane:
 
     def __init__(self, front: FrontDoor) -> None:
         self._lane = Lane(front)
+        self.counts = self._lane.counts
         self._front = front
         self._modern: bool | None = None
         """The era the host's first request opened the connection in (None until it came)."""

@@ -1,0 +1,364 @@
+"""The express lane (issue 17): every call it takes is answered, recorded and relayed as through the SDK's server,
+on stdio and over HTTP, in both protocol eras; what it cannot serve it leaves to the SDK; and it skips no check.
+
+The downstream is a real child process (tests/wire_server.py) that Bastion runs over stdio, so the calls the lane
+takes are also forwarded over the wire path (bastion.connectors.forwarding). Each scenario runs twice, with
+`[server] express_lane` on and off, and the two runs must agree: what the host got, and what the ledger holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.session import ClientRequestContext
+from prometheus_client.parser import text_string_to_metric_families
+
+from bastion.config import ApprovalSettings, Config, ConnectorConfig, LimitSettings, PolicyConfig, Settings
+from bastion.config.models import ServerSettings
+from bastion.connectors import McpConnector
+from bastion.connectors.wire import WireCalls, WireUnreadable
+from bastion.ledger import OpenLedger, Redactor, open_ledger
+from bastion.models import Invocation
+from bastion.pipeline.gateway import Gateway
+from bastion.server.express import LaneCounts
+from bastion.server.express_stdio import StdioLane
+from bastion.server.mcp import FrontDoor
+from bastion.server.stdio import pipe_streams
+from tests.processes import bastion_env, bastion_http
+from tests.wire_server import HUGE
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+INVOCATION_ID = re.compile(r"\b[0-9a-f]{24}\b")
+TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d+)?")
+MODES = {"fx:*": "allow", "fx:sleep": "require_approval", "fx:ask": "deny"}
+"""Everything allowed, but `sleep` waits for an approver and `ask` is denied."""
+
+
+@dataclass
+class Host:
+    """What a host heard besides results: progress, log lines, questions it answered."""
+
+    progress: list[float] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    asked: list[str] = field(default_factory=list)
+
+    async def sample(
+        self, context: ClientRequestContext, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult:
+        self.asked.append("sampling")
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="a haiku"), model="test-model"
+        )
+
+    async def elicit(self, context: ClientRequestContext, params: types.ElicitRequestParams) -> types.ElicitResult:
+        self.asked.append("elicitation")
+        return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+    async def log(self, params: types.LoggingMessageNotificationParams) -> None:
+        self.logs.append(f"{params.level} {params.data}")
+
+
+# -- the scenario, and what is compared
+
+
+def scenario(*, answers: bool) -> list[tuple[str, dict[str, Any], bool]]:
+    """(tool, arguments, with progress) for every kind of answer: results, refusals of each class, relays.
+    `answers`: the host answers questions (only 2025-era hosts are asked through the lane)."""
+    calls: list[tuple[str, dict[str, Any], bool]] = [
+        ("fx__echo", {"text": "hello"}, False),  # a result whose protocol _meta key is stripped
+        ("fx__shapes", {"at": [1, 2]}, False),  # structured content, checked against the output schema
+        ("fx__deep", {}, False),  # deeply nested
+        ("fx__huge", {"n": HUGE}, False),  # integers beyond 64 bits, both ways
+        ("fx__fail", {}, False),  # the downstream's JSON-RPC error: upstream_error
+        ("fx__off_schema", {}, False),  # off its own output schema: upstream_error
+        ("fx__echo", {}, False),  # invalid_arguments, nothing recorded
+        ("fx__nope", {}, False),  # not_found
+        ("fx__ask", {}, False),  # policy_denied
+        ("fx__progress", {}, True),  # progress relayed under the host's token
+        ("fx__chatty", {}, False),  # log lines relayed (2025-era: info and above)
+        ("fx__sample", {"prompt": "a haiku"}, False),  # sampling: answered, or refused for a host that cannot
+        ("fx__sleep", {}, False),  # held for an approver: handed back to the SDK's server
+    ]
+    if answers:
+        calls.append(("fx__ask", {}, False))
+    return calls
+
+
+def held_calls(calls: Sequence[tuple[str, dict[str, Any], bool]]) -> int:
+    return sum(1 for tool, _, _ in calls if tool == "fx__sleep")
+
+
+def lane_answers(calls: Sequence[tuple[str, dict[str, Any], bool]], *, progress: bool = True) -> int:
+    """The calls the lane answers: all but the held one and the unknown tool (the SDK's server waits for a source
+    still starting before it says not_found), and, unless it relays `progress`, those that want progress."""
+    return sum(1 for tool, _, wants in calls if tool not in ("fx__sleep", "fx__nope") and (progress or not wants))
+
+
+async def run_scenario(
+    client: Client, calls: Sequence[tuple[str, dict[str, Any], bool]], host: Host, directory: Path
+) -> list[dict[str, Any]]:
+    """Every call's result as the host got it (invocation ids, times and the run's `directory` aside)."""
+    results = []
+
+    async def heard(progress: float, total: float | None, message: str | None) -> None:
+        host.progress.append(progress)
+
+    for tool, arguments, progress in calls:
+        with anyio.fail_after(30):
+            if progress:
+                result = await client.call_tool(tool, arguments, progress_callback=heard)
+            else:
+                result = await client.call_tool(tool, arguments)
+        dumped = json.loads(result.model_dump_json(by_alias=True, exclude_none=True).replace(str(directory), "DIR"))
+        results.append(_comparable(dumped))
+    return results
+
+
+def _comparable(value: Any) -> Any:
+    """`value` without what differs between two runs by nature: invocation ids (in refusals) and timestamps."""
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items() if k not in ("invocation_id", "invocationId")}
+    if isinstance(value, list):
+        return [_comparable(v) for v in value]
+    if isinstance(value, str):
+        return TIMESTAMP.sub("TIME", INVOCATION_ID.sub("ID", value))
+    return value
+
+
+def recorded(invocations: Sequence[Invocation]) -> list[dict[str, Any]]:
+    """The ledger's records, oldest first, in the fields both runs must agree on."""
+    fields = ("tool", "status", "mode", "mode_source", "risk", "error_class", "args", "result")
+    return [
+        _comparable(invocation.model_dump(mode="json", include=set(fields)))
+        for invocation in sorted(invocations, key=lambda i: i.created_at)
+    ]
+
+
+# -- Bastion over stdio, in this process (the lane's counts can be read)
+
+
+def _config(tmp_path: Path, *, express: bool) -> Config:
+    connector = ConnectorConfig(
+        id="fx", command=sys.executable, args=["-m", "tests.wire_server"], cwd=str(ROOT), env={"PYTHONPATH": str(ROOT)}
+    )
+    return Config(
+        directory=None,
+        settings=Settings(
+            server=ServerSettings(express_lane=express),
+            limits=LimitSettings(invocations_per_minute=1000, call_timeout_seconds=20),
+            approvals=ApprovalSettings(wait_without_progress_seconds=0),
+        ),
+        connectors=[connector],
+        policy=PolicyConfig.model_validate({"modes": MODES}),
+        ledger_url=f"sqlite:///{tmp_path}/ledger.db",
+    )
+
+
+@contextlib.contextmanager
+def _pipes() -> Iterator[tuple[int, int, int, int]]:
+    """(host writes, Bastion reads, Bastion writes, host reads), non-blocking."""
+    bastion_in, host_out = os.pipe()
+    host_in, bastion_out = os.pipe()
+    for fd in (bastion_in, host_out, host_in, bastion_out):
+        os.set_blocking(fd, False)
+    try:
+        yield host_out, bastion_in, bastion_out, host_in
+    finally:
+        for fd in (bastion_in, host_out, host_in, bastion_out):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+@dataclass
+class StdioRun:
+    client: Client
+    ledger: OpenLedger
+    counts: LaneCounts | None
+
+
+@asynccontextmanager
+async def stdio_bastion(
+    tmp_path: Path, *, express: bool, mode: str, host: Host, answers: bool
+) -> AsyncIterator[StdioRun]:
+    """A front door serving stdio over real pipes, with the express lane or without, and a host connected to it."""
+    config = _config(tmp_path, express=express)
+    async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
+        gateway = Gateway(config, ledger, [McpConnector(config.connectors[0])])
+        async with gateway.running():
+            front = FrontDoor(gateway, session_id="stdio")
+            lane = StdioLane(front) if express else None
+            with _pipes() as (host_out, bastion_in, bastion_out, host_in):
+                async with (
+                    pipe_streams(bastion_in, bastion_out, lane) as (read_stream, write_stream),
+                    anyio.create_task_group() as tg,
+                ):
+                    options = front.server.create_initialization_options()
+                    tg.start_soon(front.server.run, read_stream, write_stream, options)
+                    client = Client(
+                        pipe_streams(host_in, host_out),
+                        cache=None,
+                        mode=mode,
+                        sampling_callback=host.sample if answers else None,
+                        elicitation_callback=host.elicit if answers else None,
+                        logging_callback=host.log,
+                    )
+                    async with client:
+                        with anyio.fail_after(30):
+                            await client.list_tools()
+                        yield StdioRun(client, ledger, lane.counts if lane is not None else None)
+                    os.close(host_out)  # end of input: the server's run ends
+                    tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_over_stdio_every_call_is_answered_and_recorded_as_the_sdks_server_answers_it(
+    tmp_path: Path, mode: str
+) -> None:
+    answers = mode == "legacy"  # a 2026-07-28 host that declares sampling is asked by a parked call (the SDK's)
+    calls = scenario(answers=answers)
+    outcomes = {}
+    for express in (True, False):
+        host = Host()
+        directory = tmp_path / f"express-{express}"
+        directory.mkdir()
+        async with stdio_bastion(directory, express=express, mode=mode, host=host, answers=answers) as run:
+            results = await run_scenario(run.client, calls, host, directory)
+            records = recorded(await run.ledger.invocations.list(limit=1000))
+            if run.counts is not None:
+                assert run.counts.answered == lane_answers(calls)
+                assert run.counts.handed_back == held_calls(calls)
+        outcomes[express] = (results, records, host)
+    (lane_results, lane_records, lane_host), (sdk_results, sdk_records, sdk_host) = outcomes[True], outcomes[False]
+    assert lane_results == sdk_results
+    assert lane_records == sdk_records
+    assert (lane_host.progress, lane_host.logs, lane_host.asked) == (sdk_host.progress, sdk_host.logs, sdk_host.asked)
+    assert lane_host.progress == [1.0, 2.0, 3.0]
+    assert lane_host.logs == (["info info line", "warning warning line"] if answers else [])
+    statuses = [record["status"] for record in lane_records]
+    assert statuses.count("completed") >= 6 and "unknown" not in statuses
+    assert any(record["status"] == "pending" for record in lane_records)  # the held call, handed back
+
+
+# -- Bastion over streamable HTTP, a real process (the lane's counts come from /metrics)
+
+
+def _config_dir(tmp_path: Path, *, express: bool) -> Path:
+    directory = tmp_path / "config"
+    (directory / "connectors").mkdir(parents=True)
+    (directory / "policies").mkdir()
+    (directory / "bastion.toml").write_text(
+        f'[server]\nledger = "sqlite:///state/ledger.db"\nstartup_wait_seconds = 20\n'
+        f"express_lane = {json.dumps(express)}\n"
+        "[limits]\ninvocations_per_minute = 1000\ncall_timeout_seconds = 20\n"
+        "[approvals]\nwait_without_progress_seconds = 0\n"
+    )
+    (directory / "connectors" / "fx.toml").write_text(
+        f'command = {json.dumps(sys.executable)}\nargs = ["-m", "tests.wire_server"]\ncwd = {json.dumps(str(ROOT))}\n'
+        f"env = {{ PYTHONPATH = {json.dumps(str(ROOT))} }}\n"
+    )
+    (directory / "policies" / "default.toml").write_text(
+        "[modes]\n" + "".join(f"{json.dumps(key)} = {json.dumps(mode)}\n" for key, mode in MODES.items())
+    )
+    return directory
+
+
+async def _express_counts(base_url: str) -> dict[str, float]:
+    async with httpx2.AsyncClient() as http:
+        scraped = (await http.get(f"{base_url}/metrics")).text
+    return {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(scraped)
+        for sample in family.samples
+        if sample.name == "bastion_express_calls_total"
+    }
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_over_http_every_call_is_answered_and_recorded_as_the_sdks_server_answers_it(
+    tmp_path: Path, mode: str
+) -> None:
+    answers = mode == "legacy"
+    calls = scenario(answers=answers)
+    outcomes = {}
+    for express in (True, False):
+        host = Host()
+        directory = tmp_path / f"express-{express}"
+        config = _config_dir(directory, express=express)
+        env = bastion_env(directory / "home")
+        async with bastion_http(["--config", str(config)], env=env) as server:
+            client = Client(
+                server.mcp_url,
+                cache=None,
+                mode=mode,
+                sampling_callback=host.sample if answers else None,
+                elicitation_callback=host.elicit if answers else None,
+                logging_callback=host.log,
+            )
+            async with client:
+                with anyio.fail_after(30):
+                    await client.list_tools()  # the first listing waits for the connector to list
+                results = await run_scenario(client, calls, host, directory)
+            counts = await _express_counts(server.base_url)
+        async with await open_ledger(config / "state" / "ledger.db", redactor=Redactor()) as ledger:
+            records = recorded(await ledger.invocations.list(limit=1000))
+        outcomes[express] = (results, records, host, counts)
+    lane, sdk = outcomes[True], outcomes[False]
+    assert lane[0] == sdk[0]
+    assert lane[1] == sdk[1]
+    assert (lane[2].progress, lane[2].logs, lane[2].asked) == (sdk[2].progress, sdk[2].logs, sdk[2].asked)
+    # A 2026-07-28 request that wants progress is answered on an event stream: the SDK's.
+    assert lane[3] == {"answered": lane_answers(calls, progress=answers), "handed_back": held_calls(calls)}
+    assert sdk[3] == {"answered": 0, "handed_back": 0}
+
+
+# -- the wire itself
+
+
+async def test_an_answer_nested_beyond_every_json_parsers_depth_ends_its_call_at_once_as_unknown(
+    tmp_path: Path,
+) -> None:
+    wire = WireCalls()
+    sent: list[bytes] = []
+
+    async def send(line: bytes) -> None:
+        sent.append(line)
+
+    wire.attach(send)
+    failures: list[BaseException] = []
+    async with anyio.create_task_group() as tg:
+
+        async def call() -> None:
+            try:
+                await wire.request("tools/call", {"name": "x"}, timeout=60)
+            except WireUnreadable as exc:
+                failures.append(exc)
+
+        tg.start_soon(call)
+        await anyio.wait_all_tasks_blocked()
+        request_id = json.loads(sent[0])["id"]
+        nested = "[" * 5000 + "]" * 5000
+        line = '{"jsonrpc":"2.0","id":' + json.dumps(request_id) + ',"result":{"content":[],"deep":' + nested + "}}"
+        assert wire.claims(line.encode())
+    assert len(failures) == 1  # at once, not after the minute of its timeout
+
+
+async def test_a_line_that_answers_no_call_of_the_wire_is_left_to_the_sdks_session() -> None:
+    wire = WireCalls()
+    assert not wire.claims(b'{"jsonrpc":"2.0","id":"bastion-1","result":{}}')  # nothing waits for it
+    assert not wire.claims(b'{"jsonrpc":"2.0","id":3,"result":{}}')
