@@ -1,4 +1,5 @@
-"""`/inbox` (issue 14): login into an HTTP-only session cookie, CSRF on every form, agents refused; and a real
+"""`/inbox` (issue 14): login into an HTTP-only session cookie, CSRF on every form, agents refused, an "always"
+approval through the form written to the policy file Bastion owns; and a real
 headless Chromium (Debian's package) driven by Playwright that logs in, sees the pending calls with redacted args
 and the drift diff, denies one with a reason and approves another, while the blocked MCP calls return accordingly.
 The browser test writes a screenshot of the inbox to tests/artifacts/inbox.png (ignored by git)."""
@@ -17,9 +18,10 @@ import mcp_types as types
 import pytest
 from playwright.async_api import async_playwright, expect
 
+from bastion.config.approved import APPROVED_FILE
 from bastion.models import utcnow
 from bastion.pipeline.gateway import Gateway
-from tests.approvers import Bastion, live, structured
+from tests.approvers import OPERATOR_POLICY, Bastion, live, structured
 from tests.test_api import WAIT
 
 pytestmark = pytest.mark.anyio
@@ -27,6 +29,11 @@ pytestmark = pytest.mark.anyio
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).parent / "artifacts"
 SECRET_ARG = "ghp_" + "Q" * 36
+PERSONS_NOTE = """\
+# Reviewed every Monday by the platform team.
+[modes]
+"fx:other" = "allow"  # kept on purpose
+"""
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -110,6 +117,51 @@ async def test_a_revoked_token_ends_its_inbox_session(tmp_path: Path) -> None:
         assert (await http.get("/inbox")).status_code == 200
         await bastion.ledger.tokens.revoke_token("alice", now=utcnow())
         assert (await http.get("/inbox")).status_code == 303
+
+
+async def test_approving_always_in_the_inbox_form_writes_the_owned_policy_file_and_the_next_call_is_allowed_by_org(
+    tmp_path: Path,
+) -> None:
+    policies = tmp_path / "config" / "policies"
+    policies.mkdir(parents=True)
+    (policies / APPROVED_FILE).write_text(PERSONS_NOTE)
+    async with live(tmp_path) as bastion, browserless(bastion) as http:
+        agent = await bastion.token("ci-agent", "agent")
+        admin = await bastion.token("alice", "admin")
+        assert (await _log_in(http, admin["Authorization"].removeprefix("Bearer "))).status_code == 303
+        results: list[types.CallToolResult] = []
+
+        async def agent_calls(text: str) -> None:
+            async with bastion.client(agent) as client:
+                results.append(await client.call_tool("fx__echo", {"text": text}))
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(agent_calls, "first")
+                (waiting,) = await bastion.pending(1)
+                csrf = _csrf((await http.get("/inbox")).text)
+                approve = f"/inbox/approvals/{waiting.id}/approve"
+
+                unknown = await http.post(approve, data={"csrf": csrf, "scope": "forever"})
+                assert unknown.status_code == 422
+                assert unknown.json()["error"]["class"] == "invalid_arguments"
+                still = await bastion.ledger.invocations.get(waiting.id)
+                assert still is not None and still.status == "pending", "nothing was decided"
+
+                approved = await http.post(approve, data={"csrf": csrf, "scope": "always", "note": "fine"})
+                assert approved.status_code == 303
+        assert not results[0].is_error
+
+        written = (policies / APPROVED_FILE).read_text()
+        assert written.startswith(PERSONS_NOTE), "the person's comments and entries are kept"
+        assert '"fx:echo" = "allow"' in written
+        assert f"approved by alice for invocation {waiting.id}" in written
+        assert (policies / "default.toml").read_text() == OPERATOR_POLICY
+
+        await agent_calls("second")
+        assert not results[1].is_error
+        (latest, *_) = await bastion.ledger.invocations.list()
+        assert (latest.status, latest.mode, latest.mode_source) == ("completed", "allow", "org")
 
 
 async def _drift_echo(gateway: Gateway, bastion: Bastion) -> None:

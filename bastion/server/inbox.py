@@ -216,9 +216,8 @@ class Inbox:
     async def approve(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
         form: dict[str, str] = request.state.form
         scope = form.get("scope", "once")
-        if scope not in SCOPES:
-            session.message = (f"unknown scope {scope!r}", True)
-            return _redirect(INBOX)
+        if scope not in SCOPES:  # the page offers only these: a forged or stale form, refused before deciding
+            return _refused(InvalidArguments(f"unknown scope {scope!r}: expected one of {', '.join(SCOPES)}"))
         return await self._decide(request, principal, session, approve=True, note=form.get("note") or None, scope=scope)
 
     async def deny(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
