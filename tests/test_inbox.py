@@ -1,8 +1,8 @@
 """`/inbox` (issue 14): login into an HTTP-only session cookie, CSRF on every form, agents refused, an "always"
-approval through the form written to the policy file Bastion owns; and a real
-headless Chromium (Debian's package) driven by Playwright that logs in, sees the pending calls with redacted args
-and the drift diff, denies one with a reason and approves another, while the blocked MCP calls return accordingly.
-The browser test writes a screenshot of the inbox to tests/artifacts/inbox.png (ignored by git)."""
+approval through the form written to the policy file Bastion owns, the history's filters; and a real headless
+Chromium (Debian's package) driven by Playwright that logs in, sees the pending calls with redacted args, why they
+wait and the drift diff, denies one with a reason and approves another, while the blocked MCP calls return
+accordingly. The browser test writes a screenshot of the inbox to tests/artifacts/inbox.png (ignored by git)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from bastion.config.approved import APPROVED_FILE
 from bastion.models import utcnow
 from bastion.pipeline.gateway import Gateway
 from tests.approvers import OPERATOR_POLICY, Bastion, live, structured
-from tests.test_api import WAIT
+from tests.test_api import WAIT, invocation, seed
 
 pytestmark = pytest.mark.anyio
 
@@ -162,6 +162,30 @@ async def test_approving_always_in_the_inbox_form_writes_the_owned_policy_file_a
         assert not results[1].is_error
         (latest, *_) = await bastion.ledger.invocations.list()
         assert (latest.status, latest.mode, latest.mode_source) == ("completed", "allow", "org")
+
+
+async def test_history_filters_by_status_and_source_and_refuses_an_unknown_status(tmp_path: Path) -> None:
+    async with live(tmp_path) as bastion, browserless(bastion) as http:
+        admin = await bastion.token("alice", "admin")
+        assert (await _log_in(http, admin["Authorization"].removeprefix("Bearer "))).status_code == 303
+        other_source = {"source_id": "gh", "action_id": "write", "policy_key": "gh:write", "tool": "gh__write"}
+        await seed(bastion.ledger, invocation(1), invocation(2, **other_source))
+        await bastion.ledger.invocations.decide("inv-0001", approve=False, principal="alice", note=None, now=utcnow())
+
+        async def listed(query: str) -> list[str]:
+            page = await http.get(f"/inbox/history{query}")
+            assert page.status_code == 200, page.text
+            return re.findall(r'href="/inbox/invocations/([^"]+)"', page.text)
+
+        assert await listed("") == await listed("?status=&source=") == ["inv-0002", "inv-0001"]
+        assert await listed("?status=denied") == ["inv-0001"]
+        assert await listed("?source=gh") == ["inv-0002"]
+        assert await listed("?status=pending&source=gh") == ["inv-0002"]
+        assert await listed("?status=pending&source=fx") == []
+
+        unknown = await http.get("/inbox/history?status=finished")
+        assert unknown.status_code == 422
+        assert unknown.json()["error"]["class"] == "invalid_arguments"
 
 
 async def _drift_echo(gateway: Gateway, bastion: Bastion) -> None:

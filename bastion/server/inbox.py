@@ -179,10 +179,10 @@ class Inbox:
         return _html(pages.page("Pending", body, principal=principal, csrf=session.csrf))
 
     async def history(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
-        status = request.query_params.get("status") or None
+        status = request.query_params.get("status") or None  # the form's empty choice: every status
         source = request.query_params.get("source") or None
         if status is not None and status not in STATUSES:
-            status = None
+            return _refused(InvalidArguments(f"unknown status {status!r}: expected one of {', '.join(STATUSES)}"))
         found = await self.gateway.ledger.invocations.list(status=status, source_id=source, limit=DEFAULT_LIMIT)
         body = pages.history_body(found, status, source)
         return _html(pages.page("History", body, principal=principal, csrf=session.csrf, current="/history"))
