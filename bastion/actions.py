@@ -89,6 +89,8 @@ class ActionSpec:
     """Declared by the source (providers, manifests) or derived from the tool's annotations and overrides."""
     namespace: str
     """The prefix of its host name (`<namespace>__<action>`); "" mounts it unprefixed."""
+    risk_source: str = "declared"
+    """Where `risk` came from (see `bastion.models.RiskDecision`): `declared` unless the source derived it."""
     hidden: bool = False
     """Not listed and not callable by hosts (still pinned)."""
     pin: PinPolicy = PinPolicy()

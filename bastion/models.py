@@ -58,6 +58,19 @@ class ModeDecision(BaseModel):
     source: str
 
 
+class RiskDecision(BaseModel):
+    """A risk and where it came from (DESIGN.md §4), shown to approvers as part of why a call waits.
+
+    `source` is one of: `override` (the per-tool `risk` in the connector file), `destructiveHint` or `readOnlyHint`
+    (the tool's annotations), `default_risk` (the connector's), `default` (none of those: `write`), `declared` (by a
+    provider action, a manifest or a plugin package), or `step:<key>` (a manifest action's riskiest step)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    risk: Risk
+    source: str
+
+
 class PolicyRule(BaseModel):
     """`[[rules]]` of a policy file (org, or a profile's): the mode of `key` when the CEL condition `when` holds for
     the call's arguments. Rules of a key are tried before its plain mode, in the order written."""
@@ -90,6 +103,8 @@ class Invocation(BaseModel):
     source_id: str
     action_id: str
     risk: Risk
+    risk_source: str | None = None
+    """Where `risk` came from (see `RiskDecision.source`); None for a call recorded before Bastion kept it."""
     mode: Mode
     mode_source: str
     fingerprint: str | None = None

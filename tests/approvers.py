@@ -16,6 +16,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from bastion.config import Config, ConnectorConfig, PolicyConfig, Settings
+from bastion.config.approved import ApprovedModes
 from bastion.connectors import McpConnector
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import Invocation, Role, utcnow
@@ -87,16 +88,32 @@ def config_for(directory: Path, modes: dict[str, str]) -> Config:
     )
 
 
+@dataclass
+class Ticks:
+    """A monotonic clock that moves only when a test moves it."""
+
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @asynccontextmanager
-async def live(tmp_path: Path, modes: dict[str, str] | None = None) -> AsyncIterator[Bastion]:
-    """A running Bastion whose configuration directory holds the operator's policy file."""
+async def live(
+    tmp_path: Path, modes: dict[str, str] | None = None, *, clock: Ticks | None = None
+) -> AsyncIterator[Bastion]:
+    """A running Bastion whose configuration directory holds the operator's policy file. Two of them on one
+    `tmp_path` share the directory and the ledger (two instances). `clock` paces its checks of the approved file."""
     directory = tmp_path / "config"
     (directory / "policies").mkdir(parents=True, exist_ok=True)
     (directory / "policies" / "default.toml").write_text(OPERATOR_POLICY)
     fixture = FixtureServer()
     config = config_for(directory, {"fx:echo": "require_approval"} if modes is None else modes)
+    approved = None if clock is None else ApprovedModes(directory, clock=clock)
     async with await open_ledger(directory / "ledger.db", redactor=Redactor()) as ledger:
-        gateway = Gateway(config, ledger, [McpConnector(config.connectors[0], target=lambda: fixture.server)])
+        gateway = Gateway(
+            config, ledger, [McpConnector(config.connectors[0], target=lambda: fixture.server)], approved=approved
+        )
         app = build_app(FrontDoor(gateway), allowed_hosts=allowed_hosts_for("127.0.0.1"))
         async with gateway.running(), serving(app) as url:
             yield Bastion(url, ledger, gateway, fixture, directory)

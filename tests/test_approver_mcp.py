@@ -11,7 +11,8 @@ import mcp_types as types
 import pytest
 
 from bastion.config.approved import APPROVED_FILE
-from tests.approvers import OPERATOR_POLICY, Bastion, live, structured
+from bastion.models import CallContext, ModeDecision
+from tests.approvers import OPERATOR_POLICY, Bastion, Ticks, live, structured
 from tests.test_api import WAIT
 
 pytestmark = pytest.mark.anyio
@@ -116,6 +117,41 @@ async def test_always_writes_an_org_entry_that_the_next_call_resolves_and_a_drif
         await bastion.wait_until(revoked)
         assert approved_file.read_text().startswith("# kept: a person's note\n")
         assert "fx:echo" not in bastion.gateway.grants.approved.modes
+
+
+async def test_an_always_approval_and_its_revocation_reach_another_running_instance_on_the_same_config_directory(
+    tmp_path: Path,
+) -> None:
+    ticks = Ticks()
+    async with live(tmp_path, clock=ticks) as one, live(tmp_path, clock=ticks) as two:
+        agent = await one.token("ci-agent", "agent")
+        admin = await one.token("alice", "admin")
+        echo = two.gateway.catalog.entries["fx__echo"]
+        elsewhere = CallContext(session_id="another-session")
+        held_by_org = ModeDecision(mode="require_approval", source="org")
+        assert two.gateway.mode_of(echo, elsewhere) == held_by_org
+
+        results: list[types.CallToolResult] = []
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_call_in_background, one, agent, results)
+                (waiting,) = await one.pending(1)
+                async with one.client(admin, APPROVER) as approver:
+                    await approver.call_tool("approve", {"invocation_id": waiting.id, "scope": "always"})
+        assert not results[0].is_error
+        assert two.gateway.mode_of(echo, elsewhere) == held_by_org, "the file is looked at once a second at most"
+
+        ticks.now += 1
+        with anyio.fail_after(WAIT):
+            async with two.client(agent) as client:
+                assert not (await client.call_tool("fx__echo", {"text": "on the other instance"})).is_error
+        (latest, *_) = await two.ledger.invocations.list()
+        assert (latest.status, latest.mode, latest.mode_source) == ("completed", "allow", "org")
+
+        one.gateway.grants.revoke("fx", "echo")  # as a drift of fx:echo seen by the first instance does
+        assert two.gateway.mode_of(echo, elsewhere).mode == "allow"
+        ticks.now += 1
+        assert two.gateway.mode_of(echo, elsewhere) == held_by_org
 
 
 async def test_a_session_approval_allows_that_session_only(tmp_path: Path) -> None:

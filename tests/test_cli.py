@@ -24,7 +24,7 @@ from bastion.cli import app
 from tests.processes import bastion_command, bastion_env, bastion_http, run_cli, stop, write_config
 
 INVOCATION_KEYS = {
-    "id", "status", "policy_key", "tool", "source_id", "risk", "mode", "mode_source",
+    "id", "status", "policy_key", "tool", "source_id", "risk", "risk_source", "mode", "mode_source",
     "error_class", "created_at", "expires_at", "args", "result",
 }  # fmt: skip
 

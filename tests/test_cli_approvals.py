@@ -137,13 +137,14 @@ def test_list_marks_pending_invocations_past_their_expiry_as_expired(tmp_path: P
 def test_show_gives_args_events_drift_and_the_commands_that_decide(tmp_path: Path) -> None:
     env = bastion_env(tmp_path / "home")
     config = make_config(tmp_path)
-    seed(config, make_invocation(1, drift=DRIFT))
+    seed(config, make_invocation(1, drift=DRIFT, risk_source="default_risk"))
 
     shown = cli(config, env, "approvals", "show", "inv-0001", "--json")
     assert shown.returncode == 0, shown.stderr
     data = json.loads(shown.stdout)
     assert set(data) >= INVOCATION_KEYS
     assert data["status"] == "pending"
+    assert (data["risk"], data["risk_source"]) == ("write", "default_risk")
     assert data["args"]["api_token"] == "[REDACTED]"
     assert "args_hash" not in data
     assert [e["kind"] for e in data["events"]] == ["planned", "pending"]
@@ -156,6 +157,7 @@ def test_show_gives_args_events_drift_and_the_commands_that_decide(tmp_path: Pat
     table = cli(config, env, "approvals", "show", "inv-0001")
     assert table.returncode == 0, table.stderr
     assert DRIFT[-1] in table.stdout
+    assert "write (from default_risk)" in table.stdout
     assert data["commands"]["approve"] in table.stdout
 
 

@@ -171,3 +171,43 @@ async def test_a_prune_by_age_keeps_the_chain_verifiable(tmp_path: Path) -> None
     verified = run_cli("audit", "verify", "--json", env=env)
     assert verified.returncode == 0
     assert json.loads(verified.stdout)["verified"] == 4
+
+
+async def test_a_prune_without_an_age_uses_ledger_retention_days_and_a_flag_overrides_it(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    env = bastion_env(config.parent)
+    bastion_toml = config / "bastion.toml"
+    bastion_toml.write_text(bastion_toml.read_text() + "[ledger]\nretention_days = 2.5\n")
+    await _record(config, 1, "completed", minutes_ago=3 * 24 * 60)
+    await _record(config, 2, "completed", minutes_ago=2 * 24 * 60)
+    await _record(config, 3, "completed", minutes_ago=1)
+
+    by_config = run_cli("audit", "prune", "--json", env=env)
+    assert by_config.returncode == 0, by_config.stderr
+    report = json.loads(by_config.stdout)
+    assert (report["invocations"], report["kept_by"]) == (1, "inv-0002")
+
+    by_flag = run_cli("audit", "prune", "--older-than-days", "1", "--json", env=env)
+    assert by_flag.returncode == 0, by_flag.stderr
+    assert (json.loads(by_flag.stdout)["invocations"], json.loads(by_flag.stdout)["kept_by"]) == (1, "inv-0003")
+
+
+def test_a_prune_without_an_age_or_a_valid_retention_days_is_a_usage_error_naming_the_line(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    env = bastion_env(config.parent)
+    refused = run_cli("audit", "prune", "--json", env=env)
+    assert refused.returncode == 2
+    error = json.loads(refused.stdout)["error"]
+    assert error["class"] == "usage_error"
+    assert "--older-than-days" in error["message"] and "retention_days" in error["message"]
+
+    bastion_toml = config / "bastion.toml"
+    text = bastion_toml.read_text() + "[ledger]\nretention_days = 0\n"
+    bastion_toml.write_text(text)
+    line = text.splitlines().index("retention_days = 0") + 1
+    refused = run_cli("audit", "prune", env=env)
+    assert refused.returncode == 2
+    assert f"{bastion_toml}:{line}:" in refused.stderr
+    doctor = run_cli("doctor", env=env)
+    assert doctor.returncode == 2
+    assert f"{bastion_toml}:{line}:" in doctor.stdout + doctor.stderr

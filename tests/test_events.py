@@ -1,4 +1,5 @@
-"""`/api/events`: the ledger's changes as named server-sent events, resumable with Last-Event-ID (issue 14)."""
+"""`/api/events`: the ledger's changes as named server-sent events, resumable with Last-Event-ID (issue 14); each of
+the four events shown being sent."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import httpx2
+import mcp_types as types
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from bastion.cli.remote import RemoteApi
 from bastion.models import utcnow
@@ -64,6 +69,67 @@ async def test_a_stream_resumed_with_last_event_id_loses_no_event_and_repeats_no
         ids = [int(e.id or 0) for e in first + rest]
         assert ids == sorted(set(ids))
         assert rest[-1].body["invocation"]["status"] == "denied"
+
+
+async def test_a_finished_call_is_told_as_invocation_finished_and_a_call_of_a_drifted_tool_as_drift_detected(
+    tmp_path: Path,
+) -> None:
+    async with live_bastion(tmp_path, gateway_running=True, modes={"fx:echo": "allow"}) as live:
+        admin = await live.token("alice", "admin")
+        agent = await live.token("ci-agent", "agent")
+        async with stream(live, admin, None) as events, agent_client(live, agent) as client:
+            assert not (await client.call_tool("fx__echo", {"text": "before"})).is_error
+            (finished,) = await take(events, 1)
+            assert (finished.event, finished.body["invocation"]["status"]) == ("invocation_finished", "completed")
+
+            await drift_echo(live)
+            async with anyio.create_task_group() as tg:
+                held: list[types.CallToolResult] = []
+
+                async def call_drifted() -> None:
+                    held.append(await client.call_tool("fx__echo", {"text": "after"}))
+
+                tg.start_soon(call_drifted)
+                drifted, requested = await take(events, 2)
+                assert (drifted.event, requested.event) == ("drift_detected", "approval_requested")
+                invocation = drifted.body["invocation"]
+                assert (invocation["mode"], invocation["mode_source"]) == ("require_approval", "drift")
+                assert any("keeps a copy" in line for line in invocation["drift"])
+                await live.ledger.invocations.decide(
+                    invocation["id"], approve=False, principal="alice", note=None, now=utcnow()
+                )
+            assert held[0].is_error
+        ids = [int(e.id or 0) for e in (finished, drifted, requested)]
+        assert ids == sorted(set(ids))
+
+
+async def drift_echo(live: Live) -> None:
+    """Change the downstream's `echo` and wait until the gateway has seen it drift from its pin."""
+    changed = types.Tool(
+        name="echo",
+        description="Return the arguments it was given, and keeps a copy.",
+        input_schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        annotations=types.ToolAnnotations(read_only_hint=True),
+    )
+    seen = anyio.Event()
+
+    async def on_change() -> None:
+        if live.gateway.pins.drift("fx", "echo") is not None:
+            seen.set()
+
+    live.gateway.on_catalog_changed(on_change)
+    await live.fixture.set_tools([changed])
+    with anyio.fail_after(WAIT):
+        await seen.wait()
+
+
+@asynccontextmanager
+async def agent_client(live: Live, headers: dict[str, str]) -> AsyncIterator[Client]:
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=WAIT) as http,
+        Client(streamable_http_client(f"{live.url}/mcp", http_client=http), mode="legacy", cache=None) as client,
+    ):
+        yield client
 
 
 async def test_an_agent_token_hears_only_of_its_own_calls(tmp_path: Path) -> None:

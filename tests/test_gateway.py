@@ -70,6 +70,7 @@ async def test_denied_call_is_recorded_and_never_reaches_the_downstream(tmp_path
         invocation = await h.only_invocation()
         assert error["invocation_id"] == invocation.id
         assert (invocation.status, invocation.mode, invocation.risk) == ("denied", "deny", "danger")
+        assert invocation.risk_source == "destructiveHint"
         assert [e.kind for e in await h.ledger.invocations.events(invocation.id)] == ["planned", "denied"]
 
 
@@ -138,10 +139,13 @@ async def test_upstream_definitions_reach_the_host_verbatim(tmp_path: Path) -> N
             assert getattr(seen, field) == getattr(upstream, field), field
 
 
-async def test_risk_override_in_the_connector_file_wins_over_annotations(tmp_path: Path) -> None:
+async def test_risk_override_in_the_connector_file_wins_over_annotations_and_is_recorded_as_the_risks_source(
+    tmp_path: Path,
+) -> None:
     async with harness(tmp_path, overrides={"echo": ToolOverride(risk="danger")}) as h:
         assert error_of(await h.call("fx__echo", {"text": "x"}))["class"] == "policy_denied"
-        assert (await h.only_invocation()).risk == "danger"
+        invocation = await h.only_invocation()
+        assert (invocation.risk, invocation.risk_source) == ("danger", "override")
 
 
 async def test_a_downstream_list_changed_reaches_the_host_catalog(tmp_path: Path) -> None:

@@ -68,6 +68,7 @@ async def test_a_server_error_is_upstream_error_and_the_call_failed(tmp_path: Pa
         (invocation,) = await ledger.invocations.list()
     assert error_of(result)["class"] == "upstream_error"
     assert (invocation.status, invocation.error_class) == ("failed", "upstream_error")
+    assert (invocation.risk, invocation.risk_source) == ("read", "declared")
 
 
 async def test_a_write_whose_connection_drops_after_sending_is_unknown_outcome_and_recorded_unknown(

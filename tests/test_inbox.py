@@ -1,7 +1,8 @@
-"""`/inbox` (issue 14): login into an HTTP-only session cookie, CSRF on every form, agents refused; and a real
-headless Chromium (Debian's package) driven by Playwright that logs in, sees the pending calls with redacted args
-and the drift diff, denies one with a reason and approves another, while the blocked MCP calls return accordingly.
-The browser test writes a screenshot of the inbox to tests/artifacts/inbox.png (ignored by git)."""
+"""`/inbox` (issue 14): login into an HTTP-only session cookie, CSRF on every form, agents refused, an "always"
+approval through the form written to the policy file Bastion owns, the history's filters; and a real headless
+Chromium (Debian's package) driven by Playwright that logs in, sees the pending calls with redacted args, why they
+wait and the drift diff, denies one with a reason and approves another, while the blocked MCP calls return
+accordingly. The browser test writes a screenshot of the inbox to tests/artifacts/inbox.png (ignored by git)."""
 
 from __future__ import annotations
 
@@ -17,16 +18,22 @@ import mcp_types as types
 import pytest
 from playwright.async_api import async_playwright, expect
 
+from bastion.config.approved import APPROVED_FILE
 from bastion.models import utcnow
 from bastion.pipeline.gateway import Gateway
-from tests.approvers import Bastion, live, structured
-from tests.test_api import WAIT
+from tests.approvers import OPERATOR_POLICY, Bastion, live, structured
+from tests.test_api import WAIT, invocation, seed
 
 pytestmark = pytest.mark.anyio
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).parent / "artifacts"
 SECRET_ARG = "ghp_" + "Q" * 36
+PERSONS_NOTE = """\
+# Reviewed every Monday by the platform team.
+[modes]
+"fx:other" = "allow"  # kept on purpose
+"""
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -112,6 +119,75 @@ async def test_a_revoked_token_ends_its_inbox_session(tmp_path: Path) -> None:
         assert (await http.get("/inbox")).status_code == 303
 
 
+async def test_approving_always_in_the_inbox_form_writes_the_owned_policy_file_and_the_next_call_is_allowed_by_org(
+    tmp_path: Path,
+) -> None:
+    policies = tmp_path / "config" / "policies"
+    policies.mkdir(parents=True)
+    (policies / APPROVED_FILE).write_text(PERSONS_NOTE)
+    async with live(tmp_path) as bastion, browserless(bastion) as http:
+        agent = await bastion.token("ci-agent", "agent")
+        admin = await bastion.token("alice", "admin")
+        assert (await _log_in(http, admin["Authorization"].removeprefix("Bearer "))).status_code == 303
+        results: list[types.CallToolResult] = []
+
+        async def agent_calls(text: str) -> None:
+            async with bastion.client(agent) as client:
+                results.append(await client.call_tool("fx__echo", {"text": text}))
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(agent_calls, "first")
+                (waiting,) = await bastion.pending(1)
+                csrf = _csrf((await http.get("/inbox")).text)
+                approve = f"/inbox/approvals/{waiting.id}/approve"
+
+                unknown = await http.post(approve, data={"csrf": csrf, "scope": "forever"})
+                assert unknown.status_code == 422
+                assert unknown.json()["error"]["class"] == "invalid_arguments"
+                still = await bastion.ledger.invocations.get(waiting.id)
+                assert still is not None and still.status == "pending", "nothing was decided"
+
+                approved = await http.post(approve, data={"csrf": csrf, "scope": "always", "note": "fine"})
+                assert approved.status_code == 303
+        assert not results[0].is_error
+
+        written = (policies / APPROVED_FILE).read_text()
+        assert written.startswith(PERSONS_NOTE), "the person's comments and entries are kept"
+        assert '"fx:echo" = "allow"' in written
+        assert f"approved by alice for invocation {waiting.id}" in written
+        assert (policies / "default.toml").read_text() == OPERATOR_POLICY
+
+        await agent_calls("second")
+        assert not results[1].is_error
+        (latest, *_) = await bastion.ledger.invocations.list()
+        assert (latest.status, latest.mode, latest.mode_source) == ("completed", "allow", "org")
+
+
+async def test_history_filters_by_status_and_source_and_refuses_an_unknown_status(tmp_path: Path) -> None:
+    async with live(tmp_path) as bastion, browserless(bastion) as http:
+        admin = await bastion.token("alice", "admin")
+        assert (await _log_in(http, admin["Authorization"].removeprefix("Bearer "))).status_code == 303
+        other_source = {"source_id": "gh", "action_id": "write", "policy_key": "gh:write", "tool": "gh__write"}
+        await seed(bastion.ledger, invocation(1), invocation(2, **other_source))
+        await bastion.ledger.invocations.decide("inv-0001", approve=False, principal="alice", note=None, now=utcnow())
+
+        async def listed(query: str) -> list[str]:
+            page = await http.get(f"/inbox/history{query}")
+            assert page.status_code == 200, page.text
+            return re.findall(r'href="/inbox/invocations/([^"]+)"', page.text)
+
+        assert await listed("") == await listed("?status=&source=") == ["inv-0002", "inv-0001"]
+        assert await listed("?status=denied") == ["inv-0001"]
+        assert await listed("?source=gh") == ["inv-0002"]
+        assert await listed("?status=pending&source=gh") == ["inv-0002"]
+        assert await listed("?status=pending&source=fx") == []
+
+        unknown = await http.get("/inbox/history?status=finished")
+        assert unknown.status_code == 422
+        assert unknown.json()["error"]["class"] == "invalid_arguments"
+
+
 async def _drift_echo(gateway: Gateway, bastion: Bastion) -> None:
     """Change the downstream's `echo` so that it drifts from its pin."""
     changed = types.Tool(
@@ -165,6 +241,10 @@ async def test_an_approver_denies_one_call_and_approves_another_in_a_real_browse
                         await expect(first_card.locator("pre.args")).to_contain_text("[REDACTED]")
                         await expect(first_card.locator("pre.diff")).to_contain_text("keep a copy")
                         await expect(first_card).to_contain_text("ci-agent")
+                        why = first_card.locator(".why")
+                        await expect(why).to_contain_text("the organisation policy asks for approval of fx:echo")
+                        await expect(why).to_contain_text("its risk (read) comes from the tool's readOnlyHint")
+                        await expect(first_card.locator("dl.meta")).to_contain_text("read (from readOnlyHint)")
                         await expect(first_card.locator(".countdown")).to_contain_text("left")
                         assert SECRET_ARG not in await page.content()
                         await expect(page.locator("#live")).to_contain_text("Live")

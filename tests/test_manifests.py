@@ -323,6 +323,7 @@ async def test_a_manifest_never_looks_safer_than_its_steps(tmp_path: Path) -> No
         assert error_of(result)["class"] == "policy_denied"
         parent = await b.manifest_invocation()
         assert (parent.status, parent.risk, parent.mode_source) == ("denied", "danger", "inferred")
+        assert parent.risk_source == "step:fx:fail", "the approver is told which step made it risky"
         assert fixture.calls == []
 
 

@@ -11,6 +11,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from prometheus_client.parser import text_string_to_metric_families
 
+from bastion.models import utcnow
 from tests.test_api import WAIT, live_bastion
 
 pytestmark = pytest.mark.anyio
@@ -63,3 +64,36 @@ async def test_the_ledgers_commit_times_are_observed_by_backend_as_calls_are_rec
     assert after[("bastion_ledger_commit_seconds_sum", frozenset({("backend", "sqlite")}))] > 0
     buckets = [v for (name, _), v in after.items() if name == "bastion_ledger_commit_seconds_bucket"]
     assert max(buckets) == after[commits]  # the +Inf bucket holds every commit
+
+
+async def test_a_held_call_is_counted_pending_and_its_approval_wait_is_observed_as_approved(tmp_path: Path) -> None:
+    async with live_bastion(tmp_path, gateway_running=True, modes={"fx:echo": "require_approval"}) as live:
+        results: list[bool] = []
+
+        async def held_call() -> None:
+            async with (
+                httpx2.AsyncClient(timeout=WAIT) as http,
+                Client(streamable_http_client(f"{live.url}/mcp", http_client=http), mode="legacy", cache=None) as c,
+            ):
+                results.append((await c.call_tool("fx__echo", {"text": "hold me"})).is_error)
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(held_call)
+                while True:
+                    cursor = live.ledger.changes.cursor  # before the read: a change after it ends the wait below
+                    if waiting := await live.ledger.invocations.list(status="pending"):
+                        break
+                    await live.ledger.changes.next(cursor)
+                held = samples((await live.http.get("/metrics")).text)
+                assert held[("bastion_pending_calls", frozenset())] == 1
+                await live.ledger.invocations.decide(
+                    waiting[0].id, approve=True, principal="alice", note=None, now=utcnow()
+                )
+            after = samples((await live.http.get("/metrics")).text)
+
+    assert results == [False]
+    assert after[("bastion_pending_calls", frozenset())] == 0
+    assert after[("bastion_approval_wait_seconds_count", frozenset({("decision", "approved")}))] == 1
+    calls = frozenset({("source", "fx"), ("mode", "require_approval"), ("status", "completed")})
+    assert after[("bastion_calls_total", calls)] == 1

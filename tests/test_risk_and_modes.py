@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bastion.models import MODES, RISKS, Mode, ModeDecision, Risk
+from bastion.models import MODES, RISKS, Mode, ModeDecision, Risk, RiskDecision
 from bastion.policies.modes import MODE_STRICTNESS, is_mode, resolve_mode, stricter
 from bastion.policies.risk import derive_risk, normalize_risk
 
@@ -35,34 +35,41 @@ def test_normalize_risk_refuses_anything_else_and_names_the_accepted_values(valu
     assert repr(value) in str(error.value)
 
 
-def test_risk_override_wins_over_every_hint() -> None:
-    assert derive_risk(override="read", read_only_hint=False, destructive_hint=True, default_risk="danger") == "read"
+def test_risk_override_wins_over_every_hint_and_says_so() -> None:
+    decision = derive_risk(override="read", read_only_hint=False, destructive_hint=True, default_risk="danger")
+    assert decision == RiskDecision(risk="read", source="override")
 
 
 def test_destructive_hint_gives_danger_even_when_read_only_hint_is_set() -> None:
-    assert derive_risk(override=None, read_only_hint=True, destructive_hint=True, default_risk="read") == "danger"
+    decision = derive_risk(override=None, read_only_hint=True, destructive_hint=True, default_risk="read")
+    assert decision == RiskDecision(risk="danger", source="destructiveHint")
 
 
 def test_read_only_hint_gives_read_over_the_default_risk() -> None:
-    assert derive_risk(override=None, read_only_hint=True, destructive_hint=False, default_risk="danger") == "read"
+    decision = derive_risk(override=None, read_only_hint=True, destructive_hint=False, default_risk="danger")
+    assert decision == RiskDecision(risk="read", source="readOnlyHint")
 
 
-def test_false_hints_fall_through_to_the_default_risk() -> None:
-    assert derive_risk(override=None, read_only_hint=False, destructive_hint=False, default_risk="danger") == "danger"
+def test_false_hints_fall_through_to_the_connectors_default_risk() -> None:
+    decision = derive_risk(override=None, read_only_hint=False, destructive_hint=False, default_risk="danger")
+    assert decision == RiskDecision(risk="danger", source="default_risk")
 
 
-def test_risk_falls_back_to_write() -> None:
-    assert derive_risk(override=None, read_only_hint=None, destructive_hint=None, default_risk=None) == "write"
+def test_risk_falls_back_to_write_by_default() -> None:
+    decision = derive_risk(override=None, read_only_hint=None, destructive_hint=None, default_risk=None)
+    assert decision == RiskDecision(risk="write", source="default")
 
 
 @given(st.one_of(st.none(), risks), hints, hints, st.one_of(st.none(), risks))
 def test_derived_risk_is_the_override_whenever_one_is_set(
     override: Risk | None, read_only: bool | None, destructive: bool | None, default: Risk | None
 ) -> None:
-    risk = derive_risk(override=override, read_only_hint=read_only, destructive_hint=destructive, default_risk=default)
-    assert risk in RISKS
+    decision = derive_risk(
+        override=override, read_only_hint=read_only, destructive_hint=destructive, default_risk=default
+    )
+    assert decision.risk in RISKS
     if override is not None:
-        assert risk == override
+        assert decision == RiskDecision(risk=override, source="override")
 
 
 @pytest.mark.parametrize(("value", "expected"), [("allow", True), ("deny", True), ("Allow", False), ("yes", False)])

@@ -1,8 +1,10 @@
 """Webhooks (issue 14): a receiver on loopback gets every event exactly once, signed, across a restart of Bastion and a
-receiver that was down for a while; the Slack format; configuration errors."""
+receiver that was down for a while (in-process, and from a real `bastion serve` stopped with SIGTERM and started
+again); the Slack format; configuration errors."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -15,6 +17,8 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -25,6 +29,7 @@ from bastion.config import WebhookSettings
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import utcnow
 from bastion.pipeline.notify import Notifier
+from tests.processes import bastion_http
 from tests.test_api import WAIT, invocation, seed, serving
 
 pytestmark = pytest.mark.anyio
@@ -115,6 +120,79 @@ async def test_a_receiver_gets_every_event_exactly_once_and_signed_across_a_rest
     assert all(valid_signature(headers, body) for headers, body, _ in receiver.requests)
     assert all(body["link"].endswith(f"/inbox/invocations/{body['invocation']['id']}") for _, body in accepted)
     assert "hunter2" not in json.dumps([body for _, body in accepted])
+
+
+async def test_bastion_serve_delivers_every_event_to_a_webhook_once_and_signed_across_a_sigterm_restart(
+    configured: tuple[Path, Path, dict[str, str]],
+) -> None:
+    config, _, env = configured
+    env = env | {"HOOK_SECRET": SECRET}
+    write = ("notes__write_note", {"name": "todo", "text": "call mum"})
+    async with receiving() as receiver:
+        bastion_toml = config / "bastion.toml"
+        bastion_toml.write_text(
+            bastion_toml.read_text() + f'[[notify.webhook]]\nurl = "{receiver.url}"\nsecret = "${{env:HOOK_SECRET}}"\n'
+        )
+
+        def heard(event: str, invocation_id: str | None = None, *, accepted: bool = True) -> str | None:
+            """The invocation id of the first such request (taken, or refused while the receiver was down)."""
+            for _, body, status in receiver.requests:
+                found = json.loads(body)
+                taken = status == 204
+                if found["event"] == event and invocation_id in (None, found["invocation"]["id"]) and taken == accepted:
+                    return str(found["invocation"]["id"])
+            return None
+
+        async with bastion_http(["--config", str(config)], env=env) as first, host(first.mcp_url) as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(client.call_tool, *write))
+                await receiver.wait_for(lambda: heard("approval_requested") is not None)
+                approved = heard("approval_requested")
+                assert approved is not None
+                async with await open_ledger(config / "state" / "ledger.db", redactor=Redactor()) as ledger:
+                    await ledger.invocations.decide(approved, approve=True, principal="alice", note=None, now=utcnow())
+                await receiver.wait_for(lambda: heard("invocation_finished", approved) is not None)
+
+            receiver.down = True
+            async with anyio.create_task_group() as tg:  # a call the host stops waiting for: it stays pending
+                tg.start_soon(functools.partial(client.call_tool, *write))
+                await receiver.wait_for(lambda: heard("approval_requested", accepted=False) is not None)
+                tg.cancel_scope.cancel()
+            left_pending = heard("approval_requested", accepted=False)
+            assert left_pending is not None
+        assert first.process.returncode == 0, "stopped by SIGTERM, in its own time (not killed)"
+        # Meanwhile the call left pending is denied from another process (this test's), and the receiver is back.
+        async with await open_ledger(config / "state" / "ledger.db", redactor=Redactor()) as ledger:
+            await ledger.invocations.decide(left_pending, approve=False, principal="alice", note="no", now=utcnow())
+        receiver.down = False
+
+        async with bastion_http(["--config", str(config)], env=env) as second, host(second.mcp_url) as client:
+            assert not (await client.call_tool("notes__read_note", {"name": "groceries"})).is_error
+            await receiver.wait_for(lambda: len(receiver.accepted()) == 6)
+
+    accepted = sorted(receiver.accepted(), key=lambda pair: int(pair[0]["x-bastion-event-id"]))
+    assert [(body["event"], body["invocation"]["id"]) for _, body in accepted[:5]] == [
+        ("approval_requested", approved),
+        ("approval_decided", approved),
+        ("invocation_finished", approved),
+        ("approval_requested", left_pending),
+        ("approval_decided", left_pending),
+    ]
+    after_restart = accepted[5][1]
+    assert (after_restart["event"], after_restart["invocation"]["tool"]) == ("invocation_finished", "notes__read_note")
+    event_ids = [headers["x-bastion-event-id"] for headers, _ in accepted]
+    assert len(set(event_ids)) == len(event_ids) == 6, "every event exactly once"
+    assert all(valid_signature(headers, body) for headers, body, _ in receiver.requests)
+
+
+@asynccontextmanager
+async def host(url: str) -> AsyncIterator[Client]:
+    """An MCP host connected to a Bastion over streamable HTTP."""
+    async with (
+        httpx2.AsyncClient(timeout=WAIT) as http,
+        Client(streamable_http_client(url, http_client=http), mode="legacy", cache=None) as client,
+    ):
+        yield client
 
 
 async def test_a_tampered_body_fails_the_signature_check(tmp_path: Path) -> None:

@@ -232,23 +232,36 @@ def audit_export(
 @audit_app.command("prune")
 def audit_prune(
     older_than_days: Annotated[
-        float,
+        float | None,
         typer.Option(
-            min=0, help="Remove calls that finished (completed, failed, denied, expired) before this many days ago."
+            min=0,
+            help="Remove calls that finished (completed, failed, denied, expired) before this many days ago. "
+            "Default: [ledger] retention_days of bastion.toml.",
+            show_default=False,
         ),
-    ],
+    ] = None,
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Remove the oldest finished calls and their events, keeping a checkpoint (the last removed event's hash) so the
     rest still verifies. It stops at the first call still unresolved or too recent: the history stays a prefix cut.
     Export first if you must keep them."""
-    config = load(config_dir, report=False)
+    # Without an age the configuration decides: its problems are shown (a retention_days it skipped among them).
+    config = load(config_dir, report=older_than_days is None)
+    if older_than_days is None:
+        older_than_days = config.settings.ledger.retention_days
+    if older_than_days is None:
+        raise Exit(
+            "error: no age to prune by: pass --older-than-days N, or set retention_days = N under [ledger] in "
+            "bastion.toml",
+            2,
+        )
+    days = older_than_days
     now = utcnow()
 
     async def run() -> PruneReport:
         async with open_ledger(config) as ledger:
-            return await ledger.audit.prune(now - timedelta(days=older_than_days), now=now)
+            return await ledger.audit.prune(now - timedelta(days=days), now=now)
 
     report = run_async(run)
     if as_json:

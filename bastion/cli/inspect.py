@@ -261,7 +261,11 @@ def details_table(data: dict[str, Any]) -> Table:
     """An invocation (with its `events`) as a two-column table for people."""
     table = Table(show_header=False, box=None)
     for key, value in data.items():
-        if key in ("args", "result"):
+        if key == "risk_source":
+            continue  # shown with the risk
+        if key == "risk" and data.get("risk_source"):
+            value = f"{value} (from {data['risk_source']})"
+        elif key in ("args", "result"):
             value = json.dumps(value, indent=2, ensure_ascii=False)
         elif key == "events":
             value = "\n".join(

@@ -9,6 +9,10 @@ map instead, except over a `deny`, which nothing relaxes.
 
 Written with tomlkit, so a person's edits and comments in the file survive Bastion's writes; keys are written as
 quoted TOML keys (`"fx:write"`), the only form a policy key (with its colon) can take.
+
+Other instances sharing the configuration directory, and people, change the file too. A running Bastion reads it
+again when it changed (its inode, size or times): mode resolution looks (one stat) at most once a second, since it
+is on every call's path, so an approval or a revocation made elsewhere applies here within a second.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import logging
 import os
 import re
 import tempfile
+import time
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Final
@@ -38,32 +44,53 @@ _HEADER: Final = (
     "entries you add here are treated as approvals too."
 )
 _KEY: Final = re.compile(r"^[a-z0-9_-]+:[^\s*]+$")
+CHECK_SECONDS: Final = 1.0
+"""How often, at most, `current()` looks whether the file changed."""
+
+Stamp = tuple[int, int, int, int]
+"""What tells one version of the file from another: inode, size, modification and change time (ns)."""
+_UNREAD: Final[Stamp] = (-1, -1, -1, -1)
+"""The stamp of no file: whatever is there is read at the next check."""
 
 
 class ApprovedModes:
-    """The "always" approvals of one configuration directory, read at start and written on every change."""
+    """The "always" approvals of one configuration directory, read at start, again when the file changes, and
+    written on every change made here."""
 
-    def __init__(self, directory: Path | None) -> None:
+    def __init__(self, directory: Path | None, *, clock: Callable[[], float] = time.monotonic) -> None:
         """`directory`: the configuration directory (None: the embedded default, where nothing can be approved
-        "always")."""
+        "always"). `clock` (seconds, monotonic) paces the checks for changes made elsewhere."""
         self.path = None if directory is None else directory / "policies" / APPROVED_FILE
         self.modes: dict[str, str] = {}
-        """Policy key -> "allow", as the file holds them."""
+        """Policy key -> "allow", as the file held them when last read (see `current`)."""
+        self._clock = clock
+        self._checked_at = clock()
+        self._stamp: Stamp | None = None
         self.reload()
 
+    def current(self) -> Mapping[str, str]:
+        """The approvals as the file holds them: read again if it changed since it was last read (another instance
+        or a person wrote it), which is looked at no more than once every `CHECK_SECONDS`."""
+        now = self._clock()
+        if self.path is not None and now - self._checked_at >= CHECK_SECONDS:
+            self._checked_at = now
+            if self._stat() != self._stamp:
+                self.reload()
+        return self.modes
+
     def reload(self) -> None:
-        """Read the file again (another process may have written it); a broken file approves nothing."""
+        """Read the file again; a broken file approves nothing."""
+        # The stamp is taken before the read: a write in between is then read again at the next check, never missed.
+        self._stamp = self._stat()
         self.modes = {}
-        if self.path is None or not self.path.is_file():
+        if self.path is None or self._stamp is None:
             return
         try:
             document = tomlkit.parse(self.path.read_text(encoding="utf-8"))
         except (OSError, TOMLKitError) as exc:
             logger.warning("%s cannot be read (%s): its approvals are ignored until it is fixed", self.path, exc)
             return
-        modes = document.get("modes")
-        if isinstance(modes, dict):
-            self.modes = {str(k): "allow" for k, v in modes.items() if v == "allow" and _KEY.match(str(k))}
+        self.modes = _approvals(document)
 
     def add(self, key: str, *, by: str, invocation_id: str, at: datetime) -> None:
         """Approve `key` (`source:action`) always: write `"key" = "allow"` with who, which call and when."""
@@ -83,7 +110,6 @@ class ApprovedModes:
         modes[key] = "allow"
         modes[key].comment(f"approved by {by} for invocation {invocation_id} at {at.isoformat(timespec='seconds')}")
         self._write(document)
-        self.modes[key] = "allow"
 
     def revoke(self, key: str) -> bool:
         """Remove the entry of `key`; False when there was none."""
@@ -92,11 +118,10 @@ class ApprovedModes:
         document = self._document()
         modes = document.get("modes")
         if not isinstance(modes, Table) or key not in modes:
-            self.modes.pop(key, None)
+            self.modes = _approvals(document)
             return False
         del modes[key]
         self._write(document)
-        self.modes.pop(key, None)
         return True
 
     def _document(self) -> tomlkit.TOMLDocument:
@@ -111,8 +136,15 @@ class ApprovedModes:
         except (OSError, TOMLKitError) as exc:
             raise ConfigError(f"{self.path} cannot be read ({exc}); fix or remove it, then approve again") from exc
 
+    def _stat(self) -> Stamp | None:
+        try:
+            found = os.stat(self.path) if self.path is not None else None
+        except OSError:
+            return None
+        return None if found is None else (found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
+
     def _write(self, document: tomlkit.TOMLDocument) -> None:
-        """Replace the file at once (a reader never sees half of it)."""
+        """Replace the file at once (a reader never sees half of it), and hold what it now says."""
         assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".bastion-approved.", suffix=".tmp")
@@ -123,3 +155,13 @@ class ApprovedModes:
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
+        self.modes = _approvals(document)
+        self._stamp = _UNREAD  # read it again at the next check, in case another process wrote it just after
+
+
+def _approvals(document: tomlkit.TOMLDocument) -> dict[str, str]:
+    """The approvals a parsed file holds: its `[modes]` entries of one action each set to "allow"."""
+    modes = document.get("modes")
+    if not isinstance(modes, dict):
+        return {}
+    return {str(k): "allow" for k, v in modes.items() if v == "allow" and _KEY.match(str(k))}

@@ -96,6 +96,9 @@ class LedgerSettings(_Strict):
     key_file: str | None = None
     """The file of the key of argument hashes, relative to the config directory. Default: beside a SQLite ledger;
     `state/ledger.key` for PostgreSQL, where every instance on one database needs the same key."""
+    retention_days: float | None = Field(default=None, gt=0)
+    """How long finished calls are kept: what `bastion audit prune` removes when given no age. None: no default
+    (prune then needs `--older-than-days`); nothing is ever pruned unless that command runs."""
 
 
 NotifiedEvent = Literal["approval_requested", "approval_decided", "invocation_finished", "drift_detected"]

@@ -14,7 +14,7 @@ import mcp_types as types
 
 from bastion.actions import ActionSpec, ExplicitPin, PinPolicy
 from bastion.config import ConnectorConfig
-from bastion.models import Risk
+from bastion.models import Risk, RiskDecision
 from bastion.policies import derive_risk
 
 
@@ -25,15 +25,17 @@ def action_specs(config: ConnectorConfig, tools: Sequence[types.Tool]) -> list[A
         override = config.tools.get(tool.name)
         explicit = override.pin if override is not None else None
         annotations = tool.annotations
+        risk = _risk(
+            config,
+            tool.name,
+            read_only_hint=annotations.read_only_hint if annotations else None,
+            destructive_hint=annotations.destructive_hint if annotations else None,
+        )
         specs.append(
             ActionSpec(
                 tool=tool,
-                risk=_risk(
-                    config,
-                    tool.name,
-                    read_only_hint=annotations.read_only_hint if annotations else None,
-                    destructive_hint=annotations.destructive_hint if annotations else None,
-                ),
+                risk=risk.risk,
+                risk_source=risk.source,
                 namespace=config.effective_namespace,
                 hidden=bool(override and override.hidden),
                 pin=PinPolicy(
@@ -60,12 +62,12 @@ def risk_of(config: ConnectorConfig, action_id: str, definition: Mapping[str, An
         action_id,
         read_only_hint=annotations.get("readOnlyHint"),
         destructive_hint=annotations.get("destructiveHint"),
-    )
+    ).risk
 
 
 def _risk(
     config: ConnectorConfig, action_id: str, *, read_only_hint: bool | None, destructive_hint: bool | None
-) -> Risk:
+) -> RiskDecision:
     override = config.tools.get(action_id)
     return derive_risk(
         override=override.risk if override else None,

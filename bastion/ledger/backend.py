@@ -55,6 +55,7 @@ INVOCATION_COLUMNS: Final = (
     "updated_at",
     "expires_at",
     "parent_id",
+    "risk_source",
 )
 """The columns of the `invocations` table, in the order every backend selects them: the fields of `Invocation`."""
 

@@ -58,6 +58,10 @@ class PreparedAction:
         return self.spec.risk
 
     @property
+    def risk_source(self) -> str:
+        return self.spec.risk_source
+
+    @property
     def hidden(self) -> bool:
         return self.spec.hidden
 
@@ -108,6 +112,7 @@ class CatalogEntry:
             source_id=self.source_id,
             action_id=self.action_id,
             risk=self.action.risk,
+            risk_source=self.action.risk_source,
             mode=decision.mode,
             mode_source=decision.source,
             fingerprint=self.action.fingerprints.full,

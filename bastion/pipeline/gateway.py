@@ -72,8 +72,10 @@ class Gateway:
         sources: Sequence[ActionSource],
         *,
         instance_id: str | None = None,
+        approved: ApprovedModes | None = None,
     ) -> None:
-        """`sources` are every configured source; those disabled by policy are neither run nor listed."""
+        """`sources` are every configured source; those disabled by policy are neither run nor listed. `approved`:
+        the "always" approvals (default: the file Bastion owns in the configuration directory)."""
         self.config = config
         self.conditions = Conditions(
             [*config.policy.rules, *(r for p in config.policy.profiles.values() for r in p.rules)]
@@ -84,7 +86,7 @@ class Gateway:
         self.instance = Instance(ledger.instances, instance_id)
         self.instance_id = self.instance.id
         self.pins = PinBook(ledger.pins)
-        self.grants = Grants(ApprovedModes(config.directory))
+        self.grants = Grants(approved or ApprovedModes(config.directory))
         """The "for this session" and "always" approvals (see bastion.pipeline.grants)."""
         self.pins.on_drift.append(self.grants.revoke)
         self.listings = Listings(config, sources, self.pins)

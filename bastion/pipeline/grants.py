@@ -5,7 +5,7 @@
   this process's memory: it ends when Bastion stops, and other instances sharing the ledger do not know of it.
 - `always`: an organisation mode entry `"source:action" = "allow"` in the policy file Bastion owns
   (bastion.config.approved), so the next call resolves `allow` with mode source `org`, in every process that loads
-  the configuration.
+  the configuration (a running one within a second: it reads the file again when it changes).
 
 Both are revoked when the action's definition drifts from its pin: what was approved is another definition. Drift
 tightens `allow` anyway (DESIGN.md §5); revoking means accepting the drift does not silently bring them back.
@@ -38,10 +38,11 @@ class Grants:
 
     def org_modes(self, modes: Mapping[str, str]) -> Mapping[str, str]:
         """The organisation map with the "always" approvals laid over it (never over a `deny`)."""
-        if not self.approved.modes:
+        approved = self.approved.current()
+        if not approved:
             return modes
         merged = dict(modes)
-        for key, mode in self.approved.modes.items():
+        for key, mode in approved.items():
             if merged.get(key) != "deny":
                 merged[key] = mode
         return merged

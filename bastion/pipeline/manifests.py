@@ -66,6 +66,8 @@ class ManifestView:
     risk: Risk | None
     versions: dict[str, str | None] = field(default_factory=dict)
     hashes: dict[str, str] = field(default_factory=dict)
+    risk_source: str = "declared"
+    """Where its risk came from: its file (`declared`), or its riskiest step above that (`step:<key>`)."""
 
     @property
     def name(self) -> str:
@@ -217,7 +219,7 @@ class ManifestSource:
                 logger.warning("manifest action %s is unavailable: %s", name, view.reason)
             views[name] = view
             if view.listed and view.risk is not None:
-                specs[name] = _spec(manifest, view.risk)
+                specs[name] = _spec(manifest, view.risk, view.risk_source)
         self._views, self._specs = views, specs
         if settled:
             self._source_state = "ready"
@@ -264,7 +266,7 @@ class ManifestSource:
             versions[requirement.id] = status.server_version
             hashes[requirement.id] = current = connector_hash(status, actions)
             reasons.extend(_pin_mismatches(manifest, requirement.id, status, current, where))
-        risks: list[Risk] = [manifest.front.risk]
+        risks: list[tuple[Risk, str]] = [(manifest.front.risk, "declared")]
         for step in manifest.front.execute:
             spec = offered.get(step.source, {}).get(step.action)
             if step.source not in offered:
@@ -274,9 +276,12 @@ class ManifestSource:
             elif spec.hidden:
                 reasons.append(f"step {step.id!r}: {step.key} is hidden by its connector file, so no one may call it")
             else:
-                risks.append(spec.risk)
-        risk = max(risks, key=RISKS.index) if not reasons else None
-        return ManifestView(manifest, enabled, "; ".join(reasons) or None, risk, versions, hashes)
+                risks.append((spec.risk, f"step:{step.key}"))
+        # The first of the riskiest: the file's own risk when a step only matches it.
+        risk, risk_source = max(risks, key=lambda pair: RISKS.index(pair[0]))
+        return ManifestView(
+            manifest, enabled, "; ".join(reasons) or None, None if reasons else risk, versions, hashes, risk_source
+        )
 
 
 def _pin_mismatches(manifest: Manifest, source_id: str, status: SourceStatus, current: str, where: str) -> list[str]:
@@ -297,7 +302,7 @@ def _pin_mismatches(manifest: Manifest, source_id: str, status: SourceStatus, cu
     return found
 
 
-def _spec(manifest: Manifest, risk: Risk) -> ActionSpec:
+def _spec(manifest: Manifest, risk: Risk, risk_source: str) -> ActionSpec:
     tool = types.Tool(
         name=manifest.name,
         description=manifest.description,
@@ -307,6 +312,7 @@ def _spec(manifest: Manifest, risk: Risk) -> ActionSpec:
     return ActionSpec(
         tool=tool,
         risk=risk,
+        risk_source=risk_source,
         namespace=MANIFEST_SOURCE_ID,
         steps=tuple((step.source, step.action) for step in manifest.front.execute),
         approval_required=manifest.front.approval.required,

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
-from bastion.models import RISK_ALIASES, RISKS, Risk
+from bastion.models import RISK_ALIASES, RISKS, Risk, RiskDecision
 
 _ACCEPTED = ", ".join([*RISKS, *RISK_ALIASES])
 
@@ -28,20 +28,22 @@ def derive_risk(
     read_only_hint: bool | None,
     destructive_hint: bool | None,
     default_risk: Risk | None,
-) -> Risk:
-    """Risk of a connector tool, first match wins: override, destructive hint, read-only hint, default, `write`.
+) -> RiskDecision:
+    """Risk of a connector tool and where it came from, first match wins: override, destructive hint, read-only
+    hint, the connector's default, `write` (sources `override`, `destructiveHint`, `readOnlyHint`, `default_risk`,
+    `default`).
 
     `destructiveHint` is checked before `readOnlyHint` so a contradictory tool is treated as the riskier one.
     """
     if override is not None:
-        return override
+        return RiskDecision(risk=override, source="override")
     if destructive_hint is True:
-        return "danger"
+        return RiskDecision(risk="danger", source="destructiveHint")
     if read_only_hint is True:
-        return "read"
+        return RiskDecision(risk="read", source="readOnlyHint")
     if default_risk is not None:
-        return default_risk
-    return "write"
+        return RiskDecision(risk=default_risk, source="default_risk")
+    return RiskDecision(risk="write", source="default")
 
 
 def _configured_risk(value: Any) -> Any:

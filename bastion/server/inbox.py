@@ -179,10 +179,10 @@ class Inbox:
         return _html(pages.page("Pending", body, principal=principal, csrf=session.csrf))
 
     async def history(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
-        status = request.query_params.get("status") or None
+        status = request.query_params.get("status") or None  # the form's empty choice: every status
         source = request.query_params.get("source") or None
         if status is not None and status not in STATUSES:
-            status = None
+            return _refused(InvalidArguments(f"unknown status {status!r}: expected one of {', '.join(STATUSES)}"))
         found = await self.gateway.ledger.invocations.list(status=status, source_id=source, limit=DEFAULT_LIMIT)
         body = pages.history_body(found, status, source)
         return _html(pages.page("History", body, principal=principal, csrf=session.csrf, current="/history"))
@@ -216,9 +216,8 @@ class Inbox:
     async def approve(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
         form: dict[str, str] = request.state.form
         scope = form.get("scope", "once")
-        if scope not in SCOPES:
-            session.message = (f"unknown scope {scope!r}", True)
-            return _redirect(INBOX)
+        if scope not in SCOPES:  # the page offers only these: a forged or stale form, refused before deciding
+            return _refused(InvalidArguments(f"unknown scope {scope!r}: expected one of {', '.join(SCOPES)}"))
         return await self._decide(request, principal, session, approve=True, note=form.get("note") or None, scope=scope)
 
     async def deny(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:

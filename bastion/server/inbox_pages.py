@@ -90,7 +90,7 @@ def _pending_card(invocation: Invocation, now: datetime, csrf: str) -> str:
         f'<section class=card data-invocation="{escape(i.id)}">'
         f"<h2>{escape(i.tool)} <span class='badge risk-{escape(i.risk)}'>{escape(i.risk)}</span> {drift}</h2>"
         f"{_meta(i, ('expires', countdown))}"
-        f"<div><strong>Why it waits:</strong> {escape(why(i))}</div>"
+        f"<div class=why><strong>Why it waits:</strong> {escape(why(i))}</div>"
         f"<div><strong>Arguments</strong> (redacted)</div><pre class=args>{escape(_json(i.args))}</pre>"
         f"{_diff(i.drift)}"
         "<div class=decide>"
@@ -106,11 +106,33 @@ def _pending_card(invocation: Invocation, now: datetime, csrf: str) -> str:
 
 
 def why(invocation: Invocation) -> str:
-    """Why a call waits, in a phrase: the rule that gave its mode (DESIGN.md §4, §5)."""
+    """Why a call waits, in a phrase: the rule that gave its mode, and where its risk came from (DESIGN.md §4, §5)."""
     reason = _why_mode(invocation)
+    risk = _why_risk(invocation)
+    if risk:
+        reason += f"; its risk ({invocation.risk}) {risk}"
     if invocation.drift is not None and invocation.mode_source != "drift":
         reason += "; its tool's definition also drifted from the pinned one (diff below)"
     return reason
+
+
+_RISK_REASONS: Final = {
+    "override": "is set by the tool's risk override in its connector file",
+    "destructiveHint": "comes from the tool's destructiveHint annotation",
+    "readOnlyHint": "comes from the tool's readOnlyHint annotation",
+    "default_risk": "is its connector's default_risk",
+    "default": "is the default: no override, no annotation, no default_risk",
+    "declared": "is declared by the action",
+}
+
+
+def _why_risk(invocation: Invocation) -> str:
+    source = invocation.risk_source
+    if source is None:  # recorded before Bastion kept it
+        return ""
+    if source.startswith("step:"):
+        return f"is that of its riskiest step, {source.removeprefix('step:')}"
+    return _RISK_REASONS.get(source, f"comes from {source}")
 
 
 def _why_mode(invocation: Invocation) -> str:
@@ -132,6 +154,7 @@ def _meta(invocation: Invocation, *extra: tuple[str, str]) -> str:
         ("id", escape(i.id)),
         ("source", escape(i.source_id)),
         ("policy key", escape(i.policy_key)),
+        ("risk", escape(i.risk if i.risk_source is None else f"{i.risk} (from {i.risk_source})")),
         ("mode", f"{escape(i.mode)} (from {escape(i.mode_source)})"),
         ("agent", escape(i.principal or "anonymous")),
         ("session", escape(i.session_id)),

@@ -238,7 +238,12 @@ _MIGRATION_3: Final = (
     "CREATE TRIGGER events_prune_only BEFORE DELETE ON events FOR EACH ROW EXECUTE FUNCTION events_prune_only()",
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3)
+_MIGRATION_4: Final = (
+    # Where an invocation's risk came from, as in SQLite's migration 10. NULL for the calls recorded before.
+    "ALTER TABLE invocations ADD COLUMN risk_source text",
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4)
 """Migration N (1-based) brings a database from version N-1 to N."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -288,6 +288,12 @@ _MIGRATION_9: Final = (
     """,
 )
 
+_MIGRATION_10: Final = (
+    # Where an invocation's risk came from (a connector file's override, an annotation, a default, declared by its
+    # source: bastion.models.RiskDecision), shown to approvers. NULL for the calls recorded before.
+    "ALTER TABLE invocations ADD COLUMN risk_source TEXT",
+)
+
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_1,
     _MIGRATION_2,
@@ -298,6 +304,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_7,
     _MIGRATION_8,
     _MIGRATION_9,
+    _MIGRATION_10,
 )
 """Migration N (1-based) brings a ledger from user_version N-1 to N."""
 
