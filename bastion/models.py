@@ -44,6 +44,16 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """One call counted against the rate limit (DESIGN.md §6): `key` (a session) may have `per_minute` calls in any
+    minute; `now` is when it came."""
+
+    key: str
+    per_minute: int
+    now: datetime
+
+
 def policy_key(source_id: str, action_id: str) -> str:
     """The `source_id:action_id` key used by every policy map, the ledger and the CLI."""
     return f"{source_id}:{action_id}"

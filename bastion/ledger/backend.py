@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Protocol
 
-from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status
+from bastion.models import Admission, EventKind, Invocation, InvocationEvent, RecoveryReport, Status
 
 GoneFn = Callable[[Sequence[str]], Awaitable[Collection[str]]]
 """Given the instances that own executing or approved invocations, those that are gone (stopped)."""
@@ -86,6 +86,13 @@ class InvocationBackend(Protocol):
     async def insert(self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed) -> None:
         """Insert a new invocation and its first events (the detail goes on the last) in one transaction.
         Raises Conflict when the id exists."""
+        ...
+
+    async def insert_admitted(
+        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, admission: Admission
+    ) -> float | None:
+        """Like `insert`, after admitting the call against its rate limit in the same transaction; when the limit
+        refuses it nothing is inserted, and the seconds until one more fits come back (None when inserted)."""
         ...
 
     async def insert_pending(

@@ -16,7 +16,7 @@ from typing import Any
 from bastion.ledger import keys
 from bastion.ledger.backend import EMPTY_DETAIL, GoneFn, InvocationBackend, Scrubbed
 from bastion.ledger.redaction import Redactor
-from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status
+from bastion.models import Admission, EventKind, Invocation, InvocationEvent, RecoveryReport, Status
 
 
 class Recorder:
@@ -45,6 +45,20 @@ class Recorder:
         """Insert a new invocation and its first events in one transaction (durable on return). `detail` goes
         on the last event. Raises Conflict if the id is taken."""
         await self._backend.insert(self._scrubbed(invocation), events, self._detail(detail))
+
+    async def record_admitted(
+        self,
+        invocation: Invocation,
+        events: Sequence[EventKind],
+        detail: Mapping[str, Any] | None = None,
+        *,
+        admission: Admission,
+    ) -> float | None:
+        """Admit the call against its rate limit and record it, in one transaction (durable on return); when the
+        limit refuses it nothing is recorded, and the seconds until one more fits come back (None: recorded)."""
+        return await self._backend.insert_admitted(
+            self._scrubbed(invocation), events, self._detail(detail), admission=admission
+        )
 
     async def record_pending(
         self, invocation: Invocation, events: Sequence[EventKind], detail: Mapping[str, Any] | None, *, limit: int

@@ -40,7 +40,7 @@ from bastion.errors import (
     UnknownOutcome,
     UpstreamError,
 )
-from bastion.models import CallContext, Invocation, ModeDecision, Risk, SourceStatus, utcnow
+from bastion.models import Admission, CallContext, Invocation, ModeDecision, Risk, SourceStatus, utcnow
 from bastion.pipeline.approvals import ApprovalDesk, AwaitingInput, PendingFn, Progress
 from bastion.pipeline.catalog import Catalog, CatalogEntry
 from bastion.pipeline.grants import Grants
@@ -315,26 +315,30 @@ class Gateway:
             raise HandOff(f"{entry.key} waits for an approver")
         invocation = entry.new_invocation(arguments, hashed, decision, context, owner=self.instance_id, drift=drift)
         with self._relaying(invocation.id, relay), self._traces.following(invocation, span):
-            limit = self.config.settings.limits.invocations_per_minute
             # Counted in the ledger: every instance sharing it counts against the session's one budget.
-            wait = await self.ledger.limits.admit(context.session_id, per_minute=limit, now=invocation.created_at)
+            admission = Admission(
+                context.session_id, self.config.settings.limits.invocations_per_minute, invocation.created_at
+            )
+            admit = entry.action.spec.admit
+            refusal = admit(arguments) if admit is not None else None
+            if decision.mode == "allow" and refusal is None:
+                # The common call: admitted and recorded in one transaction.
+                wait = await self._outcomes.start(invocation, admission=admission)
+                if wait is not None:
+                    await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
+                progress = Progress(on_progress) if on_progress else None
+                return await self._run_counted(entry, invocation, arguments, progress, wire=express)
+            wait = await self.ledger.limits.admit(admission.key, per_minute=admission.per_minute, now=admission.now)
             if wait is not None:
-                reason = f"session over its limit of {limit} invocations per minute; retry in {math.ceil(wait)} s"
-                await self._outcomes.refuse(invocation, RateLimited(reason, retry_after=math.ceil(wait)))
+                await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
             if decision.mode == "deny":
                 reason = f"policy ({decision.source}) denies {entry.key}"
                 if drift is not None and self.listings.drift_listing(entry.action) == "hide":
                     reason = f"{entry.key} changed since it was trusted; it is withheld until an approver accepts it"
                 await self._outcomes.refuse(invocation, PolicyDenied(reason))
-            admit = entry.action.spec.admit
-            refusal = admit(arguments) if admit is not None else None
             if refusal is not None:
                 await self._outcomes.refuse(invocation, PolicyDenied(f"{entry.key} refused before it ran: {refusal}"))
-            if decision.mode == "require_approval":
-                return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
-            await self._outcomes.start(invocation)
-            progress = Progress(on_progress) if on_progress else None
-            return await self._run_counted(entry, invocation, arguments, progress, wire=express)
+            return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
 
     @contextmanager
     def _relaying(self, invocation_id: str, relay: Relay | None) -> Iterator[None]:
@@ -535,6 +539,11 @@ class Gateway:
             summary += f": it {self.desk.waiting_for(invocation.id)}"
         text = summary + "\n" + json.dumps(view.get("result"), ensure_ascii=False)[:4000]
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=view)
+
+
+def _rate_limited(admission: Admission, wait: float) -> RateLimited:
+    reason = f"session over its limit of {admission.per_minute} invocations per minute; retry in {math.ceil(wait)} s"
+    return RateLimited(reason, retry_after=math.ceil(wait))
 
 
 def _error_text(result: types.CallToolResult | WireResult) -> str:

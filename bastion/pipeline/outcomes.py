@@ -15,7 +15,7 @@ import mcp_types as types
 
 from bastion.actions import WireResult
 from bastion.errors import BastionError
-from bastion.models import Invocation, Status
+from bastion.models import Admission, EventKind, Invocation, Status
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.seams import InvocationStore
 
@@ -35,12 +35,23 @@ class Outcomes:
         """Outcomes of calls that ran which the store refused; `run` retries them."""
         self._late = anyio.Event()
 
-    async def start(self, invocation: Invocation, detail: dict[str, Any] | None = None) -> None:
-        """Record a call that runs now (planned, approved, executing) and tell the observers so."""
-        await self._store.record(invocation, ("planned", "approved", "executing"), detail)
+    async def start(
+        self, invocation: Invocation, detail: dict[str, Any] | None = None, *, admission: Admission | None = None
+    ) -> float | None:
+        """Record a call that runs now (planned, approved, executing) and tell the observers so. With an
+        `admission`, the call is first admitted against its rate limit in the same transaction: when the limit
+        refuses it, nothing is recorded and the seconds until one more fits come back (None: it runs)."""
+        events: tuple[EventKind, ...] = ("planned", "approved", "executing")
+        if admission is None:
+            await self._store.record(invocation, events, detail)
+        else:
+            wait = await self._store.record_admitted(invocation, events, detail, admission=admission)
+            if wait is not None:
+                return wait
         await self._observers.planned(invocation)
         await self._observers.decided(invocation)
         await self._observers.executing(invocation)
+        return None
 
     async def refuse(
         self, invocation: Invocation, error: BastionError, detail: dict[str, Any] | None = None

@@ -20,6 +20,7 @@ from anyio.abc import TaskStatus
 from bastion.actions import ActionSpec, Found, WireResult
 from bastion.errors import BastionError
 from bastion.models import (
+    Admission,
     AuditCheckpoint,
     AuditReport,
     ChainedEvent,
@@ -263,6 +264,18 @@ class InvocationStore(Protocol):
         self, invocation: Invocation, events: Sequence[EventKind], detail: Mapping[str, Any] | None = None
     ) -> None:
         """Insert a new invocation and its first events in one transaction (durable on return)."""
+        ...
+
+    async def record_admitted(
+        self,
+        invocation: Invocation,
+        events: Sequence[EventKind],
+        detail: Mapping[str, Any] | None = None,
+        *,
+        admission: Admission,
+    ) -> float | None:
+        """`record`, after admitting the call against its rate limit in the same transaction; when the limit refuses
+        it nothing is recorded, and the seconds until one more fits come back (None: recorded)."""
         ...
 
     async def record_pending(

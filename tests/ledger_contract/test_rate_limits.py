@@ -10,7 +10,8 @@ import anyio
 import pytest
 
 from bastion.ledger import OpenLedger
-from tests.ledger_contract.samples import T0
+from bastion.models import Admission, EventKind
+from tests.ledger_contract.samples import T0, make_invocation
 
 pytestmark = pytest.mark.anyio
 
@@ -78,3 +79,22 @@ async def test_racing_admissions_from_two_connections_never_exceed_the_limit(
     assert outcomes.count(None) == 5
     assert all(wait is not None and wait > 59 for wait in outcomes if wait is not None)
     assert await another.limits.admit("session-a", per_minute=6, now=T0) is None
+
+
+async def test_a_call_admitted_and_recorded_at_once_counts_and_one_refused_is_neither_counted_nor_recorded(
+    ledger: OpenLedger,
+) -> None:
+    """`record_admitted` (the common call's one transaction): the admission and the record go together."""
+    events: tuple[EventKind, ...] = ("planned", "approved", "executing")
+    first = make_invocation(1, session_id="session-a")
+    assert await ledger.invocations.record_admitted(first, events, admission=Admission("session-a", 1, T0)) is None
+    assert (await ledger.invocations.get(first.id)) is not None
+    second = make_invocation(2, session_id="session-a")
+    wait = await ledger.invocations.record_admitted(
+        second, events, admission=Admission("session-a", 1, T0 + timedelta(seconds=1))
+    )
+    assert wait is not None and 59 <= wait <= 60
+    assert await ledger.invocations.get(second.id) is None
+    # The first call counted against the same budget as plain admissions.
+    assert await ledger.limits.admit("session-a", per_minute=1, now=T0 + timedelta(seconds=2)) is not None
+    assert await ledger.limits.admit("session-a", per_minute=2, now=T0 + timedelta(seconds=2)) is None

@@ -20,7 +20,8 @@ import psycopg
 from bastion.errors import ApprovalExpired, Conflict, NotFound
 from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, prefix_end, stored_json
 from bastion.ledger.postgres.database import NOTIFY, Connection, PostgresDatabase, changes_of
-from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
+from bastion.ledger.postgres.limits import admit_in
+from bastion.models import Admission, EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
 
 _COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
 _UPDATED_COLUMNS: Final = ", ".join(f"updated.{name}" for name in INVOCATION_COLUMNS)
@@ -192,6 +193,28 @@ class PostgresInvocations:
         except psycopg.errors.UniqueViolation as exc:
             raise Conflict(f"invocation {invocation.id} is already recorded", invocation_id=invocation.id) from exc
         await self._db.committed(changes_of(rows))
+
+    async def insert_admitted(
+        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, admission: Admission
+    ) -> float | None:
+        """Admit the call against its rate limit and insert it, in one transaction (the chain's head first, then
+        the key's lock); when the limit refuses it, nothing is inserted and the seconds until one more fits come
+        back (None when inserted)."""
+        params = _record_params(invocation, events, detail)
+
+        async def work(conn: Connection) -> tuple[float | None, builtins.list[Any]]:
+            await conn.execute(LOCK_CHAIN)
+            wait = await admit_in(conn, admission)
+            if wait is not None:
+                return wait, []
+            return None, await (await conn.execute(RECORD, params)).fetchall()
+
+        try:
+            refused, rows = await self._db.transaction(work)
+        except psycopg.errors.UniqueViolation as exc:
+            raise Conflict(f"invocation {invocation.id} is already recorded", invocation_id=invocation.id) from exc
+        await self._db.committed(changes_of(rows))
+        return refused
 
     async def insert_pending(
         self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, limit: int

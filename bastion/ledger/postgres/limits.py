@@ -8,6 +8,7 @@ from typing import Final
 
 from bastion.ledger.limits import oldest_counted, retry_after, second_of
 from bastion.ledger.postgres.database import Connection, PostgresDatabase
+from bastion.models import Admission
 
 # Admissions of one key are counted one at a time across instances: each takes the key's lock first, and the
 # count below sees every admission committed before it got the lock.
@@ -34,22 +35,25 @@ class PostgresLimits:
         """Count one admission of `key` at `now` unless it already had `per_minute` in the window, under the key's
         lock (so two instances cannot both take the last one). None when admitted; else the seconds until one
         more fits (nothing counted)."""
-        if per_minute < 1:
-            raise ValueError(f"per_minute must be at least 1, got {per_minute}")
-        oldest = oldest_counted(now)
-        params = {"key": key, "second": second_of(now), "oldest": oldest, "limit": per_minute}
+        admission = Admission(key, per_minute, now)
+        return await self._db.transaction(lambda conn: admit_in(conn, admission))
 
-        async def work(conn: Connection) -> float | None:
-            async with conn.pipeline():
-                await conn.execute(_LOCK_KEY, (key,))
-                admitted = await conn.execute(_ADMIT, params)
-                await conn.execute(_FORGET_KEY, (key, oldest))
-            if await admitted.fetchone() is not None:
-                return None
-            counted = await (await conn.execute(_COUNTED, (key, oldest))).fetchall()
-            return retry_after(((row[0], row[1]) for row in counted), per_minute=per_minute, now=now) or 0.0
 
-        return await self._db.transaction(work)
+async def admit_in(conn: Connection, admission: Admission) -> float | None:
+    """`PostgresLimits.admit`'s work, in the caller's transaction (recording a call admits it in the same one)."""
+    if admission.per_minute < 1:
+        raise ValueError(f"per_minute must be at least 1, got {admission.per_minute}")
+    key, now = admission.key, admission.now
+    oldest = oldest_counted(now)
+    params = {"key": key, "second": second_of(now), "oldest": oldest, "limit": admission.per_minute}
+    async with conn.pipeline():
+        await conn.execute(_LOCK_KEY, (key,))
+        admitted = await conn.execute(_ADMIT, params)
+        await conn.execute(_FORGET_KEY, (key, oldest))
+    if await admitted.fetchone() is not None:
+        return None
+    counted = await (await conn.execute(_COUNTED, (key, oldest))).fetchall()
+    return retry_after(((row[0], row[1]) for row in counted), per_minute=admission.per_minute, now=now) or 0.0
 
 
 async def forget_counts(db: PostgresDatabase, now: datetime) -> None:

@@ -18,8 +18,9 @@ from bastion.errors import ApprovalExpired, Conflict, NotFound
 from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, prefix_end, stored_json
 from bastion.ledger.chain import GENESIS
 from bastion.ledger.sqlite.database import SqliteDatabase
+from bastion.ledger.sqlite.limits import admit_in
 from bastion.ledger.sqlite.schema import HASH_FUNCTION, dumps, optional_timestamp, timestamp
-from bastion.models import EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
+from bastion.models import Admission, EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
 
 _COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
 
@@ -166,6 +167,24 @@ class SqliteInvocations:
         insert = self._inserting(invocation, events, detail)
         try:
             await self._db.write(insert)
+        except sqlite3.IntegrityError as exc:
+            raise Conflict(f"invocation {invocation.id} is already recorded", invocation_id=invocation.id) from exc
+
+    async def insert_admitted(
+        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, admission: Admission
+    ) -> float | None:
+        """Admit the call against its rate limit and insert it, in one transaction; when the limit refuses it,
+        nothing is inserted and the seconds until one more fits come back (None when inserted)."""
+        insert = self._inserting(invocation, events, detail)
+
+        def work(conn: sqlite3.Connection) -> float | None:
+            wait = admit_in(conn, admission)
+            if wait is None:
+                insert(conn)
+            return wait
+
+        try:
+            return await self._db.write(work)
         except sqlite3.IntegrityError as exc:
             raise Conflict(f"invocation {invocation.id} is already recorded", invocation_id=invocation.id) from exc
 

@@ -9,6 +9,7 @@ from typing import Final
 
 from bastion.ledger.limits import oldest_counted, retry_after, second_of
 from bastion.ledger.sqlite.database import SqliteDatabase
+from bastion.models import Admission
 
 _COUNTED: Final = "SELECT second, count FROM rate_counts WHERE key = ? AND second >= ? ORDER BY second"
 # Counted and admitted in one statement (under the write lock): a row comes back only when it was admitted.
@@ -34,20 +35,25 @@ class SqliteLimits:
         """Count one admission of `key` at `now` unless it already had `per_minute` in the window, in one
         transaction under the write lock (so two processes cannot both take the last one). None when admitted;
         else the seconds until one more fits (nothing counted)."""
-        if per_minute < 1:
-            raise ValueError(f"per_minute must be at least 1, got {per_minute}")
-        second, oldest = second_of(now), oldest_counted(now)
+        admission = Admission(key, per_minute, now)
+        return await self._db.write(lambda conn: admit_in(conn, admission), events=False)
 
-        params = {"key": key, "second": second, "oldest": oldest, "limit": per_minute}
 
-        def work(conn: sqlite3.Connection) -> float | None:
-            if conn.execute(_ADMIT, params).fetchall():
-                conn.execute(_FORGET_KEY, (key, oldest))
-                return None
-            counted = conn.execute(_COUNTED, (key, oldest)).fetchall()
-            return retry_after(counted, per_minute=per_minute, now=now) or 0.0
-
-        return await self._db.write(work, events=False)
+def admit_in(conn: sqlite3.Connection, admission: Admission) -> float | None:
+    """`SqliteLimits.admit`'s work, in the caller's transaction (recording a call admits it in the same one). The
+    key's buckets that left the window are deleted when a new bucket starts: once a second at most."""
+    if admission.per_minute < 1:
+        raise ValueError(f"per_minute must be at least 1, got {admission.per_minute}")
+    key, now = admission.key, admission.now
+    oldest = oldest_counted(now)
+    params = {"key": key, "second": second_of(now), "oldest": oldest, "limit": admission.per_minute}
+    admitted = conn.execute(_ADMIT, params).fetchall()
+    if admitted:
+        if admitted[0][0] == 1:
+            conn.execute(_FORGET_KEY, (key, oldest))
+        return None
+    counted = conn.execute(_COUNTED, (key, oldest)).fetchall()
+    return retry_after(counted, per_minute=admission.per_minute, now=now) or 0.0
 
 
 async def forget_counts(db: SqliteDatabase, now: datetime) -> None:
