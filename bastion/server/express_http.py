@@ -89,12 +89,15 @@ class _Nowhere:
 
 
 class HttpLane:
-    """`POST /mcp` through the express lane where it can, else the SDK's manager (`app`)."""
+    """`POST /mcp` through the express lane where it can, else the application behind it (`app`, which routes it
+    to the SDK's manager)."""
 
     def __init__(
-        self, app: ASGIApp, front: FrontDoor, manager: StreamableHTTPSessionManager, counts: LaneCounts
+        self, app: ASGIApp, front: FrontDoor, manager: StreamableHTTPSessionManager, counts: LaneCounts, *, path: str
     ) -> None:
+        """`app` serves everything the lane does not take; the lane looks only at POSTs to `path`."""
         self.app = app
+        self._path = path
         self._lane = Lane(front, counts)
         self._front = front
         self._manager = manager
@@ -103,8 +106,11 @@ class HttpLane:
         """The 2025-era calls being answered, by session and request id (a host may cancel them)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != self._path:
+            await self.app(scope, receive, send)
+            return
         headers = Headers(scope=scope)
-        if scope["type"] != "http" or scope["method"] != "POST" or not self._may_take(headers):
+        if not self._may_take(headers):
             await self.app(scope, receive, send)
             return
         body = await _body(receive)

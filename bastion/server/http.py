@@ -207,10 +207,7 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
     (bastion.server.express) unless `[server] express_lane = false`.
     """
     manager = StreamableHTTPSessionManager(app=front.server, json_response=False, stateless=False)
-    mcp_endpoint: ASGIApp = StreamableHTTPASGIApp(manager)
     express = LaneCounts()
-    if front.gateway.config.settings.server.express_lane:
-        mcp_endpoint = HttpLane(mcp_endpoint, front, manager, express)
     sse = SseServerTransport("/messages/")
     approver = ApproverEndpoint(front.gateway)
     inbox = Inbox(front.gateway)
@@ -239,7 +236,7 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
 
     app = Starlette(
         routes=[
-            Route("/mcp", endpoint=mcp_endpoint),
+            Route("/mcp", endpoint=StreamableHTTPASGIApp(manager)),
             Route(APPROVER_PATH, endpoint=approver),
             Route("/sse", endpoint=_SseEndpoint(front, sse), methods=["GET"]),
             Mount("/messages/", app=sse.handle_post_message),
@@ -252,7 +249,11 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
         lifespan=lifespan,
         exception_handlers={HTTPException: routing_error},
     )
-    return HostOriginGuard(BearerAuth(app, front.gateway.ledger.tokens, tokens_required=non_loopback), allowed_hosts)
+    served: ASGIApp = app
+    if front.gateway.config.settings.server.express_lane:
+        # In front of the routing: a call the lane answers costs no Starlette request, route or middleware.
+        served = HttpLane(app, front, manager, express, path="/mcp")
+    return HostOriginGuard(BearerAuth(served, front.gateway.ledger.tokens, tokens_required=non_loopback), allowed_hosts)
 
 
 def allowed_hosts_for(bind_host: str, extra: Iterable[str] = ()) -> AllowedHosts:
