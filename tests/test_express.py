@@ -142,12 +142,11 @@ def _comparable(value: Any) -> Any:
 
 
 def recorded(invocations: Sequence[Invocation]) -> list[dict[str, Any]]:
-    """The ledger's records, oldest first, in the fields both runs must agree on."""
+    """The ledger's records in the fields both runs must agree on, in an order of their own (calls made at once
+    may be recorded in either order)."""
     fields = ("tool", "status", "mode", "mode_source", "risk", "error_class", "args", "result")
-    return [
-        _comparable(invocation.model_dump(mode="json", include=set(fields)))
-        for invocation in sorted(invocations, key=lambda i: i.created_at)
-    ]
+    records = [_comparable(invocation.model_dump(mode="json", include=set(fields))) for invocation in invocations]
+    return sorted(records, key=lambda record: json.dumps(record, sort_keys=True))
 
 
 # -- Bastion over stdio, in this process (the lane's counts can be read)
@@ -362,3 +361,117 @@ async def test_a_line_that_answers_no_call_of_the_wire_is_left_to_the_sdks_sessi
     wire = WireCalls()
     assert not wire.claims(b'{"jsonrpc":"2.0","id":"bastion-1","result":{}}')  # nothing waits for it
     assert not wire.claims(b'{"jsonrpc":"2.0","id":3,"result":{}}')
+
+
+# -- odd and hostile input, straight onto the stdio wire
+
+ODD_LINES: list[bytes] = [
+    b"not json at all",
+    b'[{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"fx__echo","arguments":{"text":"a"}}}]',
+    b'{"jsonrpc":"2.0","id":11,"method":"tools/call","params":["fx__echo"]}',
+    b'{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"name":7,"arguments":{}}}',
+    b'{"jsonrpc":"2.0","id":13,"method":"tools/call","params":{"name":"fx__echo","arguments":["a"]}}',
+    b'{"jsonrpc":"2.0","id":14,"method":"tools/call","params":{"name":"fx__echo","arguments":{"text":"a"},"task":{}}}',
+    b'{"jsonrpc":"2.0","id":true,"method":"tools/call","params":{"name":"fx__echo","arguments":{"text":"a"}}}',
+    b'{"jsonrpc":"1.0","id":16,"method":"tools/call","params":{"name":"fx__echo","arguments":{"text":"a"}}}',
+    b'{"jsonrpc":"2.0","id":17,"method":"tools/call","params":{"name":"fx__echo","arguments":{"text":"a\xff\xfe"}}}',
+    b'{"jsonrpc":"2.0","id":18,"method":"tools/call","params":{"name":"fx__echo",'
+    b'"arguments":{"text":"x","password":"hunter2","note":"Bearer abcdef0123456789"}}}',
+    b'{"jsonrpc":"2.0","id":19,"method":"tools/call","params":{"name":"fx__echo","arguments":{"text":"x","deep":'
+    + b"[" * 3000
+    + b"]" * 3000
+    + b"}}}",
+    b'{"jsonrpc":"2.0","id":20,"method":"tools/call","params":{"name":"fx__echo","arguments":{"text":'
+    + str(HUGE).encode()
+    + b"}}}",
+    b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":12345}}',
+    b'{"jsonrpc":"2.0","id":21,"method":"tools/call","params":{"name":"fx__echo","arguments":{"text":"same id"}}}',
+    b'{"jsonrpc":"2.0","id":21,"method":"tools/call","params":{"name":"fx__echo","arguments":{"text":"same id"}}}',
+]
+"""Lines no host should send, and the lines of a careless one: each must be answered as the SDK's server answers it."""
+
+
+async def _raw_session(tmp_path: Path, *, express: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Send `ODD_LINES` on an initialized 2025-era stdio connection; every answer (in id order, nulls last), and
+    what the ledger recorded."""
+    config = _config(tmp_path, express=express)
+    async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
+        gateway = Gateway(config, ledger, [McpConnector(config.connectors[0])])
+        async with gateway.running():
+            await gateway.first_listings()
+            front = FrontDoor(gateway, session_id="stdio")
+            with _pipes() as (host_out, bastion_in, bastion_out, host_in):
+                async with (
+                    pipe_streams(bastion_in, bastion_out, StdioLane(front) if express else None) as (reads, writes),
+                    anyio.create_task_group() as tg,
+                ):
+                    tg.start_soon(front.server.run, reads, writes, front.server.create_initialization_options())
+                    host = _RawHost(host_out, host_in)
+                    init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "odd"}}
+                    await host.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
+                    await host.answer(1)
+                    await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+                    await host.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+                    await host.answer(2)
+                    for line in ODD_LINES:
+                        await host.write(line + b"\n")
+                    await host.send({"jsonrpc": "2.0", "id": 99, "method": "ping"})
+                    # 11, 16 and 19 are not JSON-RPC requests the SDK can read: nobody answers them.
+                    expected = {12, 13, 14, 17, 18, 20, 21, 99}
+                    with anyio.fail_after(30):  # both calls with id 21 are answered, as the SDK answers both
+                        while not expected <= host.answered_ids() or host.count(21) < 2:
+                            await host.read()
+                    tg.cancel_scope.cancel()
+        records = recorded(await ledger.invocations.list(limit=100))
+    answers = [_comparable(answer) for answer in host.answers if answer.get("id") not in (1, 2, 99)]
+    return sorted(answers, key=lambda a: json.dumps(a, sort_keys=True)), records
+
+
+class _RawHost:
+    """A host that writes raw lines and reads JSON-RPC answers (one a line) off Bastion's stdout."""
+
+    def __init__(self, out_fd: int, in_fd: int) -> None:
+        self._out, self._in = out_fd, in_fd
+        self._buffer = b""
+        self.answers: list[dict[str, Any]] = []
+
+    async def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            await anyio.wait_writable(self._out)
+            with contextlib.suppress(BlockingIOError):
+                view = view[os.write(self._out, view) :]
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.write(json.dumps(message).encode() + b"\n")
+
+    async def read(self) -> None:
+        await anyio.wait_readable(self._in)
+        with contextlib.suppress(BlockingIOError):
+            self._buffer += os.read(self._in, 1 << 16)
+        *lines, self._buffer = self._buffer.split(b"\n")
+        self.answers += [json.loads(line) for line in lines if line.strip()]
+
+    def count(self, request_id: int) -> int:
+        return sum(1 for answer in self.answers if answer.get("id") == request_id)
+
+    def answered_ids(self) -> set[Any]:
+        return {answer.get("id") for answer in self.answers}
+
+    async def answer(self, request_id: int) -> dict[str, Any]:
+        with anyio.fail_after(30):
+            while request_id not in self.answered_ids():
+                await self.read()
+        return next(answer for answer in self.answers if answer.get("id") == request_id)
+
+
+async def test_odd_and_hostile_lines_are_answered_and_recorded_as_without_the_lane(tmp_path: Path) -> None:
+    (tmp_path / "lane").mkdir()
+    (tmp_path / "sdk").mkdir()
+    lane_answers, lane_records = await _raw_session(tmp_path / "lane", express=True)
+    sdk_answers, sdk_records = await _raw_session(tmp_path / "sdk", express=False)
+    assert lane_answers == sdk_answers
+    assert lane_records == sdk_records
+    redacted = json.dumps([record["args"] for record in lane_records])
+    assert "hunter2" not in redacted and "abcdef0123456789" not in redacted
+    assert any(str(HUGE) in json.dumps(answer) for answer in lane_answers)  # read whole, never as a float

@@ -17,7 +17,8 @@ from tests.downstream import ContentFixture
 DEPTH = 100
 """Deep, yet within what the SDK's client parses (pydantic's JSON parser stops near 128 levels)."""
 
-HUGE = 2**70
+HUGE = 2**70 + 1
+"""Beyond 64 bits, and no float is equal to it."""
 
 
 def _nested(depth: int) -> Any:

@@ -34,6 +34,8 @@ ID_PREFIX: Final = "bastion-"
 _ID_MARK: Final = b'"bastion-'
 _LEADING_ID: Final = re.compile(rb'\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*"(bastion-\d+)"')
 """The id of a JSON-RPC answer whose first members are `jsonrpc` and `id` (or `id`), found without parsing it."""
+_LONG_NUMBER: Final = re.compile(rb"\d{19,}")
+"""19 digits or more: maybe an integer orjson cannot hold (beyond 64 bits), or text that merely has the digits."""
 _ENVELOPE_KEYS: Final = (PROTOCOL_VERSION_META_KEY, CLIENT_INFO_META_KEY, CLIENT_CAPABILITIES_META_KEY)
 _CANCEL_TIMEOUT: Final = 1.0
 
@@ -72,8 +74,11 @@ def dumps(value: Any) -> bytes:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
-def loads(line: bytes | str) -> Any:
-    """Parse JSON: orjson, or the standard library for what orjson refuses (integers beyond 64 bits)."""
+def loads(line: bytes) -> Any:
+    """Parse JSON: orjson, or the standard library where orjson would lose something (it reads an integer beyond
+    64 bits as a float) or refuses."""
+    if _LONG_NUMBER.search(line) is not None:
+        return json.loads(line)
     try:
         return orjson.loads(line)
     except orjson.JSONDecodeError:
