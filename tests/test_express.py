@@ -152,7 +152,7 @@ def recorded(invocations: Sequence[Invocation]) -> list[dict[str, Any]]:
 # -- Bastion over stdio, in this process (the lane's counts can be read)
 
 
-def _config(tmp_path: Path, *, express: bool) -> Config:
+def _config(tmp_path: Path, *, express: bool, modes: dict[str, str] | None = None) -> Config:
     connector = ConnectorConfig(
         id="fx", command=sys.executable, args=["-m", "tests.wire_server"], cwd=str(ROOT), env={"PYTHONPATH": str(ROOT)}
     )
@@ -164,7 +164,7 @@ def _config(tmp_path: Path, *, express: bool) -> Config:
             approvals=ApprovalSettings(wait_without_progress_seconds=0),
         ),
         connectors=[connector],
-        policy=PolicyConfig.model_validate({"modes": MODES}),
+        policy=PolicyConfig.model_validate({"modes": modes or MODES}),
         ledger_url=f"sqlite:///{tmp_path}/ledger.db",
     )
 
@@ -188,15 +188,22 @@ def _pipes() -> Iterator[tuple[int, int, int, int]]:
 class StdioRun:
     client: Client
     ledger: OpenLedger
+    gateway: Gateway
     counts: LaneCounts | None
 
 
 @asynccontextmanager
 async def stdio_bastion(
-    tmp_path: Path, *, express: bool, mode: str, host: Host, answers: bool
+    tmp_path: Path,
+    *,
+    express: bool,
+    mode: str,
+    host: Host,
+    answers: bool,
+    modes: dict[str, str] | None = None,
 ) -> AsyncIterator[StdioRun]:
     """A front door serving stdio over real pipes, with the express lane or without, and a host connected to it."""
-    config = _config(tmp_path, express=express)
+    config = _config(tmp_path, express=express, modes=modes)
     async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, [McpConnector(config.connectors[0])])
         async with gateway.running():
@@ -220,7 +227,7 @@ async def stdio_bastion(
                     async with client:
                         with anyio.fail_after(30):
                             await client.list_tools()
-                        yield StdioRun(client, ledger, lane.counts if lane is not None else None)
+                        yield StdioRun(client, ledger, gateway, lane.counts if lane is not None else None)
                     os.close(host_out)  # end of input: the server's run ends
                     tg.cancel_scope.cancel()
 
@@ -475,3 +482,47 @@ async def test_odd_and_hostile_lines_are_answered_and_recorded_as_without_the_la
     redacted = json.dumps([record["args"] for record in lane_records])
     assert "hunter2" not in redacted and "abcdef0123456789" not in redacted
     assert any(str(HUGE) in json.dumps(answer) for answer in lane_answers)  # read whole, never as a float
+
+
+class _Moments:
+    """An observer of the gateway: when a call started running, and how it ended."""
+
+    def __init__(self) -> None:
+        self.running = anyio.Event()
+        self.done = anyio.Event()
+        self.ended: list[Invocation] = []
+
+    async def planned(self, invocation: Invocation) -> None:
+        pass
+
+    async def decided(self, invocation: Invocation) -> None:
+        pass
+
+    async def executing(self, invocation: Invocation) -> None:
+        self.running.set()
+
+    async def finished(self, invocation: Invocation) -> None:
+        self.ended.append(invocation)
+        self.done.set()
+
+
+@pytest.mark.parametrize("express", [True, False], ids=["lane", "sdk"])
+async def test_a_call_its_host_cancels_is_cancelled_and_recorded_unknown(tmp_path: Path, express: bool) -> None:
+    host = Host()
+    modes = {**MODES, "fx:sleep": "allow"}
+    async with stdio_bastion(tmp_path, express=express, mode="legacy", host=host, answers=False, modes=modes) as run:
+        moments = _Moments()
+        run.gateway.observers.add(moments)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run.client.call_tool, "fx__sleep", {})
+            with anyio.fail_after(30):
+                await moments.running.wait()
+            tg.cancel_scope.cancel()  # the SDK's client tells Bastion: notifications/cancelled
+        with anyio.fail_after(30):
+            await moments.done.wait()
+        (ended,) = moments.ended
+        assert (ended.status, ended.error_class) == ("unknown", "unknown_outcome")
+        result = await run.client.call_tool("fx__echo", {"text": "still here"})  # the session goes on
+        assert not result.is_error
+        if run.counts is not None:
+            assert run.counts.answered == 1  # the cancelled call has no answer
