@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 # fastmcp 4.1.3+ needs a certifi newer than the registry here serves; 4.1.2 installs beside mcp 2.3.
 BENCH_VENV := .venv-bench
 BENCH_BIN := $(BENCH_VENV)/bin
+# The HTTP server stacks bench/http_stack.py compares (bench-only: the package does not depend on them).
+BENCH_HTTP_STACKS := httptools uvloop hypercorn granian
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
@@ -44,10 +46,10 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check bastion tests bench
 	$(BIN)/mypy
 
-$(BENCH_VENV)/.installed: pyproject.toml
+$(BENCH_VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_BIN)/python -m pip install --quiet --upgrade pip
-	$(BENCH_BIN)/python -m pip install --quiet -e . 'fastmcp==4.1.2' pyinstrument py-spy
+	$(BENCH_BIN)/python -m pip install --quiet -e . 'fastmcp==4.1.2' pyinstrument py-spy $(BENCH_HTTP_STACKS)
 	touch $@
 
 ## bench: the benchmarks of DESIGN.md §11 (latency, throughput, scale, approval wake-up, and across instances on
