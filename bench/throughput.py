@@ -33,6 +33,7 @@ from typing import Any
 
 import anyio
 import httpx2
+from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client
 from mcp.shared.exceptions import MCPError
@@ -142,24 +143,92 @@ class Sessions:
             load.error_kinds[error] = load.error_kinds.get(error, 0) + 1
 
 
-async def worker(url: str, tool: str, count: int, seconds: float) -> None:
-    """Client process mode: connect and warm up, say `ready`, wait for `go` on stdin, then report JSON."""
-    async with Sessions(url, tool, count) as sessions:
-        print("ready", flush=True)
-        await anyio.to_thread.run_sync(sys.stdin.readline)
-        load = await sessions.run(seconds)
-    print(json.dumps(asdict(load)), flush=True)
+async def worker() -> None:
+    """Client process mode, one window after another: read `URL TOOL SESSIONS SECONDS` on stdin, connect and warm
+    up, say `ready`, wait for `go`, then report the window's `Load` as JSON; exit at the end of stdin."""
+    while line := await anyio.to_thread.run_sync(sys.stdin.readline):
+        url, tool, count, seconds = line.split()
+        async with Sessions(url, tool, int(count)) as sessions:
+            print("ready", flush=True)
+            await anyio.to_thread.run_sync(sys.stdin.readline)
+            load = await sessions.run(float(seconds))
+        print(json.dumps(asdict(load)), flush=True)
 
 
-async def drive(target: Target, sessions: int, seconds: float, processes: int) -> dict[str, Any]:
-    """One level on one target: `sessions` sessions over `processes` client processes (1: this one)."""
-    if processes <= 1:
-        async with Sessions(target.url, target.tool, sessions) as local:
-            server_before = server_cpu(target)
-            loads = [await local.run(seconds)]
-            server_after = server_cpu(target)
-    else:
-        loads, server_before, server_after = await drive_processes(target, sessions, seconds, processes)
+class Clients:
+    """`count` client processes (`python -m bench.throughput --worker`), started once and given one window at a
+    time, so a window does not wait for Python and the SDK to start; with a count of 1 this process is the client."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._stack = AsyncExitStack()
+        self._workers: list[tuple[Process, BufferedByteReceiveStream]] = []
+
+    async def __aenter__(self) -> Clients:
+        argv = [sys.executable, "-m", "bench.throughput", "--worker"]
+        try:
+            for _ in range(self.count if self.count > 1 else 0):
+                process = await self._stack.enter_async_context(
+                    await anyio.open_process(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None)
+                )
+                assert process.stdout is not None
+                self._workers.append((process, BufferedByteReceiveStream(process.stdout)))
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with anyio.move_on_after(30, shield=True):
+            for process, _ in self._workers:
+                assert process.stdin is not None
+                await process.stdin.aclose()  # the end of its stdin: the worker exits
+                await process.wait()
+        for process, _ in self._workers:
+            if process.returncode is None:
+                process.kill()
+        await self._stack.aclose()
+
+    async def drive(self, target: Target, sessions: int, seconds: float) -> dict[str, Any]:
+        """One level on one target: `sessions` sessions over the client processes."""
+        if not self._workers:
+            async with Sessions(target.url, target.tool, sessions) as local:
+                server_before = server_cpu(target)
+                loads = [await local.run(seconds)]
+                server_after = server_cpu(target)
+        else:
+            loads, server_before, server_after = await self._drive_workers(target, sessions, seconds)
+        return summarise(sessions, loads, server_before, server_after)
+
+    async def _drive_workers(
+        self, target: Target, sessions: int, seconds: float
+    ) -> tuple[list[Load], dict[str, float], dict[str, float]]:
+        count = len(self._workers)
+        shares = [sessions // count + (1 if i < sessions % count else 0) for i in range(count)]
+        busy = [(worker, share) for worker, share in zip(self._workers, shares, strict=True) if share]
+        for (process, _), share in busy:
+            assert process.stdin is not None
+            await process.stdin.send(f"{target.url} {target.tool} {share} {seconds}\n".encode())
+        with anyio.fail_after(120):
+            for (_, replies), _ in busy:
+                if await replies.receive_until(b"\n", 100) != b"ready":
+                    raise RuntimeError("a client process failed to connect")
+        before = server_cpu(target)
+        for (process, _), _ in busy:
+            assert process.stdin is not None
+            await process.stdin.send(b"go\n")
+        loads = []
+        with anyio.fail_after(seconds + 120):
+            for (_, replies), _ in busy:
+                loads.append(Load(**json.loads(await replies.receive_until(b"\n", 1 << 26))))
+        after = server_cpu(target)
+        return loads, before, after
+
+
+def summarise(
+    sessions: int, loads: list[Load], server_before: dict[str, float], server_after: dict[str, float]
+) -> dict[str, Any]:
+    """One window's figures from what each client process measured and the servers' CPU before and after."""
     calls = sum(load.calls for load in loads)
     errors = sum(load.errors for load in loads)
     elapsed = max(load.elapsed for load in loads)
@@ -182,37 +251,6 @@ async def drive(target: Target, sessions: int, seconds: float, processes: int) -
         "cpu_ms_per_call": {"client": round(sum(x.client_cpu for x in loads) / max(calls, 1) * 1000, 3), **per_call},
         "client_cpu_share_max": round(max(load.client_cpu / load.elapsed for load in loads), 3),
     }
-
-
-async def drive_processes(
-    target: Target, sessions: int, seconds: float, processes: int
-) -> tuple[list[Load], dict[str, float], dict[str, float]]:
-    shares = [sessions // processes + (1 if i < sessions % processes else 0) for i in range(processes)]
-    argv = [sys.executable, "-m", "bench.throughput", "--worker", target.url, target.tool]
-    async with AsyncExitStack() as stack:
-        workers = []
-        for share in (s for s in shares if s):
-            process = await stack.enter_async_context(
-                await anyio.open_process(
-                    [*argv, str(share), str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
-                )
-            )
-            assert process.stdout is not None
-            workers.append((process, BufferedByteReceiveStream(process.stdout)))
-        with anyio.fail_after(120):
-            for _, replies in workers:
-                if await replies.receive_until(b"\n", 100) != b"ready":
-                    raise RuntimeError("a client process failed to start")
-        before = server_cpu(target)
-        for process, _ in workers:
-            assert process.stdin is not None
-            await process.stdin.send(b"go\n")
-        loads = []
-        with anyio.fail_after(seconds + 120):
-            for _, replies in workers:
-                loads.append(Load(**json.loads(await replies.receive_until(b"\n", 1 << 26))))
-        after = server_cpu(target)
-    return loads, before, after
 
 
 def server_cpu(target: Target) -> dict[str, float]:
@@ -290,6 +328,7 @@ async def run(seconds: float, levels: list[int], processes: int) -> dict[str, An
         measured = specs(workdir, with_fastmcp)
         rows: list[dict[str, Any]] = []
         async with AsyncExitStack() as stack:
+            clients = await stack.enter_async_context(Clients(processes))
             targets = []
             for spec in measured:
                 server = await stack.enter_async_context(served(spec.argv, env=env, port=spec.port))
@@ -298,7 +337,7 @@ async def run(seconds: float, levels: list[int], processes: int) -> dict[str, An
                 # Rotate the order per level, so no target always runs first (or last) on a busy machine.
                 shift = i % len(targets)
                 for target, _ in targets[shift:] + targets[:shift]:
-                    measured_level = await drive(target, sessions, seconds, processes)
+                    measured_level = await clients.drive(target, sessions, seconds)
                     rows.append({"target": target.name, "label": target.label, **measured_level})
             running_counts = ledger_counts(ledger)
             gateway = next(server for target, server in targets if target.name == "bastion")
@@ -443,11 +482,10 @@ def main() -> None:
         default=2,
         help="client processes sharing the sessions (default 2: one process saturates before the direct server)",
     )
-    parser.add_argument("--worker", nargs=4, metavar=("URL", "TOOL", "SESSIONS", "SECONDS"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        url, tool, count, seconds = args.worker
-        anyio.run(worker, url, tool, int(count), float(seconds))
+        anyio.run(worker)
         return
     results = anyio.run(run, args.seconds, args.levels, args.client_processes)
     report.write("throughput", results, markdown(results))
