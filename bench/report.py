@@ -51,9 +51,9 @@ def machine() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "mcp": _version("mcp"),
-        "fastmcp": _version("fastmcp"),
-        "bastion": _version("bastion"),
+        "mcp": version("mcp"),
+        "fastmcp": version("fastmcp"),
+        "bastion": version("bastion"),
     }
 
 
@@ -62,7 +62,8 @@ def machine_line(info: dict[str, Any]) -> str:
     return f"{info['cores']} cores, Python {info['python']}, mcp {info['mcp']}{fastmcp}, bastion {info['bastion']}"
 
 
-def _version(package: str) -> str | None:
+def version(package: str) -> str | None:
+    """An installed package's version; None when it is not installed."""
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
