@@ -7,10 +7,11 @@ on uvloop), all at once, each Bastion with a ledger of its own. For each concurr
 and each of `--rounds` rounds, every server in turn (the order rotating per round and level) gets that many SDK
 client sessions calling `read_note` in a loop (bench/throughput.py's client) for its share of `--seconds`.
 
-Reported: calls/s per app, stack and level, the server's CPU per call, each stack's ratio to uvicorn + h11 on
-asyncio (what `pip install bastion` serves with today), and Bastion over direct on each stack. Every Bastion's
-ledger must hold exactly one completed `read_note` invocation per call made to it: if not, or any call failed,
-or a server printed an error, it exits with status 1 once the results are written.
+Reported: calls/s per app, stack and level, the server's own CPU per call, each stack's ratio to uvicorn + h11
+on asyncio (what `pip install bastion` serves with today) in both, the fastest and the cheapest stack per app,
+and Bastion over direct on each stack. On a machine shared with other work, CPU per call is the steadier
+figure. Every Bastion's ledger must hold exactly one completed `read_note` invocation per call made to it: if
+not, or any call failed, or a server printed an error, it exits with status 1 once the results are written.
 Run: `python -m bench.http_stack [--seconds S] [--levels 8 32] [--rounds N]`.
 Results go to bench/results/http_stack.{json,md}.
 """
@@ -46,6 +47,8 @@ STACKS = (
 BASELINE = "uvicorn-h11"
 APPS = {"direct": ("direct (demo server)", "read_note"), "bastion": ("Bastion (ledger on)", "notes__read_note")}
 PACKAGES = ("uvicorn", "h11", "httptools", "uvloop", "hypercorn", "granian")
+CPU = "server_cpu_ms_per_call"
+"""The server process's own CPU per call (Bastion's without its connector's): the stack's cost."""
 
 
 @dataclass
@@ -121,7 +124,11 @@ async def run(seconds: float, levels: list[int], rounds: int, processes: int) ->
         "bastion_over_direct": {
             s.name: ratios(totals, levels, ("bastion", s.name), ("direct", s.name)) for s in STACKS
         },
+        "cpu_over_baseline": {
+            app: {s.name: ratios(totals, levels, (app, s.name), (app, BASELINE), CPU) for s in STACKS} for app in APPS
+        },
         "fastest": {app: fastest(totals, levels, app) for app in APPS},
+        "cheapest": {app: cheapest(totals, levels, app) for app in APPS},
         "ledger": {
             name: ledger_check(rows, name, running_counts[name], counts) for name, counts in stopped_counts.items()
         },
@@ -149,12 +156,12 @@ def combine(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, dict[st
     return totals
 
 
-def ratios(totals: dict[str, Any], levels: list[int], over: tuple[str, str], under: tuple[str, str]) -> dict[str, Any]:
-    """calls/s of (app, stack) `over` divided by that of `under`, per level."""
+def ratios(
+    totals: dict[str, Any], levels: list[int], over: tuple[str, str], under: tuple[str, str], key: str = "calls_per_s"
+) -> dict[str, Any]:
+    """Figure `key` (calls/s, or `CPU`) of (app, stack) `over` divided by that of `under`, per level."""
     return {
-        str(level): report.ratio(
-            totals[over[0]][over[1]][str(level)]["calls_per_s"], totals[under[0]][under[1]][str(level)]["calls_per_s"]
-        )
+        str(level): report.ratio(totals[over[0]][over[1]][str(level)][key], totals[under[0]][under[1]][str(level)][key])
         for level in levels
     }
 
@@ -163,6 +170,13 @@ def fastest(totals: dict[str, Any], levels: list[int], app: str) -> dict[str, An
     """The stack with the most calls/s summed over the levels, and its ratio to the baseline per level."""
     best = max(STACKS, key=lambda s: sum(totals[app][s.name][str(level)]["calls_per_s"] for level in levels))
     return {"stack": best.name, "over_baseline": ratios(totals, levels, (app, best.name), (app, BASELINE))}
+
+
+def cheapest(totals: dict[str, Any], levels: list[int], app: str) -> dict[str, Any]:
+    """The stack whose server spends the least CPU per call summed over the levels, and its ratio to the baseline's
+    per level: on a machine shared with other work this moves far less with the load than calls/s does."""
+    best = min(STACKS, key=lambda s: sum(totals[app][s.name][str(level)][CPU] for level in levels))
+    return {"stack": best.name, "cpu_over_baseline": ratios(totals, levels, (app, best.name), (app, BASELINE), CPU)}
 
 
 def ledger_check(rows: list[dict[str, Any]], stack: str, running: dict[str, int], stopped: dict[str, int]) -> Any:
@@ -218,11 +232,25 @@ def markdown(results: dict[str, Any]) -> str:
         + [results["bastion_over_direct"][name][level] for level in levels]
         for name, info in stacks.items()
     ]
+    cpu_header = ["stack", *(f"{app} / baseline, {level}" for app in APPS for level in levels)]
+    cpu_rows = [
+        [info["label"], *(results["cpu_over_baseline"][app][name][level] for app in APPS for level in levels)]
+        for name, info in stacks.items()
+    ]
     baseline = stacks[results["baseline"]]["label"]
     fastest_lines = [
         f"- {APPS[app][0]}: {stacks[best['stack']]['label']}, "
-        + ", ".join(f"{ratio}x the baseline at {level} sessions" for level, ratio in best["over_baseline"].items())
+        + ", ".join(
+            f"{ratio}x the baseline's calls/s at {level} sessions" for level, ratio in best["over_baseline"].items()
+        )
         for app, best in results["fastest"].items()
+    ]
+    cheapest_lines = [
+        f"- {APPS[app][0]}: {stacks[best['stack']]['label']}, "
+        + ", ".join(
+            f"{ratio}x the baseline's CPU at {level} sessions" for level, ratio in best["cpu_over_baseline"].items()
+        )
+        for app, best in results["cheapest"].items()
     ]
     ledger = results["ledger"]
     settings = results["settings"]
@@ -243,8 +271,17 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             report.table(ratio_header, ratio_rows),
             "",
-            "Fastest (most calls/s over both levels):",
+            "Ratios of the server's own CPU per call (lower is cheaper; for Bastion without its connector): each stack "
+            "over the baseline for the same app. On a machine shared with other work this moves far less with the "
+            "load than calls/s does.",
+            "",
+            report.table(cpu_header, cpu_rows),
+            "",
+            "Fastest (most calls/s over the levels):",
             *fastest_lines,
+            "",
+            "Cheapest (least server CPU per call over the levels):",
+            *cheapest_lines,
             "",
             "Ledger: exactly one completed read_note invocation per call made, for Bastion on every stack: "
             f"{all(check['exactly_one_completed_per_call'] for check in ledger.values())} "
@@ -262,7 +299,7 @@ def main() -> None:
     parser.add_argument(
         "--levels", type=int, nargs="+", default=list(LEVELS), help="concurrent sessions (default 8 32)"
     )
-    parser.add_argument("--rounds", type=int, default=1, help="rounds each level is split into (default 1)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds each level is split into (default 2)")
     parser.add_argument(
         "--client-processes", type=int, default=2, help="client processes sharing the sessions (default 2)"
     )

@@ -104,8 +104,10 @@ def summarise(found: dict[str, dict[str, Any]], problems: list[str]) -> dict[str
         "http_stack: no failed call or error line, one completed ledger row per call": stack_problems(stack),
     }
     fastest = {
-        app: {"stack": best["stack"], "label": stack["stacks"][best["stack"]]["label"], **best}
-        for app, best in stack["fastest"].items()
+        app: {"label": stack["stacks"][best["stack"]]["label"], **best} for app, best in stack["fastest"].items()
+    }
+    cheapest = {
+        app: {"label": stack["stacks"][best["stack"]]["label"], **best} for app, best in stack["cheapest"].items()
     }
     summary: dict[str, Any] = {
         "benchmark": "summary",
@@ -119,6 +121,7 @@ def summarise(found: dict[str, dict[str, Any]], problems: list[str]) -> dict[str
         "http_stack": {
             "baseline": stack["baseline"],
             "fastest": fastest,
+            "cheapest": cheapest,
             "bastion_over_direct": stack["bastion_over_direct"],
             "throughput_stacks": throughput.get("stacks", {}),
         },
@@ -155,10 +158,11 @@ def markdown(summary: dict[str, Any]) -> str:
     )
     stack = summary["http_stack"]
     fastest = [
-        f"- {app}: {best['label']}, "
-        + ", ".join(f"{ratio}x at {level} sessions" for level, ratio in best["over_baseline"].items())
-        + f" (over {stack['baseline']})"
-        for app, best in stack["fastest"].items()
+        f"- {app}: fastest {best['label']}, "
+        + ", ".join(f"{ratio}x the calls/s at {level} sessions" for level, ratio in best["over_baseline"].items())
+        + f"; cheapest {cheap['label']}, "
+        + ", ".join(f"{ratio}x the CPU per call at {level}" for level, ratio in cheap["cpu_over_baseline"].items())
+        for (app, best), cheap in zip(stack["fastest"].items(), stack["cheapest"].values(), strict=True)
     ]
     lines = [
         f"# Issue 17 summary ({report.machine_line(summary['machine'])})",
@@ -176,7 +180,7 @@ def markdown(summary: dict[str, Any]) -> str:
         checks,
         *(f"\n**Not one run:** {problem}" for problem in summary["provenance_problems"]),
         "",
-        "Fastest HTTP server stack in this run (http_stack.md):",
+        f"HTTP server stacks in this run (http_stack.md), against {stack['baseline']}:",
         *fastest,
     ]
     if "bastion_cpu_ms_per_stdio_call" in summary:
