@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 # fastmcp 4.1.3+ needs a certifi newer than the registry here serves; 4.1.2 installs beside mcp 2.3.
 BENCH_VENV := .venv-bench
 BENCH_BIN := $(BENCH_VENV)/bin
+# The HTTP server stacks bench/http_stack.py compares (bench-only: the package does not depend on them).
+BENCH_HTTP_STACKS := httptools uvloop hypercorn granian
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
@@ -44,21 +46,27 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check bastion tests bench
 	$(BIN)/mypy
 
-$(BENCH_VENV)/.installed: pyproject.toml
+$(BENCH_VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_BIN)/python -m pip install --quiet --upgrade pip
-	$(BENCH_BIN)/python -m pip install --quiet -e . 'fastmcp==4.1.2' pyinstrument py-spy
+	$(BENCH_BIN)/python -m pip install --quiet -e . 'fastmcp==4.1.2' pyinstrument py-spy $(BENCH_HTTP_STACKS)
 	touch $@
 
-## bench: the benchmarks of DESIGN.md §11 (latency, throughput, scale, approval wake-up, and across instances on
-## PostgreSQL when it is installed); results under bench/results/
+## bench: the benchmarks of DESIGN.md §11 and issue 17 in one run of ~10-15 min on 2 cores (latency, CPU profile,
+## throughput, HTTP server stacks, scale, approval wake-up, and across instances on PostgreSQL when it is installed),
+## then bench/results/summary.md: the ratios against their targets. Any failed call or lost ledger row stops it
+## (exit 1). `make bench QUICK=1`: a few seconds per bench, to try the pipeline (its figures are not results).
+# Every results file of one run carries the same $BENCH_RUN; bench/summary.py combines only those.
+bench: export BENCH_RUN := $(shell date -u +%Y%m%dT%H%M%SZ)
 bench: $(BENCH_VENV)/.installed
-	$(BENCH_BIN)/python -m bench.latency
-	$(BENCH_BIN)/python -m bench.profile
-	$(BENCH_BIN)/python -m bench.throughput
-	$(BENCH_BIN)/python -m bench.scale
-	$(BENCH_BIN)/python bench/approval_wakeup.py
-	$(BENCH_BIN)/python -m bench.instances_wakeup
+	$(BENCH_BIN)/python -m bench.latency $(if $(QUICK),--calls 200 --warmup 20 --rounds 4)
+	$(BENCH_BIN)/python -m bench.profile $(if $(QUICK),--calls 300 --warmup 50)
+	$(BENCH_BIN)/python -m bench.throughput $(if $(QUICK),--seconds 2)
+	$(BENCH_BIN)/python -m bench.http_stack $(if $(QUICK),--seconds 2)
+	$(BENCH_BIN)/python -m bench.scale $(if $(QUICK),--connectors 10 --lists 10)
+	$(BENCH_BIN)/python bench/approval_wakeup.py $(if $(QUICK),--decisions 10)
+	$(BENCH_BIN)/python -m bench.instances_wakeup $(if $(QUICK),--decisions 10)
+	$(BENCH_BIN)/python -m bench.summary
 
 ## conformance: the official MCP conformance suite through Bastion (Node 22 + suite in .tools/; tests/conformance/)
 conformance: $(VENV)/.installed

@@ -6,7 +6,8 @@ a naive relay on the mcp SDK's low-level server (bench/naive_relay.py), the floo
 pays; and through FastMCP's proxy (bench/fastmcp_proxy.py), when fastmcp is installed. Calls are
 sequential, the paths interleaved in rounds (their order rotating) so machine noise hits all alike,
 after a warm-up on each. Besides the latency distribution it reports the CPU each process spent per call,
-and that Bastion's ledger holds one completed invocation per call. Run: `python -m bench.latency`.
+and that Bastion's ledger holds one completed invocation per call: if it does not, or any call failed, it
+exits with status 1 once the results are written. Run: `python -m bench.latency [--calls N]`.
 Results go to bench/results/latency.{json,md}.
 """
 
@@ -211,6 +212,24 @@ def main() -> None:
     args = parser.parse_args()
     results = anyio.run(run, args.calls, args.warmup, args.rounds)
     report.write("latency", results, markdown(results))
+    report.fail_on(problems(results), "latency")
+
+
+def problems(results: dict[str, Any]) -> list[str]:
+    """What makes this run's figures unusable: a failed call on any path, or a ledger that does not hold
+    exactly one completed invocation per call made through Bastion."""
+    found = [
+        f"{name}: {path['errors']} failed call(s) timed, {path['warmup_errors']} in the warm-up"
+        for name, path in results["paths"].items()
+        if path["errors"] or path["warmup_errors"]
+    ]
+    ledger = results["ledger"]
+    if not ledger["exactly_one_completed_per_call"]:
+        found.append(
+            f"Bastion's ledger holds {ledger['read_note_invocations_by_status']} read_note invocations for "
+            f"{ledger['calls_made_to_bastion']} calls made"
+        )
+    return found
 
 
 if __name__ == "__main__":

@@ -7,12 +7,17 @@ import math
 import os
 import platform
 import statistics
+import subprocess
+import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+RUN_ENV_VAR = "BENCH_RUN"
+"""Names one `make bench` run: every results file it writes carries it, so bench/summary.py combines only those."""
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
@@ -46,9 +51,9 @@ def machine() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "mcp": _version("mcp"),
-        "fastmcp": _version("fastmcp"),
-        "bastion": _version("bastion"),
+        "mcp": version("mcp"),
+        "fastmcp": version("fastmcp"),
+        "bastion": version("bastion"),
     }
 
 
@@ -57,7 +62,8 @@ def machine_line(info: dict[str, Any]) -> str:
     return f"{info['cores']} cores, Python {info['python']}, mcp {info['mcp']}{fastmcp}, bastion {info['bastion']}"
 
 
-def _version(package: str) -> str | None:
+def version(package: str) -> str | None:
+    """An installed package's version; None when it is not installed."""
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
@@ -70,8 +76,40 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
+def provenance() -> dict[str, Any]:
+    """Which run wrote a results file: the `make bench` run ($BENCH_RUN), the git commit measured (and whether
+    the work tree had changes outside bench/results/) and when, in UTC."""
+    root = RESULTS.parent.parent
+    commit = _git(root, "rev-parse", "HEAD")
+    changes = _git(root, "status", "--porcelain", "--", ".", ":(exclude)bench/results")
+    return {
+        "run": os.environ.get(RUN_ENV_VAR) or None,
+        "commit": commit or None,
+        "uncommitted_changes": bool(changes) if commit else None,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _git(root: Path, *args: str) -> str:
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
+    except OSError:
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def fail_on(problems: Sequence[str], name: str) -> None:
+    """Exit with status 1 naming every problem (lost ledger rows, failed calls), once the results are written:
+    a figure measured on calls that failed or went unrecorded is not a result."""
+    if problems:
+        for problem in problems:
+            print(f"bench {name}: FAILED: {problem}", file=sys.stderr)
+        raise SystemExit(1)
+
+
 def write(name: str, results: dict[str, Any], markdown: str) -> None:
-    """bench/results/NAME.json and NAME.md; the Markdown is printed too."""
+    """bench/results/NAME.json (with `provenance()` under "run") and NAME.md; the Markdown is printed too."""
+    results = {**results, "run": provenance()}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown.rstrip() + "\n")

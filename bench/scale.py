@@ -246,7 +246,7 @@ def markdown(results: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--connectors", type=int, default=100, help="generated connectors (default 100)")
-    parser.add_argument("--lists", type=int, default=200, help="timed tools/list calls per era (default 200)")
+    parser.add_argument("--lists", type=int, default=50, help="timed tools/list calls per era (default 50)")
     parser.add_argument("--start-timeout", type=float, default=300, help="bound on start-up, seconds (default 300)")
     args = parser.parse_args()
     results = anyio.run(run, args.connectors, args.lists, args.start_timeout)
