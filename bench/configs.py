@@ -16,12 +16,14 @@ def write_notes(path: Path) -> Path:
     return path
 
 
-def notes_config(directory: Path, notes_file: Path) -> Path:
-    """A Bastion configuration: the demo notes server as its only connector, the ledger beside it."""
+def notes_config(directory: Path, notes_file: Path, *, express_lane: bool = True) -> Path:
+    """A Bastion configuration: the demo notes server as its only connector, the ledger beside it; `express_lane`
+    False serves every call through the MCP SDK's server and client (`[server] express_lane`)."""
     (directory / "connectors").mkdir(parents=True)
     (directory / "policies").mkdir()
     (directory / "bastion.toml").write_text(
         '[server]\nledger = "sqlite:///ledger.db"\nstartup_wait_seconds = 60\n'
+        f"express_lane = {'true' if express_lane else 'false'}\n"
         "[limits]\ninvocations_per_minute = 100000000\nlist_timeout_seconds = 60\n"
     )
     (directory / "connectors" / "notes.toml").write_text(

@@ -1,9 +1,10 @@
 """Per-call latency over stdio: direct, through Bastion, a naive relay and FastMCP's proxy (DESIGN.md §11).
 
 The same SDK client code calls `read_note` on the same downstream (the bundled demo notes server,
-one note in its file) four ways: directly; through `bastion serve` (allow path, ledger on); through
-a naive relay on the mcp SDK's low-level server (bench/naive_relay.py), the floor any SDK-based relay
-pays; and through FastMCP's proxy (bench/fastmcp_proxy.py), when fastmcp is installed. Calls are
+one note in its file) five ways: directly; through `bastion serve` (allow path, ledger on), with its express
+lane and without (`[server] express_lane = false`: the MCP SDK's server and client); through a naive relay
+on the mcp SDK's low-level server (bench/naive_relay.py), the floor any SDK-based relay pays; and through
+FastMCP's proxy (bench/fastmcp_proxy.py), when fastmcp is installed. Calls are
 sequential, the paths interleaved in rounds (their order rotating) so machine noise hits all alike,
 after a warm-up on each. Besides the latency distribution it reports the CPU each process spent per call,
 and that Bastion's ledger holds one completed invocation per call: if it does not, or any call failed, it
@@ -57,6 +58,9 @@ def routes(workdir: Path, notes_file: Path, with_fastmcp: bool) -> list[Route]:
             command=python, args=["-m", "bastion.demo.notes"], env=env)),
         Route("bastion", "Bastion (stdio, ledger on)", "notes__read_note", StdioServerParameters(
             command=python, args=["-m", "bastion", "serve", "--config", str(workdir / "config")], env=env)),
+        Route("bastion_sdk", "Bastion, express lane off (the SDK's server and client)", "notes__read_note",
+            StdioServerParameters(
+                command=python, args=["-m", "bastion", "serve", "--config", str(workdir / "config-sdk")], env=env)),
         Route("naive", "naive low-level relay (mcp SDK)", "read_note", StdioServerParameters(
             command=python, args=[str(Path(__file__).with_name("naive_relay.py"))], env=env)),
     ]  # fmt: skip
@@ -102,6 +106,7 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
         workdir = Path(tmp)
         notes_file = write_notes(workdir / "notes.json")
         ledger = notes_config(workdir / "config", notes_file)
+        ledger_sdk = notes_config(workdir / "config-sdk", notes_file, express_lane=False)
         with_fastmcp = importlib.util.find_spec("fastmcp") is not None
         measured = routes(workdir, notes_file, with_fastmcp)
         async with AsyncExitStack() as stack:
@@ -123,7 +128,9 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
                     await measure(route, client, per_round)
         # Bastion has stopped: everything it answered is committed.
         counts = ledger_counts(ledger)
+        counts_sdk = ledger_counts(ledger_sdk)
     bastion = next(p for p in measured if p.name == "bastion")
+    bastion_sdk = next(p for p in measured if p.name == "bastion_sdk")
     results: dict[str, Any] = {
         "benchmark": "latency",
         "machine": report.machine(),
@@ -144,6 +151,12 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
             "read_note_invocations_by_status": counts,
             "exactly_one_completed_per_call": counts.get("completed", 0) == bastion.calls
             and sum(counts.values()) == bastion.calls,
+            "express_lane_off": {
+                "calls_made_to_bastion": bastion_sdk.calls,
+                "read_note_invocations_by_status": counts_sdk,
+                "exactly_one_completed_per_call": counts_sdk.get("completed", 0) == bastion_sdk.calls
+                and sum(counts_sdk.values()) == bastion_sdk.calls,
+            },
         },
         "target": "Bastion/direct <= 1.5x at p50 first, then 1.3x (DESIGN.md §11)",
     }
@@ -152,7 +165,7 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
             q: report.ratio(results["paths"]["bastion"][f"{q}_ms"], results["paths"][other][f"{q}_ms"])
             for q in ("p50", "p95", "mean")
         }
-        for other in ("direct", "naive", "fastmcp")
+        for other in ("direct", "bastion_sdk", "naive", "fastmcp")
         if other in results["paths"]
     }
     if not with_fastmcp:
@@ -191,11 +204,15 @@ def markdown(results: dict[str, Any]) -> str:
         ratios_table,
         "",
         "The naive relay (bench/naive_relay.py) forwards calls through the mcp SDK's low-level server and client "
-        "with nothing else: the floor any SDK-based relay pays here; bastion/naive is what Bastion adds beyond it.",
+        "with nothing else: the floor any SDK-based relay pays here; bastion/naive is what Bastion adds beyond it. "
+        "bastion/bastion_sdk is the express lane's effect: the same Bastion with `[server] express_lane = false`.",
         "",
         f"Ledger: {ledger['calls_made_to_bastion']} calls made through Bastion, read_note invocations by status "
         f"{ledger['read_note_invocations_by_status']}; exactly one completed per call: "
-        f"{ledger['exactly_one_completed_per_call']}.",
+        f"{ledger['exactly_one_completed_per_call']}. With the express lane off: "
+        f"{ledger['express_lane_off']['calls_made_to_bastion']} calls, by status "
+        f"{ledger['express_lane_off']['read_note_invocations_by_status']}; exactly one completed per call: "
+        f"{ledger['express_lane_off']['exactly_one_completed_per_call']}.",
         "",
         f"Target: {results['target']}.",
     ]
@@ -223,12 +240,12 @@ def problems(results: dict[str, Any]) -> list[str]:
         for name, path in results["paths"].items()
         if path["errors"] or path["warmup_errors"]
     ]
-    ledger = results["ledger"]
-    if not ledger["exactly_one_completed_per_call"]:
-        found.append(
-            f"Bastion's ledger holds {ledger['read_note_invocations_by_status']} read_note invocations for "
-            f"{ledger['calls_made_to_bastion']} calls made"
-        )
+    for label, ledger in (("Bastion", results["ledger"]), ("Bastion, lane off", results["ledger"]["express_lane_off"])):
+        if not ledger["exactly_one_completed_per_call"]:
+            found.append(
+                f"{label}'s ledger holds {ledger['read_note_invocations_by_status']} read_note invocations for "
+                f"{ledger['calls_made_to_bastion']} calls made"
+            )
     return found
 
 

@@ -121,7 +121,7 @@ def serve(
 
     try:
         with exporting_traces():
-            run_async(run)
+            run_async(run, serving=True)
     finally:
         if listener is not None:
             listener.close()
