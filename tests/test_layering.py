@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "bastion.actions": 2,  # what a source declares about its actions (ActionSpec)
     "bastion.tracing": 2,  # OpenTelemetry attribute names and spans, for the pipeline and the connectors
     "bastion.policies": 2,  # pure functions over the vocabulary: anyone above may call them
+    "bastion.schemas": 2,  # JSON Schema checks of arguments and results (jsonschema-rs, then jsonschema)
     "bastion.manifests": 3,  # action files (seed 002), beside config: parsed and checked; the pipeline runs them
     "bastion.config": 3,
     "bastion.connectors": 4,  # sources, beside the ledger: they never import each other
@@ -59,14 +60,16 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.config": {"pydantic", "cel"},  # cel: policy conditions, compiled at load
     "bastion.manifests": {"pydantic"},
     "bastion.policies": {"pydantic"},
+    "bastion.schemas": {"jsonschema", "jsonschema_rs"},
     "bastion.ledger": {"pydantic", "aiosqlite", "anyio", "psycopg", "psycopg_pool"},
-    # jsonschema: plugins' action.json and tools' output schemas; orjson: the express lane's wire calls
-    "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic", "jsonschema", "orjson"},
+    # jsonschema: plugins' action.json; referencing: an output schema that cannot be resolved; orjson: the express
+    # lane's wire calls
+    "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic", "jsonschema", "referencing", "orjson"},
     "bastion.config.tomlpos": set(),
     "bastion.config.approved": {"tomlkit"},  # the policy file Bastion writes, comments kept
     "bastion.starter": set(),
     "bastion.pipeline": set(),
-    "bastion.pipeline.catalog": {"mcp_types", "jsonschema", "pydantic"},
+    "bastion.pipeline.catalog": {"mcp_types", "pydantic"},
     "bastion.pipeline.seams": {"mcp_types", "anyio"},
     "bastion.pipeline.content": {"mcp_types", "mcp", "anyio"},  # mcp.shared.uri_template: RFC 6570 matching
     "bastion.pipeline.pinning": set(),

@@ -24,9 +24,10 @@ from typing import Any, Final, TypeVar
 import anyio
 import mcp_types as types
 import orjson
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import best_match
 from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY, methods
+from referencing.exceptions import Unresolvable
+
+from bastion.schemas import SchemaCheck
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +216,7 @@ class ResultChecks:
     connection's protocol version, then the tool's own output schema (compiled once per schema)."""
 
     def __init__(self) -> None:
-        self._validators: dict[str, tuple[Mapping[str, Any], Any]] = {}
+        self._schemas: dict[str, SchemaCheck] = {}
 
     def checked(self, tool: types.Tool | None, raw: dict[str, Any], version: str) -> dict[str, Any]:
         """The result without its protocol `_meta` keys. Raises ValidationError for a result off its protocol
@@ -228,10 +229,11 @@ class ResultChecks:
         if tool is not None and schema is not None and raw.get("isError") is not True:
             if "structuredContent" not in raw:
                 raise OutputSchemaError(f"Tool {tool.name} has an output schema but did not return structured content")
-            validator = self._validator(tool.name, schema)
-            structured = raw["structuredContent"]
-            if not validator.is_valid(structured):
-                error = best_match(validator.iter_errors(structured))
+            try:
+                error = self._check(tool.name, schema).error(raw["structuredContent"])
+            except Unresolvable as exc:
+                raise OutputSchemaError(f"Invalid schema for tool {tool.name}: {exc}") from exc
+            if error is not None:
                 raise OutputSchemaError(f"Invalid structured content returned by tool {tool.name}: {error}")
         meta = raw.get("_meta")
         if isinstance(meta, dict) and any(key.startswith(PROTOCOL_META_PREFIX) for key in meta):
@@ -241,14 +243,11 @@ class ResultChecks:
                 raw["_meta"] = kept
         return raw
 
-    def _validator(self, name: str, schema: Mapping[str, Any]) -> Any:
-        known = self._validators.get(name)
-        if known is not None and known[0] is schema:
-            return known[1]
-        cls = validators.validator_for(schema, default=Draft202012Validator)
-        validator = cls(schema)
-        self._validators[name] = (schema, validator)
-        return validator
+    def _check(self, name: str, schema: Mapping[str, Any]) -> SchemaCheck:
+        known = self._schemas.get(name)
+        if known is None or known.schema is not schema:
+            known = self._schemas[name] = SchemaCheck(schema)
+        return known
 
 
 class OutputSchemaError(Exception):

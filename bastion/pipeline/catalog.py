@@ -17,15 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mcp_types as types
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import best_match
-from jsonschema.protocols import Validator
 from pydantic import ValidationError
 
 from bastion.actions import ActionSpec, DriftListing
 from bastion.errors import InvalidArguments
 from bastion.models import CallContext, Invocation, ModeDecision, Risk, policy_key, utcnow
 from bastion.policies import Fingerprints, NameRequest, assign_tool_names, fingerprints
+from bastion.schemas import SchemaCheck
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +74,7 @@ class CatalogEntry:
     """What `tools/list` shows under `name`: the upstream tool, or the pinned definition of a drifted one."""
     listed: bool = True
     """False for a drifted action that hosts do not see until it is accepted (it may still be called)."""
-    _validator: Validator | None = field(default=None, repr=False)
+    _arguments: SchemaCheck | None = field(default=None, repr=False)
 
     @property
     def source_id(self) -> str:
@@ -130,11 +128,9 @@ class CatalogEntry:
 
     def validate_arguments(self, arguments: Mapping[str, Any]) -> None:
         """Check arguments against the upstream input schema; raise InvalidArguments naming the problem."""
-        if self._validator is None:
-            schema = self.action.upstream.input_schema
-            cls = validators.validator_for(schema, default=Draft202012Validator)
-            self._validator = cls(schema)
-        error = best_match(self._validator.iter_errors(arguments))
+        if self._arguments is None:
+            self._arguments = SchemaCheck(self.action.upstream.input_schema)
+        error = self._arguments.error(arguments)
         if error is not None:
             where = "/".join(str(part) for part in error.absolute_path) or "(root)"
             fix = "send arguments that match the tool's inputSchema"
