@@ -73,6 +73,17 @@ class Host:
     async def log(self, params: types.LoggingMessageNotificationParams) -> None:
         self.logs.append(f"{params.level} {params.data}")
 
+    def client(self, target: Any, *, mode: str, answers: bool) -> Client:
+        """An SDK client for this host; `answers`: it declares sampling and elicitation and answers them."""
+        return Client(
+            target,
+            cache=None,
+            mode=mode,
+            sampling_callback=self.sample if answers else None,
+            elicitation_callback=self.elicit if answers else None,
+            logging_callback=self.log,
+        )
+
 
 # -- the scenario, and what is compared
 
@@ -192,17 +203,23 @@ class StdioRun:
     counts: LaneCounts | None
 
 
+@dataclass
+class StdioFront:
+    """A front door serving stdio over real pipes: the host's ends of them, and what Bastion keeps."""
+
+    ledger: OpenLedger
+    gateway: Gateway
+    counts: LaneCounts | None
+    host_out: int
+    host_in: int
+
+
 @asynccontextmanager
-async def stdio_bastion(
-    tmp_path: Path,
-    *,
-    express: bool,
-    mode: str,
-    host: Host,
-    answers: bool,
-    modes: dict[str, str] | None = None,
-) -> AsyncIterator[StdioRun]:
-    """A front door serving stdio over real pipes, with the express lane or without, and a host connected to it."""
+async def stdio_front(
+    tmp_path: Path, *, express: bool, modes: dict[str, str] | None = None
+) -> AsyncIterator[StdioFront]:
+    """Bastion in this process serving stdio over real pipes, with the express lane or without, until the block
+    ends (the host's input then ends too)."""
     config = _config(tmp_path, express=express, modes=modes)
     async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, [McpConnector(config.connectors[0])])
@@ -216,20 +233,29 @@ async def stdio_bastion(
                 ):
                     options = front.server.create_initialization_options()
                     tg.start_soon(front.server.run, read_stream, write_stream, options)
-                    client = Client(
-                        pipe_streams(host_in, host_out),
-                        cache=None,
-                        mode=mode,
-                        sampling_callback=host.sample if answers else None,
-                        elicitation_callback=host.elicit if answers else None,
-                        logging_callback=host.log,
-                    )
-                    async with client:
-                        with anyio.fail_after(30):
-                            await client.list_tools()
-                        yield StdioRun(client, ledger, gateway, lane.counts if lane is not None else None)
+                    yield StdioFront(ledger, gateway, lane.counts if lane is not None else None, host_out, host_in)
                     os.close(host_out)  # end of input: the server's run ends
                     tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def stdio_bastion(
+    tmp_path: Path,
+    *,
+    express: bool,
+    mode: str,
+    host: Host,
+    answers: bool,
+    modes: dict[str, str] | None = None,
+) -> AsyncIterator[StdioRun]:
+    """`stdio_front` with an SDK client as its host, its tools listed."""
+    async with (
+        stdio_front(tmp_path, express=express, modes=modes) as front,
+        host.client(pipe_streams(front.host_in, front.host_out), mode=mode, answers=answers) as client,
+    ):
+        with anyio.fail_after(30):
+            await client.list_tools()
+        yield StdioRun(client, front.ledger, front.gateway, front.counts)
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
@@ -308,15 +334,7 @@ async def test_over_http_every_call_is_answered_and_recorded_as_the_sdks_server_
         config = _config_dir(directory, express=express)
         env = bastion_env(directory / "home")
         async with bastion_http(["--config", str(config)], env=env) as server:
-            client = Client(
-                server.mcp_url,
-                cache=None,
-                mode=mode,
-                sampling_callback=host.sample if answers else None,
-                elicitation_callback=host.elicit if answers else None,
-                logging_callback=host.log,
-            )
-            async with client:
+            async with host.client(server.mcp_url, mode=mode, answers=answers) as client:
                 with anyio.fail_after(30):
                     await client.list_tools()  # the first listing waits for the connector to list
                 results = await run_scenario(client, calls, host, directory)
@@ -399,37 +417,26 @@ ODD_LINES: list[bytes] = [
 
 
 async def _raw_session(tmp_path: Path, *, express: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Send `ODD_LINES` on an initialized 2025-era stdio connection; every answer (in id order, nulls last), and
-    what the ledger recorded."""
-    config = _config(tmp_path, express=express)
-    async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
-        gateway = Gateway(config, ledger, [McpConnector(config.connectors[0])])
-        async with gateway.running():
-            await gateway.first_listings()
-            front = FrontDoor(gateway, session_id="stdio")
-            with _pipes() as (host_out, bastion_in, bastion_out, host_in):
-                async with (
-                    pipe_streams(bastion_in, bastion_out, StdioLane(front) if express else None) as (reads, writes),
-                    anyio.create_task_group() as tg,
-                ):
-                    tg.start_soon(front.server.run, reads, writes, front.server.create_initialization_options())
-                    host = _RawHost(host_out, host_in)
-                    init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "odd"}}
-                    await host.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
-                    await host.answer(1)
-                    await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-                    await host.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
-                    await host.answer(2)
-                    for line in ODD_LINES:
-                        await host.write(line + b"\n")
-                    await host.send({"jsonrpc": "2.0", "id": 99, "method": "ping"})
-                    # 11, 16 and 19 are not JSON-RPC requests the SDK can read: nobody answers them.
-                    expected = {12, 13, 14, 17, 18, 20, 21, 99}
-                    with anyio.fail_after(30):  # both calls with id 21 are answered, as the SDK answers both
-                        while not expected <= host.answered_ids() or host.count(21) < 2:
-                            await host.read()
-                    tg.cancel_scope.cancel()
-        records = recorded(await ledger.invocations.list(limit=100))
+    """Send `ODD_LINES` on an initialized 2025-era stdio connection; every answer and what the ledger recorded, each
+    in an order of its own."""
+    async with stdio_front(tmp_path, express=express) as front:
+        await front.gateway.first_listings()
+        host = _RawHost(front.host_out, front.host_in)
+        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "odd", "version": "1"}}
+        await host.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
+        await host.answer(1)
+        await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        await host.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        await host.answer(2)
+        for line in ODD_LINES:
+            await host.write(line + b"\n")
+        await host.send({"jsonrpc": "2.0", "id": 99, "method": "ping"})
+        # 11, 16 and 19 are not JSON-RPC requests the SDK can read: nobody answers them.
+        expected = {12, 13, 14, 17, 18, 20, 21, 99}
+        with anyio.fail_after(30):  # both calls with id 21 are answered, as the SDK answers both
+            while not expected <= host.answered_ids() or host.count(21) < 2:
+                await host.read()
+        records = recorded(await front.ledger.invocations.list(limit=100))
     answers = [_comparable(answer) for answer in host.answers if answer.get("id") not in (1, 2, 99)]
     return sorted(answers, key=lambda a: json.dumps(a, sort_keys=True)), records
 

@@ -13,21 +13,11 @@ from jsonschema.exceptions import best_match
 from referencing.exceptions import Unresolvable
 
 from bastion.schemas import SchemaCheck
+from tests.downstream import default_tools
 
 SCHEMAS: list[dict[str, Any]] = [
     {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
-    {  # 2020-12 features, as tools/downstream.py's `shapes`
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "type": "object",
-        "$defs": {"point": {"type": "array", "prefixItems": [{"type": "number"}, {"type": "number"}]}},
-        "properties": {
-            "at": {"$ref": "#/$defs/point"},
-            "kind": {"enum": ["circle", "square"], "default": "circle"},
-            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
-        },
-        "required": ["at"],
-        "unevaluatedProperties": False,
-    },
+    next(tool.input_schema for tool in default_tools() if tool.name == "shapes"),  # 2020-12 features
     {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "multipleOf": 3}}},
     {"type": "object", "properties": {"when": {"type": "string", "format": "date-time"}}},  # format: an annotation
     {
