@@ -2,7 +2,7 @@
 
 Servers run side by side: `bastion serve --transport http` in front of the demo notes server (a stdio
 connector, ledger on, rate limit raised out of the way); the demo notes server itself over streamable HTTP
-(its own app, on uvicorn's defaults on asyncio: bench/http_serve.py); the naive low-level relay
+(its own app, on the stack `bastion serve` runs on: bench/http_serve.py); the naive low-level relay
 (bench/naive_relay.py --transport http) in front of the demo server over stdio, the floor any relay on the mcp
 SDK pays on this machine; and FastMCP's proxy (bench/fastmcp_proxy.py --transport http) when fastmcp is
 installed. For each concurrency level (1, 8, 32 sessions), each target in turn (the order rotating per level)
@@ -54,9 +54,9 @@ RATIOS = (
     ("naive", "direct"),
     ("fastmcp", "direct"),
 )
-DIRECT_STACK = Stack("uvicorn-default", "uvicorn", "auto", "asyncio")
-"""The direct demo server runs on uvicorn's defaults on asyncio, as the relays do: `uvicorn.run` would put it on
-uvloop, which the bench environment has (for bench/http_stack.py) and the others do not use."""
+DIRECT_STACK = Stack("uvicorn-httptools-uvloop", "uvicorn", "httptools", "uvloop")
+"""The direct demo server runs on the stack `bastion serve` runs on (uvicorn + httptools on uvloop), so that
+Bastion/direct measures Bastion and not its server stack."""
 FASTMCP_MISSING = "fastmcp is not installed here; run `make bench` (it installs .venv-bench)"
 
 
@@ -280,7 +280,7 @@ def specs(workdir: Path, with_fastmcp: bool) -> list[Spec]:
         Spec(
             "direct",
             "direct (demo server, HTTP)",
-            f"{common} (bench/http_serve.py)",
+            f"{DIRECT_STACK.label}, as `bastion serve` (bench/http_serve.py)",
             "read_note",
             [*DIRECT_STACK.argv(), "--port", str(direct_port), "demo"],
             direct_port,
@@ -288,7 +288,7 @@ def specs(workdir: Path, with_fastmcp: bool) -> list[Spec]:
         Spec(
             "bastion",
             "Bastion (HTTP, ledger on)",
-            "what `bastion serve` runs",
+            "what `bastion serve` runs: uvicorn + httptools on uvloop",
             "notes__read_note",
             [python, "-m", "bastion", "serve", "--config", config, "--transport", "http", "--port", "0"],
             None,

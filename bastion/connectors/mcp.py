@@ -44,13 +44,11 @@ import mcp_types as types
 from anyio.abc import TaskStatus
 from mcp import Client, InputRequiredRoundsExceededError, MCPError, StdioServerParameters
 from mcp.client import Transport
-from mcp.client.session import IncomingMessage
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import SubscriptionLost
 from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import CONNECTION_CLOSED, LOG_LEVEL_META_KEY, REQUEST_TIMEOUT
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from bastion.actions import ActionSpec, WireResult
@@ -58,7 +56,8 @@ from bastion.config import ConnectorConfig
 from bastion.connectors.failures import describe, first_line, is_expected
 from bastion.connectors.forwarding import CORRELATION_META_KEY, Forwarding
 from bastion.connectors.inflight import CallRelay, InFlightCalls
-from bastion.connectors.listing import Kind, Listing, list_prompts, list_resources, list_tools
+from bastion.connectors.link import Link
+from bastion.connectors.listing import Listing, list_prompts, list_resources, list_tools
 from bastion.connectors.process import Child, child_process
 from bastion.connectors.specs import action_specs, risk_of
 from bastion.connectors.subscriptions import ResourceWatch, UpdatedFn
@@ -87,49 +86,6 @@ ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 
 _Result = TypeVar("_Result", bound=types.Result)
 
-_CHANGED: Final[dict[type[types.ServerNotification], Kind]] = {
-    types.ToolListChangedNotification: "tools",
-    types.ResourceListChangedNotification: "resources",
-    types.PromptListChangedNotification: "prompts",
-}
-
-
-class _Link:
-    """One connection attempt: its client and the signals its watchers raise."""
-
-    client: Client
-    """Set right after construction: the client needs `on_message` first."""
-
-    def __init__(self, on_resource_updated: Callable[[str], None]) -> None:
-        self.ready = False
-        self.lost = anyio.Event()
-        self.reason: str | None = None
-        self.relist: set[Kind] = set()
-        self.relist_wanted = anyio.Event()
-        self._on_resource_updated = on_resource_updated
-
-    @property
-    def modern(self) -> bool:
-        return self.client.protocol_version in MODERN_PROTOCOL_VERSIONS
-
-    def lose(self, reason: str) -> None:
-        """Mark the connection dead; the first reason wins."""
-        if not self.lost.is_set():
-            self.reason = reason
-            self.lost.set()
-
-    async def on_message(self, message: IncomingMessage) -> None:
-        """The one place that reacts to change notifications (legacy delivery and the modern `listen()` tee)."""
-        if isinstance(message, Exception):
-            logger.warning("transport error from downstream: %r", message)
-            return
-        kind = _CHANGED.get(type(message))
-        if kind is not None:
-            self.relist.add(kind)
-            self.relist_wanted.set()
-        elif isinstance(message, types.ResourceUpdatedNotification):
-            self._on_resource_updated(message.params.uri)
-
 
 class McpConnector:
     """A downstream MCP server kept connected, its listings current, its calls forwarded and relayed."""
@@ -154,7 +110,7 @@ class McpConnector:
         self._probe_interval = probe_interval
         self._listing = Listing()
         self._status = SourceStatus(source_id=config.id, state="starting")
-        self._link: _Link | None = None
+        self._link: Link | None = None
         self._child: Child | None = None
         """The process of the current attempt, for a stdio downstream started from the configuration."""
         self._reported: str | None = None
@@ -201,7 +157,7 @@ class McpConnector:
         delay = self._backoff_initial
         try:
             while True:
-                link: _Link | None = None
+                link: Link | None = None
                 try:
                     link = await self._connect_and_watch(on_change)
                     reason = link.reason or "the connection closed"
@@ -339,7 +295,7 @@ class McpConnector:
         except MCPError as exc:
             raise self._translate(exc, f"resources/unsubscribe {uri}") from exc
 
-    def _ready_link(self) -> _Link:
+    def _ready_link(self) -> Link:
         """The live link, or ConnectorUnavailable: the one check made before anything is sent.
 
         Its caller must send without awaiting anything else first, so the client cannot close in between;
@@ -352,7 +308,7 @@ class McpConnector:
             )
         return link
 
-    async def _ask(self, link: _Link, what: str, request: Awaitable[_Result]) -> _Result:
+    async def _ask(self, link: Link, what: str, request: Awaitable[_Result]) -> _Result:
         """Await one request to the downstream, translating its failures; the answer loses its protocol `_meta`."""
         try:
             with self._calls.calling(None):
@@ -377,9 +333,9 @@ class McpConnector:
 
     # -- the connection ------------------------------------------------------------------------------
 
-    async def _connect_and_watch(self, on_change: ChangeFn) -> _Link:
+    async def _connect_and_watch(self, on_change: ChangeFn) -> Link:
         """Run one connection until it is lost; returns its link (with the reason) or raises."""
-        link = _Link(self._watch.updated)
+        link = Link(self._watch.updated)
         link.client = client = Client(
             self._target(),
             mode="auto",
@@ -407,7 +363,7 @@ class McpConnector:
         return link
 
     async def _give_up_connecting(
-        self, link: _Link, timer: anyio.CancelScope, attempt: anyio.CancelScope, on_change: ChangeFn
+        self, link: Link, timer: anyio.CancelScope, attempt: anyio.CancelScope, on_change: ChangeFn
     ) -> None:
         """Abandon an attempt that has not listed within `list_timeout` (connect included)."""
         with timer:
@@ -418,7 +374,7 @@ class McpConnector:
             with anyio.CancelScope(shield=True):
                 await self._fail(link.reason or "timed out", on_change)
 
-    async def _serve(self, link: _Link, tg: anyio.abc.TaskGroup, timer: anyio.CancelScope, on_change: ChangeFn) -> None:
+    async def _serve(self, link: Link, tg: anyio.abc.TaskGroup, timer: anyio.CancelScope, on_change: ChangeFn) -> None:
         """List, go ready, and wait for the connection to be lost; then withdraw the listings."""
         client = link.client
         tools = await list_tools(client, self.source_id)
@@ -473,7 +429,7 @@ class McpConnector:
         except MCPError as exc:
             logger.info("connector %s: logging/setLevel refused (%s); relaying what it sends", self.source_id, exc)
 
-    async def _relist_on_request(self, link: _Link, on_change: ChangeFn) -> None:
+    async def _relist_on_request(self, link: Link, on_change: ChangeFn) -> None:
         """Re-list what the downstream announced as changed (outside the message handler)."""
         while True:
             await link.relist_wanted.wait()
@@ -497,7 +453,7 @@ class McpConnector:
             logger.info("connector %s: %s changed", self.source_id, ", ".join(sorted(kinds)))
             await self._announce(on_change)
 
-    async def _watch_subscription(self, link: _Link, *, task_status: TaskStatus[None]) -> None:
+    async def _watch_subscription(self, link: Link, *, task_status: TaskStatus[None]) -> None:
         """2026-07-28: hold a `listen()` stream open; its end is the connection's end.
 
         Started once the stream is acknowledged (or found unavailable). Its `*/list_changed` frames
@@ -530,7 +486,7 @@ class McpConnector:
         if not started:
             task_status.started()
 
-    async def _probe(self, link: _Link) -> None:
+    async def _probe(self, link: Link) -> None:
         """Send a cheap request every `probe_interval` seconds; a failure means the connection is gone."""
         session = link.client.session
         while True:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 import psycopg
 
@@ -152,6 +152,7 @@ first, then rows: one order for every writer (they are serialised on the head an
 PROCESS_STOPPED: Final = "the Bastion process running it stopped"
 
 _INVOCATION_WIDTH: Final = len(INVOCATION_COLUMNS)
+_Refusal = TypeVar("_Refusal")
 
 
 def invocation_from_row(row: Sequence[Any]) -> Invocation:
@@ -200,21 +201,7 @@ class PostgresInvocations:
         """Admit the call against its rate limit and insert it, in one transaction (the chain's head first, then
         the key's lock); when the limit refuses it, nothing is inserted and the seconds until one more fits come
         back (None when inserted)."""
-        params = _record_params(invocation, events, detail)
-
-        async def work(conn: Connection) -> tuple[float | None, builtins.list[Any]]:
-            await conn.execute(LOCK_CHAIN)
-            wait = await admit_in(conn, admission)
-            if wait is not None:
-                return wait, []
-            return None, await (await conn.execute(RECORD, params)).fetchall()
-
-        try:
-            refused, rows = await self._db.transaction(work)
-        except psycopg.errors.UniqueViolation as exc:
-            raise Conflict(f"invocation {invocation.id} is already recorded", invocation_id=invocation.id) from exc
-        await self._db.committed(changes_of(rows))
-        return refused
+        return await self._insert_unless(invocation, events, detail, lambda conn: admit_in(conn, admission))
 
     async def insert_pending(
         self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, limit: int
@@ -222,15 +209,31 @@ class PostgresInvocations:
         """Insert it only if its session has fewer than `limit` pending invocations, counted under the session's
         advisory lock in the same transaction (so two instances cannot both take the last slot). None when
         inserted; else how many were pending."""
-        params = _record_params(invocation, events, detail)
 
-        async def work(conn: Connection) -> tuple[int | None, builtins.list[Any]]:
-            await conn.execute(LOCK_CHAIN)
+        async def over_limit(conn: Connection) -> int | None:
             await conn.execute(LOCK_SESSION, (invocation.session_id,))
             counted = await (await conn.execute(COUNT_SESSION_PENDING, (invocation.session_id,))).fetchone()
             pending = int(counted[0]) if counted is not None else 0
-            if pending >= limit:
-                return pending, []
+            return pending if pending >= limit else None
+
+        return await self._insert_unless(invocation, events, detail, over_limit)
+
+    async def _insert_unless(
+        self,
+        invocation: Invocation,
+        events: Sequence[EventKind],
+        detail: Scrubbed,
+        refusal: Callable[[Connection], Awaitable[_Refusal | None]],
+    ) -> _Refusal | None:
+        """Insert the invocation unless `refusal`, asked first in the same transaction (after the chain's head is
+        taken), answers something (which comes back, nothing inserted). Raises Conflict if the id is taken."""
+        params = _record_params(invocation, events, detail)
+
+        async def work(conn: Connection) -> tuple[_Refusal | None, builtins.list[Any]]:
+            await conn.execute(LOCK_CHAIN)
+            refused = await refusal(conn)
+            if refused is not None:
+                return refused, []
             return None, await (await conn.execute(RECORD, params)).fetchall()
 
         try:

@@ -12,7 +12,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from bastion.errors import ApprovalExpired, Conflict, NotFound
 from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, prefix_end, stored_json
@@ -23,6 +23,7 @@ from bastion.ledger.sqlite.schema import HASH_FUNCTION, dumps, optional_timestam
 from bastion.models import Admission, EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
 
 _COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
+_Refusal = TypeVar("_Refusal")
 
 SELECT: Final = f"SELECT {_COLUMN_LIST} FROM invocations"
 SELECT_ONE: Final = f"{SELECT} WHERE id = ?"
@@ -164,29 +165,14 @@ class SqliteInvocations:
         `detail` goes on the last event: it describes the state the invocation was recorded in (e.g. the
         reason of a `denied`). Raises Conflict if an invocation with this id already exists.
         """
-        insert = self._inserting(invocation, events, detail)
-        try:
-            await self._db.write(insert)
-        except sqlite3.IntegrityError as exc:
-            raise Conflict(f"invocation {invocation.id} is already recorded", invocation_id=invocation.id) from exc
+        await self._insert_unless(invocation, events, detail, lambda conn: None)
 
     async def insert_admitted(
         self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, admission: Admission
     ) -> float | None:
         """Admit the call against its rate limit and insert it, in one transaction; when the limit refuses it,
         nothing is inserted and the seconds until one more fits come back (None when inserted)."""
-        insert = self._inserting(invocation, events, detail)
-
-        def work(conn: sqlite3.Connection) -> float | None:
-            wait = admit_in(conn, admission)
-            if wait is None:
-                insert(conn)
-            return wait
-
-        try:
-            return await self._db.write(work)
-        except sqlite3.IntegrityError as exc:
-            raise Conflict(f"invocation {invocation.id} is already recorded", invocation_id=invocation.id) from exc
+        return await self._insert_unless(invocation, events, detail, lambda conn: admit_in(conn, admission))
 
     async def insert_pending(
         self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, limit: int
@@ -194,14 +180,29 @@ class SqliteInvocations:
         """Insert it only if its session has fewer than `limit` pending invocations, counted in the same
         transaction (under the write lock, so two processes cannot both take the last slot). None when
         inserted; else how many were pending."""
+
+        def over_limit(conn: sqlite3.Connection) -> int | None:
+            pending: int = conn.execute(COUNT_SESSION_PENDING, (invocation.session_id,)).fetchone()[0]
+            return pending if pending >= limit else None
+
+        return await self._insert_unless(invocation, events, detail, over_limit)
+
+    async def _insert_unless(
+        self,
+        invocation: Invocation,
+        events: Sequence[EventKind],
+        detail: Scrubbed,
+        refusal: Callable[[sqlite3.Connection], _Refusal | None],
+    ) -> _Refusal | None:
+        """Insert the invocation unless `refusal`, asked first in the same transaction, answers something (which
+        comes back, nothing inserted). Raises Conflict if an invocation with this id already exists."""
         insert = self._inserting(invocation, events, detail)
 
-        def work(conn: sqlite3.Connection) -> int | None:
-            pending: int = conn.execute(COUNT_SESSION_PENDING, (invocation.session_id,)).fetchone()[0]
-            if pending >= limit:
-                return pending
-            insert(conn)
-            return None
+        def work(conn: sqlite3.Connection) -> _Refusal | None:
+            refused = refusal(conn)
+            if refused is None:
+                insert(conn)
+            return refused
 
         try:
             return await self._db.write(work)
