@@ -34,7 +34,6 @@ from typing import Any, Final, Protocol, TypeVar
 import anyio
 import mcp_types as types
 from mcp.server.connection import Connection
-from mcp.server.validation import wants_sampling_tools
 from mcp.shared.inbound import InboundLadderRejection, classify_inbound_request
 from mcp_types import INTERNAL_ERROR, PROTOCOL_VERSION_META_KEY, SERVER_INFO_META_KEY, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -48,7 +47,7 @@ from bastion.models import CallContext
 from bastion.pipeline.gateway import HandOff
 from bastion.server.errors import tool_result
 from bastion.server.mcp import FrontDoor
-from bastion.server.relay import cannot_answer, log_level_of, relayable_meta, relayed_log
+from bastion.server.relay import cannot_answer, elicitation_question, log_level_of, relayed_log, sampling_question
 
 logger = logging.getLogger(__name__)
 
@@ -231,16 +230,12 @@ class LaneRelay:
     ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
         if self._call.capabilities is None or self._call.capabilities.sampling is None:
             return cannot_answer("sampling", self._call.protocol_version)
-        request = types.CreateMessageRequest(params=params.model_copy(update={"meta": relayable_meta(params.meta)}))
-        if wants_sampling_tools(params.tools, params.tool_choice):
-            return await self._ask(request, types.CreateMessageResultWithTools)
-        return await self._ask(request, types.CreateMessageResult)
+        return await self._ask(*sampling_question(params))
 
     async def elicit(self, params: types.ElicitRequestParams) -> types.ElicitResult | types.ErrorData:
         if self._call.capabilities is None or self._call.capabilities.elicitation is None:
             return cannot_answer("elicitation", self._call.protocol_version)
-        request = types.ElicitRequest(params=params.model_copy(update={"meta": relayable_meta(params.meta)}))
-        return await self._ask(request, types.ElicitResult)
+        return await self._ask(elicitation_question(params), types.ElicitResult)
 
     async def _ask(
         self, request: types.CreateMessageRequest | types.ElicitRequest, result_type: type[_R]

@@ -24,11 +24,13 @@ import anyio
 import anyio.abc
 import mcp_types as types
 from mcp.server.connection import Connection
+from mcp.server.streamable_http import check_accept_headers
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER, find_duplicated_routing_header, validate_mcp_param_headers
 from mcp_types import CLIENT_INFO_META_KEY, LOG_LEVEL_META_KEY
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bastion.connectors.wire import dumps, loads
@@ -42,9 +44,6 @@ logger = logging.getLogger(__name__)
 SESSION_HEADER: Final = "mcp-session-id"
 PING_SECONDS: Final = 15.0
 """How often an event stream still waiting for its call's result sends a comment, as the SDK's streams do."""
-
-_JSON: Final = frozenset({"*/*", "application/json", "application/*"})
-_SSE: Final = frozenset({"*/*", "text/event-stream", "text/*"})
 
 
 class _Events:
@@ -110,14 +109,14 @@ class HttpLane:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        if not self._may_take(headers):
+        if not self._may_take(scope, headers):
             await self.app(scope, receive, send)
             return
         body = await _body(receive)
         if not await self._answered(scope, headers, body, send):
             await self.app(scope, _replaying(body, receive), send)
 
-    def _may_take(self, headers: Headers) -> bool:
+    def _may_take(self, scope: Scope, headers: Headers) -> bool:
         """What the headers alone tell: JSON of a known length within the limit, accepting both media types, no
         `Mcp-Param-*` header, no routing header twice."""
         length = headers.get("content-length", "")
@@ -125,8 +124,7 @@ class HttpLane:
             return False
         if not headers.get("content-type", "").lower().startswith("application/json"):
             return False
-        accepts = {kind.split(";")[0].strip().lower() for kind in headers.get("accept", "").split(",")}
-        if not (accepts & _JSON and accepts & _SSE):
+        if not all(check_accept_headers(Request(scope))):  # the SDK's transport wants both media types
             return False
         raw = headers.raw
         if any(name.startswith(b"mcp-param-") for name, _ in raw):

@@ -101,6 +101,21 @@ def relayed_log(
     return types.LoggingMessageNotification(params=params.model_copy(update={"meta": relayable_meta(params.meta)}))
 
 
+def sampling_question(
+    params: types.CreateMessageRequestParams,
+) -> tuple[types.CreateMessageRequest, type[types.CreateMessageResult | types.CreateMessageResultWithTools]]:
+    """The request that relays a downstream's sampling to the host, and the result to expect of the host."""
+    request = types.CreateMessageRequest(params=params.model_copy(update={"meta": relayable_meta(params.meta)}))
+    if wants_sampling_tools(params.tools, params.tool_choice):
+        return request, types.CreateMessageResultWithTools
+    return request, types.CreateMessageResult
+
+
+def elicitation_question(params: types.ElicitRequestParams) -> types.ElicitRequest:
+    """The request that relays a downstream's elicitation to the host."""
+    return types.ElicitRequest(params=params.model_copy(update={"meta": relayable_meta(params.meta)}))
+
+
 async def _send_log(ctx: ServerRequestContext[Any], params: types.LoggingMessageNotificationParams) -> None:
     notification = relayed_log(params, host_log_level(ctx))
     if notification is None:
@@ -139,17 +154,13 @@ class HostRelay:
         capabilities = self._ctx.session.client_capabilities
         if capabilities is None or capabilities.sampling is None:
             return _cannot("sampling", self._ctx)
-        request = types.CreateMessageRequest(params=params.model_copy(update={"meta": relayable_meta(params.meta)}))
-        if wants_sampling_tools(params.tools, params.tool_choice):
-            return await self._ask(request, types.CreateMessageResultWithTools)
-        return await self._ask(request, types.CreateMessageResult)
+        return await self._ask(*sampling_question(params))
 
     async def elicit(self, params: types.ElicitRequestParams) -> types.ElicitResult | types.ErrorData:
         capabilities = self._ctx.session.client_capabilities
         if capabilities is None or capabilities.elicitation is None:
             return _cannot("elicitation", self._ctx)
-        request = types.ElicitRequest(params=params.model_copy(update={"meta": relayable_meta(params.meta)}))
-        return await self._ask(request, types.ElicitResult)
+        return await self._ask(elicitation_question(params), types.ElicitResult)
 
     async def _ask(
         self, request: types.CreateMessageRequest | types.ElicitRequest, result_type: type[_R]
