@@ -27,12 +27,13 @@ from mcp import Client
 from mcp.client.session import ClientRequestContext
 from prometheus_client.parser import text_string_to_metric_families
 
+from bastion.actions import WireResult
 from bastion.config import ApprovalSettings, Config, ConnectorConfig, LimitSettings, PolicyConfig, Settings
 from bastion.config.models import ServerSettings
 from bastion.connectors import McpConnector
 from bastion.connectors.wire import WireCalls, WireUnreadable
 from bastion.ledger import OpenLedger, Redactor, open_ledger
-from bastion.models import Invocation
+from bastion.models import CallContext, Invocation
 from bastion.pipeline.gateway import Gateway
 from bastion.server.express import LaneCounts
 from bastion.server.express_stdio import StdioLane
@@ -533,3 +534,37 @@ async def test_a_call_its_host_cancels_is_cancelled_and_recorded_unknown(tmp_pat
         assert not result.is_error
         if run.counts is not None:
             assert run.counts.answered == 1  # the cancelled call has no answer
+
+
+async def test_the_host_is_answered_before_the_outcome_is_recorded_which_is_recorded_even_if_answering_fails(
+    tmp_path: Path,
+) -> None:
+    """An express call's answer leaves before its outcome is recorded (the recording is off the host's wait), and
+    an answer that cannot be sent (the host is gone) still leaves the outcome recorded."""
+    config = _config(tmp_path, express=True)
+    async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
+        gateway = Gateway(config, ledger, [McpConnector(config.connectors[0])])
+        async with gateway.running():
+            context = CallContext(session_id="s")
+            seen: list[tuple[str, dict[str, Any]]] = []
+
+            async def answer(result: WireResult) -> None:
+                (invocation,) = await ledger.invocations.list(session_id="s")
+                seen.append((invocation.status, result.data))
+
+            with anyio.fail_after(30):
+                returned = await gateway.call_express("fx__echo", {"text": "first"}, context, answer)
+            ((status, delivered),) = seen
+            assert status == "executing"  # answered before the outcome was recorded
+            assert delivered == returned.data and delivered["content"] == [{"type": "text", "text": "first"}]
+            (recorded,) = await ledger.invocations.list(session_id="s")
+            assert (recorded.status, recorded.result) == ("completed", delivered)
+
+            async def host_gone(result: WireResult) -> None:
+                raise anyio.BrokenResourceError
+
+            with pytest.raises(anyio.BrokenResourceError), anyio.fail_after(30):
+                await gateway.call_express("fx__echo", {"text": "second"}, context, host_gone)
+            latest, _ = await ledger.invocations.list(session_id="s")
+            assert latest.status == "completed"
+            assert latest.result is not None and latest.result["content"] == [{"type": "text", "text": "second"}]

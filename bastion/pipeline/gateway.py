@@ -49,7 +49,7 @@ from bastion.pipeline.listings import INVOCATION_TOOL, Listings, ListingsFn
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.outcomes import Outcomes
 from bastion.pipeline.pinning import PinBook
-from bastion.pipeline.seams import ActionSource, Ledger, ProgressFn, Relay, WireSource
+from bastion.pipeline.seams import ActionSource, Deliver, Ledger, ProgressFn, Relay, WireSource
 from bastion.pipeline.steps import GatewaySteps
 from bastion.pipeline.traces import CallTraces
 from bastion.policies import guard_drift, resolve_mode
@@ -268,19 +268,21 @@ class Gateway:
         name: str,
         arguments: dict[str, Any] | None,
         context: CallContext,
+        deliver: Deliver,
         *,
         relay: Relay | None = None,
         on_progress: ProgressFn | None = None,
     ) -> WireResult:
         """`call` for the express lane (issue 17): the same pipeline, checks and records, but the result is its JSON,
         forwarded as the downstream sent it where the source can (`WireSource`; a call relaying progress goes the
-        usual way). A call that would wait for an approver raises HandOff before anything is recorded; refusals
-        raise a BastionError, as from `call`."""
+        usual way). The result of a call that ran is handed to `deliver` (the host's answer) before its outcome is
+        recorded, so the recording is not on the host's wait (DESIGN.md §6), and comes back too. A call that would
+        wait for an approver raises HandOff before anything is recorded; refusals raise a BastionError, as from
+        `call`, and failures after the call was sent are recorded first."""
         with tracing.span(f"bastion.call {name}", not_failures=(HandOff,)) as span:
-            result = await self._call(name, arguments, context, span, on_progress, None, False, relay, express=True)
-        if isinstance(result, WireResult):
-            return result
-        return WireResult(result.model_dump(by_alias=True, mode="json", exclude_none=True))
+            result = await self._call(name, arguments, context, span, on_progress, None, False, relay, deliver=deliver)
+        assert isinstance(result, WireResult)
+        return result
 
     async def _call(
         self,
@@ -293,7 +295,7 @@ class Gateway:
         defer: bool,
         relay: Relay | None,
         *,
-        express: bool = False,
+        deliver: Deliver | None = None,
     ) -> types.CallToolResult | WireResult:
         arguments = arguments or {}
         if name == INVOCATION_TOOL.name:
@@ -311,7 +313,7 @@ class Gateway:
             raise InvalidArguments(f"invalid arguments for {name}: {exc}; send arguments nested less deeply") from exc
         drift = await self.pins.current_drift(entry.source_id, entry.action_id)
         decision = self.mode_of(entry, context, drifted=drift is not None, arguments=arguments)
-        if express and decision.mode == "require_approval":
+        if deliver is not None and decision.mode == "require_approval":
             raise HandOff(f"{entry.key} waits for an approver")
         invocation = entry.new_invocation(arguments, hashed, decision, context, owner=self.instance_id, drift=drift)
         with self._relaying(invocation.id, relay), self._traces.following(invocation, span):
@@ -327,7 +329,7 @@ class Gateway:
                 if wait is not None:
                     await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
                 progress = Progress(on_progress) if on_progress else None
-                return await self._run_counted(entry, invocation, arguments, progress, wire=express)
+                return await self._run_counted(entry, invocation, arguments, progress, deliver=deliver)
             wait = await self.ledger.limits.admit(admission.key, per_minute=admission.per_minute, now=admission.now)
             if wait is not None:
                 await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
@@ -412,14 +414,14 @@ class Gateway:
         arguments: dict[str, Any],
         progress: Progress | None,
         *,
-        wire: bool = False,
+        deliver: Deliver | None = None,
     ) -> types.CallToolResult | WireResult:
         """`_run`, known while it runs so a shutdown can wait for it and cancel it (`settle`); in the trace of the
         call that made the invocation, also when the approval desk runs it."""
         with anyio.CancelScope() as scope, self._traces.within(invocation.id):
             self._running.add(scope)
             try:
-                return await self._run(entry, invocation, arguments, progress, wire=wire)
+                return await self._run(entry, invocation, arguments, progress, deliver=deliver)
             finally:
                 self._running.discard(scope)
                 self._call_ended.set()
@@ -457,13 +459,14 @@ class Gateway:
         arguments: dict[str, Any],
         progress: Progress | None,
         *,
-        wire: bool = False,
+        deliver: Deliver | None = None,
     ) -> types.CallToolResult | WireResult:
         """Run an `executing` invocation and record its outcome (durably `planned` before this is reached).
 
         Whatever happens once the call may have been sent ends recorded as `completed`, `failed` or `unknown`,
-        and the host gets the result or a Bastion error class, never an internal error. With `wire`, a source that
-        can answers with the result's JSON (`WireSource`).
+        and the host gets the result or a Bastion error class, never an internal error. With `deliver` (the express
+        lane) the result is JSON, the source's own where it can (`WireSource`), and it is delivered before its
+        outcome is recorded; the outcome is recorded even when delivering fails or is cancelled.
         """
         source = self.listings.sources.get(entry.source_id)
         timeout = self.config.settings.limits.call_timeout_seconds
@@ -475,7 +478,7 @@ class Gateway:
                 if span.is_recording():
                     span.set_attributes(tracing.downstream_attributes(invocation))
                 result: types.CallToolResult | WireResult | None = None
-                if wire and progress is None and isinstance(source, WireSource):
+                if deliver is not None and progress is None and isinstance(source, WireSource):
                     result = await source.call_wire(
                         entry.action_id, arguments, correlation_id=invocation.id, timeout=timeout, relay=relay
                     )
@@ -511,10 +514,17 @@ class Gateway:
             with anyio.CancelScope(shield=True):
                 await self._outcomes.finish(invocation, "unknown", error=UnknownOutcome("the call was interrupted"))
             raise
-        if result.is_error:
-            await self._outcomes.finish(invocation, "failed", result=result, error=UpstreamError(_error_text(result)))
-        else:
-            await self._outcomes.finish(invocation, "completed", result=result)
+        error = UpstreamError(_error_text(result)) if result.is_error else None
+        if deliver is None:
+            await self._outcomes.finish(invocation, "failed" if error else "completed", result=result, error=error)
+            return result
+        if not isinstance(result, WireResult):
+            result = WireResult(result.model_dump(by_alias=True, mode="json", exclude_none=True))
+        try:
+            await deliver(result)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._outcomes.finish(invocation, "failed" if error else "completed", result=result, error=error)
         return result
 
     async def _invocation_status(self, arguments: dict[str, Any], context: CallContext) -> types.CallToolResult:

@@ -43,6 +43,9 @@ from bastion.models import (
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 """Called with (progress, total, message) for each progress notification of a downstream call."""
 
+Deliver = Callable[[WireResult], Awaitable[None]]
+"""Hands the result of an express call that ran to its host, before its outcome is recorded (issue 17)."""
+
 ChangeFn = Callable[[str], Awaitable[None]]
 """Called with a source_id whenever that source's listing changed (tools, resources or prompts came,
 went or changed)."""

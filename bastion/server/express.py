@@ -5,8 +5,10 @@ wrapped in middleware and a per-request session, and its result modelled, dumped
 version and dumped again. For the common call (allowed by policy) that is most of what a call costs Bastion. The
 express lane takes such a call as the JSON it came as, runs it through the same gateway pipeline
 (`Gateway.call_express`: the same policy, drift guard, limits, records and observers), and writes the result as the
-downstream sent it, shaped for the host's protocol version as the SDK's server shapes it. What the downstream logs,
-reports or asks meanwhile reaches the host on the request's own stream, as through the SDK's server.
+downstream sent it, shaped for the host's protocol version as the SDK's server shapes it. The answer leaves before
+the call's outcome is recorded (the recording then overlaps the host's reading of it; a Bastion killed in between
+leaves the call `executing`, and the restart marks it `unknown`). What the downstream logs, reports or asks
+meanwhile reaches the host on the request's own stream, as through the SDK's server.
 
 It takes a call only when it can serve it as the SDK's server would, and leaves every other message to that server
 untouched. It takes `tools/call` requests that:
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
 
@@ -64,6 +66,10 @@ class Outlet(Protocol):
     async def send(self, message: dict[str, Any]) -> None:
         """Send one JSON-RPC message (a notification, or a request of `HostQuestions`) to the host."""
         ...
+
+
+Respond = Callable[[dict[str, Any]], Awaitable[None]]
+"""Sends an express call's JSON-RPC response to its host (the lane's last word on that call)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,31 +299,47 @@ class Lane:
         """Whether the call names a tool in the catalog (the SDK's server waits for a source still starting)."""
         return self.front.gateway.catalog.get(call.name) is not None
 
-    async def answer(self, call: ExpressCall, context: CallContext, outlet: Outlet) -> dict[str, Any] | None:
-        """The JSON-RPC response to `call` (what the downstream logs, reports or asks meanwhile goes to `outlet`);
-        None when the call is handed back to the SDK's server, nothing recorded or sent."""
+    async def answer(self, call: ExpressCall, context: CallContext, outlet: Outlet, respond: Respond) -> bool:
+        """Answer `call`: its JSON-RPC response goes to `respond` (before the call's outcome is recorded, for a call
+        that ran), what the downstream logs, reports or asks meanwhile to `outlet`. False when the call is handed
+        back to the SDK's server, nothing recorded or sent."""
         front = self.front
         relay = LaneRelay(call, outlet, self.questions, answer_timeout=self._answer_timeout)
+        responded = False
+
+        async def deliver(result: WireResult) -> None:
+            nonlocal responded
+            responded = True
+            await respond(self._response(call, result))
+
         with front.answering():
             try:
-                result = await front.gateway.call_express(
+                await front.gateway.call_express(
                     call.name,
                     call.arguments,
                     context,
+                    deliver,
                     relay=relay,
                     on_progress=relay.progress if call.progress_token is not None else None,
                 )
             except HandOff:
                 self.counts.handed_back += 1
-                return None
+                return False
             except BastionError as exc:
-                result = _dumped(tool_result(exc, output_schema=front.declares_output(call.name)))
+                if responded:  # raised by `respond` itself
+                    raise
+                await respond(self._refusal(call, exc))
             except Exception as exc:  # the MCP boundary translator: a bug must still answer the host
+                if responded:
+                    raise
                 logger.exception("tools/call %s failed unexpectedly", call.name)
-                error = BastionError(f"internal error: {exc}")
-                result = _dumped(tool_result(error, output_schema=front.declares_output(call.name)))
+                await respond(self._refusal(call, BastionError(f"internal error: {exc}")))
         self.counts.answered += 1
-        return self._response(call, result)
+        return True
+
+    def _refusal(self, call: ExpressCall, error: BastionError) -> dict[str, Any]:
+        """The response to a call refused or failed with `error`: the tool result the SDK path gives."""
+        return self._response(call, _dumped(tool_result(error, output_schema=self.front.declares_output(call.name))))
 
     def _response(self, call: ExpressCall, result: WireResult) -> dict[str, Any]:
         """The JSON-RPC response, its result shaped for the host's version as the SDK's server shapes it: a result

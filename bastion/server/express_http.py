@@ -53,6 +53,7 @@ class _Events:
         self._send = send
         self._session_id = session_id
         self.started = False
+        self.ended = False
         self._lock = anyio.Lock()
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -61,11 +62,16 @@ class _Events:
     async def ping(self) -> None:
         await self._write(f": ping - {datetime.now(UTC).isoformat(sep=' ')}\r\n\r\n".encode())
 
-    async def end(self) -> None:
-        await self._write(b"", more=False)
+    async def respond(self, response: dict[str, Any]) -> None:
+        """The call's response, which ends the stream (a ping or a message arriving later is dropped)."""
+        await self._write(b"event: message\r\ndata: " + dumps(response) + b"\r\n\r\n", more=False)
 
     async def _write(self, chunk: bytes, *, more: bool = True) -> None:
         async with self._lock:
+            if self.ended:
+                logger.debug("dropped a late event of a call already answered")
+                return
+            self.ended = not more
             if not self.started:
                 self.started = True
                 headers = [
@@ -153,18 +159,18 @@ class HttpLane:
         if not self._takes(call, headers):
             return False
         context = self._front.modern_http_context(scope, call.meta.get(CLIENT_INFO_META_KEY))
-        response = await self._lane.answer(call, context, _Nowhere())
-        if response is None:
-            return False
-        body = dumps(response)
-        start = {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-        await send(start)
-        await send({"type": "http.response.body", "body": body})
-        return True
+
+        async def respond(response: dict[str, Any]) -> None:
+            body = dumps(response)
+            start = {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+            await send(start)
+            await send({"type": "http.response.body", "body": body})
+
+        return await self._lane.answer(call, context, _Nowhere(), respond)
 
     async def _answer_handshake(self, scope: Scope, headers: Headers, message: dict[str, Any], send: Send) -> bool:
         session_id = headers.get(SESSION_HEADER)
@@ -198,15 +204,13 @@ class HttpLane:
             with scope:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_ping, events)
-                    response = await self._lane.answer(call, context, events)
+                    answered = await self._lane.answer(call, context, events, events.respond)
                     tg.cancel_scope.cancel()
-                if response is None and not events.started:
+                if not answered and not events.started:
                     return False
-                if response is None:  # handed back after a ping: too late for the SDK, so refused here
+                if not answered:  # handed back after a ping: too late for the SDK, so refused here
                     error = {"code": types.INTERNAL_ERROR, "message": "the call could not be served; send it again"}
-                    response = {"jsonrpc": "2.0", "id": call.id, "error": error}
-                await events.send(response)
-                await events.end()
+                    await events.respond({"jsonrpc": "2.0", "id": call.id, "error": error})
         finally:
             del self._running[key]
         return True

@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import mcp_types as types
 
 from bastion.connectors.wire import dumps, loads
@@ -101,15 +102,17 @@ class StdioLane:
         assert self._outlet is not None and self._pass_on is not None
         try:
             with scope:
-                response = await self._lane.answer(call, self._front.stdio_context(), self._outlet)
-                if response is None:
+                if not await self._lane.answer(call, self._front.stdio_context(), self._outlet, self._respond):
                     await self._pass_on(line)
-                else:
-                    await self._outlet.send(response)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             logger.debug("the host's connection ended before the answer to %r", call.id)
         finally:
             del self._running[call.id]
+
+    async def _respond(self, response: dict[str, Any]) -> None:
+        assert self._outlet is not None
+        await self._outlet.send(response)
+        await anyio.lowlevel.checkpoint()  # the writer puts it on stdout before the call's outcome is recorded
 
 
 async def serve_stdio(front: FrontDoor) -> None:
