@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.propagate import inject
+from opentelemetry.propagate import extract, inject
 from opentelemetry.trace import Span, SpanKind, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
@@ -161,6 +161,24 @@ def within(current: Span | None) -> Iterator[None]:
         yield
         return
     token = otel_context.attach(trace.set_span_in_context(current))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+TRACE_CONTEXT_KEYS: Final = ("traceparent", "tracestate")
+"""The `_meta` keys a host's W3C trace context comes in (the MCP SDK's server extracts them from each request)."""
+
+
+@contextmanager
+def continuing(meta: Mapping[str, Any]) -> Iterator[None]:
+    """The trace context a host sent in a request's `_meta`, current for the block, as the MCP SDK's server makes it
+    for its handler: what the call sends on (`inject_context`) continues the host's trace, spans or not."""
+    if not any(key in meta for key in TRACE_CONTEXT_KEYS):
+        yield
+        return
+    token = otel_context.attach(extract(meta))
     try:
         yield
     finally:

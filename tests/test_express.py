@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx2
@@ -568,3 +568,21 @@ async def test_the_host_is_answered_before_the_outcome_is_recorded_which_is_reco
             latest, _ = await ledger.invocations.list(session_id="s")
             assert latest.status == "completed"
             assert latest.result is not None and latest.result["content"] == [{"type": "text", "text": "second"}]
+
+
+@pytest.mark.parametrize("express", [True, False], ids=["lane", "sdk"])
+async def test_the_hosts_trace_context_reaches_the_downstream_without_a_tracer_provider(
+    tmp_path: Path, express: bool
+) -> None:
+    """As the SDK's server makes a request's trace context current for its handler, the lane continues it: the
+    downstream gets the host's `traceparent` and `tracestate`, spans recorded or not."""
+    context = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "vendor=x"}
+    async with stdio_bastion(tmp_path, express=express, mode="legacy", host=Host(), answers=False) as run:
+        meta = cast(types.RequestParamsMeta, context)
+        result = await run.client.call_tool("fx__trace", {}, meta=meta)
+        if run.counts is not None:
+            assert run.counts.answered == 1
+    assert not result.is_error
+    traceparent = str((result.structured_content or {}).get("traceparent"))
+    assert traceparent.split("-")[1] == "0af7651916cd43dd8448eb211c80319c"  # the host's trace, continued
+    assert (result.structured_content or {}).get("tracestate") == "vendor=x"

@@ -42,6 +42,11 @@ class WireFixture(ContentFixture):
                 output_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
             ),
             types.Tool(
+                name="trace",
+                description="The W3C trace context the request carried in its _meta.",
+                input_schema=no_arguments,
+            ),
+            types.Tool(
                 name="huge",
                 description="An integer beyond 64 bits, and the arguments.",
                 input_schema={"type": "object"},
@@ -57,6 +62,10 @@ class WireFixture(ContentFixture):
                 return types.CallToolResult(content=[text], structured_content={"deep": _nested(DEPTH)})
             case "off_schema":
                 return types.CallToolResult(content=[text], structured_content={"n": "not a number"})
+            case "trace":
+                meta: dict[str, Any] = dict(params.meta or {})
+                context = {key: meta[key] for key in ("traceparent", "tracestate") if key in meta}
+                return types.CallToolResult(content=[text], structured_content=context)
             case "huge":
                 return types.CallToolResult(
                     content=[text], structured_content={"huge": HUGE, "arguments": params.arguments or {}}

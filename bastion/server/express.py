@@ -312,7 +312,7 @@ class Lane:
             responded = True
             await respond(self._response(call, result))
 
-        with front.answering():
+        with front.answering(), tracing.continuing(call.meta):
             try:
                 await front.gateway.call_express(
                     call.name,
