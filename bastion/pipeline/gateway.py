@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp_types as types
@@ -478,8 +478,8 @@ class Gateway:
                 if span.is_recording():
                     span.set_attributes(tracing.downstream_attributes(invocation))
                 result: types.CallToolResult | WireResult | None = None
-                if deliver is not None and progress is None and isinstance(source, WireSource):
-                    result = await source.call_wire(
+                if deliver is not None and progress is None and _answers_wire(source):
+                    result = await cast(WireSource, source).call_wire(
                         entry.action_id, arguments, correlation_id=invocation.id, timeout=timeout, relay=relay
                     )
                 if result is None:
@@ -549,6 +549,18 @@ class Gateway:
             summary += f": it {self.desk.waiting_for(invocation.id)}"
         text = summary + "\n" + json.dumps(view.get("result"), ensure_ascii=False)[:4000]
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=view)
+
+
+_WIRE_TYPES: dict[type, bool] = {}
+"""Whether a source type is a `WireSource` (a protocol check inspects every member: once per type, not per call)."""
+
+
+def _answers_wire(source: ActionSource) -> bool:
+    kind = type(source)
+    known = _WIRE_TYPES.get(kind)
+    if known is None:
+        known = _WIRE_TYPES[kind] = isinstance(source, WireSource)
+    return known
 
 
 def _rate_limited(admission: Admission, wait: float) -> RateLimited:

@@ -16,7 +16,9 @@ SQLite failures of a running ledger (a full disk, an I/O error, a lock held for 
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterable
@@ -29,6 +31,8 @@ import anyio
 from bastion.errors import BastionError, ConfigError, LedgerUnavailable
 from bastion.ledger.sqlite.schema import migrate, register_functions, register_functions_async
 from bastion.ledger.timing import CommitTimes
+
+logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
@@ -52,7 +56,8 @@ _PRAGMAS: Final = (
 )
 
 CommitListener = Callable[[sqlite3.Connection], None]
-"""Called on the writer right after each commit that changed something (the change feed reads what is new)."""
+"""Called on the writer after commits that changed something, once their task yields (the change feed reads what
+is new)."""
 
 
 class SqliteDatabase:
@@ -68,6 +73,9 @@ class SqliteDatabase:
         self.uncheckpointed = 0
         self.checkpoint_due = anyio.Event()
         self._commit_listeners: list[CommitListener] = []
+        self._untold = False
+        """Commits on the loop not told to the listeners yet (they are told once the caller yields: `_tell_soon`)."""
+        self._closed = False
         self.commits = CommitTimes("sqlite")
         """How long each write took to commit (`/metrics`)."""
 
@@ -105,6 +113,7 @@ class SqliteDatabase:
         """Close both connections, even when cancelled, and safe to call twice. The last one out checkpoints."""
         with anyio.CancelScope(shield=True):
             async with self._writer_busy:
+                self._closed = True
                 self._writer.close()
             await self._db.close()
 
@@ -179,29 +188,53 @@ class SqliteDatabase:
                         raise
                 else:
                     self.commits.committed(started)
-                    self._committed(changes, events)
+                    if self._committed(changes, events):
+                        self._tell_soon()
                     return result
             async with self._writer_busy:
                 changes = self._writer.total_changes
                 with anyio.CancelScope(shield=True):
                     result = await anyio.to_thread.run_sync(_wait_and_write, self._writer, work)
                 self.commits.committed(started)
-                self._committed(changes, events)  # still holding the writer: listeners read on it
+                if self._committed(changes, events) or self._untold:
+                    self._tell()  # still holding the writer: listeners read on it
             return result
         except (sqlite3.IntegrityError, BastionError):
             raise
         except sqlite3.Error as exc:
             raise _unavailable(self.path, exc) from exc
 
-    def _committed(self, changes_before: int, events: bool) -> None:
+    def _committed(self, changes_before: int, events: bool) -> bool:
+        """Count a commit towards the next checkpoint; whether the listeners are to be told of it."""
         if self._writer.total_changes == changes_before:
-            return  # nothing written (an expiry sweep that found nothing): no news, no WAL pages
+            return False  # nothing written (an expiry sweep that found nothing): no news, no WAL pages
         self.uncheckpointed += 1
         if self.uncheckpointed >= CHECKPOINT_AFTER:
             self.checkpoint_due.set()
-        if events:
-            for listener in self._commit_listeners:
+        return events
+
+    def _tell_soon(self) -> None:
+        """Tell the listeners of a commit made on the loop once the writer's caller yields (a tool call: once its
+        request has left for the downstream), not on the call's way there; commits until then are told at once."""
+        if not self._untold:
+            self._untold = True
+            asyncio.get_running_loop().call_soon(self._tell_if_free)
+
+    def _tell_if_free(self) -> None:
+        if self._untold and not self._closed and not self._writer_busy.locked():
+            self._tell()  # (a worker that has the writer tells the listeners when its write is done)
+
+    def tell_now(self) -> None:
+        """Tell the listeners at once of the commits not told yet (whoever reads the feed's cursor wants it exact)."""
+        self._tell_if_free()
+
+    def _tell(self) -> None:
+        self._untold = False
+        for listener in self._commit_listeners:
+            try:
                 listener(self._writer)
+            except sqlite3.Error as exc:  # the next commit, or the feed's poll, tells them again
+                logger.warning("the ledger %s could not be read after a commit: %s", self.path, exc)
 
 
 def _unavailable(path: Path, exc: sqlite3.Error) -> LedgerUnavailable:

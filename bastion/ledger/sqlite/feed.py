@@ -2,7 +2,8 @@
 
 Events have increasing ids (the rowid of `events`), and SQLite has one writer at a time, so the committed
 events are always a prefix of the ids: reading `WHERE id > last` after a commit yields exactly what is new.
-This process's own commits are read right after they commit (one indexed read on the writer, on the loop);
+This process's own commits are read once the task that committed them yields (one indexed read on the writer, on
+the loop: a tool call's request is then on its way to the downstream);
 other processes' commits are noticed by `run`, which polls `PRAGMA data_version` every `interval` seconds.
 
 `run` also checkpoints the WAL off the event loop once enough transactions accumulated, and forgets rate counts
@@ -54,7 +55,8 @@ class SqliteFeed:
 
     @property
     def cursor(self) -> int:
-        """The id of the newest change announced so far."""
+        """The id of the newest change announced so far (every commit of this process's included)."""
+        self._db.tell_now()
         return self._cursor
 
     async def next(self, after: int) -> Sequence[Change]:
