@@ -16,7 +16,7 @@ from typing import Any, Final, Literal, TypeVar
 
 from bastion.errors import ApprovalExpired, Conflict, NotFound
 from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, prefix_end, stored_json
-from bastion.ledger.chain import GENESIS
+from bastion.ledger.chain import GENESIS, event_hash
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.limits import admit_in
 from bastion.ledger.sqlite.schema import HASH_FUNCTION, dumps, optional_timestamp, timestamp
@@ -54,7 +54,10 @@ _CHAINED: Final = f"""
            {HASH_FUNCTION}(head.hash, head.id + 1, :id, {{seq}}, :kind, :at, :detail)
     FROM {_HEAD}{{also}}
 """
-INSERT_EVENT: Final = _CHAINED.format(seq=":seq", also="")
+_HEAD_NOW: Final = f"SELECT head.id, head.hash FROM {_HEAD}"
+_INSERT_HASHED: Final = (
+    "INSERT INTO events (id, invocation_id, seq, kind, at, detail, prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
 APPEND_EVENT: Final = _CHAINED.format(
     seq="next.seq", also=", (SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM events WHERE invocation_id = :id) AS next"
 )
@@ -215,14 +218,20 @@ class SqliteInvocations:
         row = _invocation_row(invocation)
         at = timestamp(utcnow())
         last = len(events)
-        event_rows = [
-            {"id": invocation.id, "seq": seq, "kind": kind, "at": at, "detail": detail.json if seq == last else "{}"}
-            for seq, kind in enumerate(events, start=1)
-        ]
+        details = [detail.json if seq == last else "{}" for seq in range(1, last + 1)]
 
         def insert(conn: sqlite3.Connection) -> None:
             conn.execute(INSERT_INVOCATION, row)
-            conn.executemany(INSERT_EVENT, event_rows)
+            # The first events of an invocation, chained to the head in Python: one read of the head (under the
+            # write lock, so it stays the head) instead of one per event.
+            head_id, head_hash = conn.execute(_HEAD_NOW).fetchone()
+            rows = []
+            for seq, (kind, text) in enumerate(zip(events, details, strict=True), start=1):
+                event_id = head_id + seq
+                hashed = event_hash(head_hash, event_id, invocation.id, seq, kind, at, text)
+                rows.append((event_id, invocation.id, seq, kind, at, text, head_hash, hashed))
+                head_hash = hashed
+            conn.executemany(_INSERT_HASHED, rows)
 
         return insert
 
