@@ -115,9 +115,15 @@ async def _run_shortcut(
     async def pass_on(line: bytes) -> None:
         await _deliver(line, incoming, None)
 
+    async def write(line: bytes) -> None:
+        try:
+            lines.send_nowait(line)  # the writer waits for it: handed over without a turn of the loop first
+        except anyio.WouldBlock:
+            await lines.send(line)
+
     with scope:
         async with lines, incoming:
-            await shortcut.run(lines.send, pass_on)
+            await shortcut.run(write, pass_on)
 
 
 async def _read_lines(
