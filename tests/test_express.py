@@ -35,7 +35,7 @@ from bastion.connectors.wire import WireCalls, WireUnreadable
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import CallContext, Invocation
 from bastion.pipeline.gateway import Gateway
-from bastion.server.express import LaneCounts
+from bastion.server.express import ExpressCall, LaneCounts, express_call
 from bastion.server.express_stdio import StdioLane
 from bastion.server.mcp import FrontDoor
 from bastion.server.stdio import pipe_streams
@@ -586,3 +586,27 @@ async def test_the_hosts_trace_context_reaches_the_downstream_without_a_tracer_p
     traceparent = str((result.structured_content or {}).get("traceparent"))
     assert traceparent.split("-")[1] == "0af7651916cd43dd8448eb211c80319c"  # the host's trace, continued
     assert (result.structured_content or {}).get("tracestate") == "vendor=x"
+
+
+def test_the_sdks_check_of_a_calls_params_is_kept_per_name_and_meta_whatever_the_arguments() -> None:
+    """The lane asks the SDK's check of a call's params once per name and `_meta` (what the arguments hold cannot
+    change its verdict): a call it refused is refused again, and one it passed passes with any arguments."""
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+
+    def call(arguments: Any, **meta: Any) -> ExpressCall | None:
+        params = {"name": "fx__echo", "arguments": arguments, "_meta": {**envelope, **meta}}
+        return express_call(
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}, modern=True, connection=None
+        )
+
+    for arguments in ({"text": "a"}, {"text": ["b"], "n": HUGE}, {}):
+        accepted = call(arguments)
+        assert accepted is not None and accepted.arguments == arguments
+    for _ in range(2):
+        assert call({"text": "a"}, progressToken=[1]) is None  # not a string or an integer: the SDK refuses it
+        assert call({"text": "a"}, progressToken=1.5) is None
+    assert call({"text": "a"}, progressToken=7) is not None
+    assert call({"text": "a"}, progressToken=HUGE) is not None  # not kept (orjson cannot write it), still judged

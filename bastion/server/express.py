@@ -35,6 +35,7 @@ from typing import Any, Final, Protocol, TypeVar
 
 import anyio
 import mcp_types as types
+import orjson
 from mcp.server.connection import Connection
 from mcp.shared.inbound import InboundLadderRejection, classify_inbound_request
 from mcp_types import INTERNAL_ERROR, PROTOCOL_VERSION_META_KEY, SERVER_INFO_META_KEY, methods
@@ -156,11 +157,39 @@ def express_call(
         if connection is None or not connection.initialize_accepted or PROTOCOL_VERSION_META_KEY in meta:
             return None
         version, capabilities, state = connection.protocol_version, connection.client_capabilities, connection.state
-    try:
-        methods.validate_client_request("tools/call", version, params)
-    except (KeyError, ValueError):  # a ValidationError, or a version the SDK's checks do not know
+    if not _valid_params(version, params):
         return None
     return ExpressCall(message["id"], params["name"], arguments or {}, meta, version, capabilities, state)
+
+
+_VALID_PARAMS: dict[bytes, bool] = {}
+"""The SDK's verdicts on the params of recent calls, their arguments aside (see `_valid_params`)."""
+_VALID_PARAMS_KEPT: Final = 1024
+
+
+def _valid_params(version: str, params: Mapping[str, Any]) -> bool:
+    """The SDK's own check of a call's params for the protocol version (`validate_client_request`).
+
+    Its verdict does not depend on what the arguments hold (they are `dict[str, Any]`, and a JSON object's keys are
+    strings), so it is asked once for the params with their arguments emptied, and kept for the calls that send
+    the same name and `_meta` again: the same check, not asked again of what it has already judged."""
+    judged = {key: ({} if key == "arguments" and value is not None else value) for key, value in params.items()}
+    try:
+        key = version.encode() + b"\n" + orjson.dumps(judged)
+    except TypeError:  # not JSON orjson writes (an integer beyond 64 bits in _meta): judged, not kept
+        key = None
+    verdict = _VALID_PARAMS.get(key) if key is not None else None
+    if verdict is None:
+        try:
+            methods.validate_client_request("tools/call", version, judged)
+            verdict = True
+        except (KeyError, ValueError):  # a ValidationError, or a version the SDK's checks do not know
+            verdict = False
+        if key is not None:
+            if len(_VALID_PARAMS) >= _VALID_PARAMS_KEPT:
+                _VALID_PARAMS.clear()
+            _VALID_PARAMS[key] = verdict
+    return verdict
 
 
 def _recording_spans() -> bool:
