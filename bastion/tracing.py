@@ -11,7 +11,7 @@ never arguments or results (they may hold secrets), nor error messages (they may
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Final
 
 from opentelemetry import context as otel_context
@@ -109,20 +109,32 @@ def downstream_attributes(invocation: Invocation) -> dict[str, AttributeValue]:
     }
 
 
-@contextmanager
 def span(
     name: str,
     *,
     kind: SpanKind = SpanKind.INTERNAL,
     attributes: Mapping[str, AttributeValue] | None = None,
     not_failures: tuple[type[BaseException], ...] = (),
-) -> Iterator[Span]:
+) -> AbstractContextManager[Span]:
     """A span, current for the block (a child of the current span); an exception leaving the block marks it
     failed (see `fail`), unless it is one of `not_failures`. Without a tracer provider: the invalid span, which
-    records nothing."""
+    records nothing (one shared block: no work per call)."""
     if not _enabled:
-        yield trace.INVALID_SPAN
-        return
+        return _NO_SPAN
+    return _recorded_span(name, kind, attributes, not_failures)
+
+
+_NO_SPAN: Final = nullcontext(trace.INVALID_SPAN)
+_NOTHING: Final = nullcontext()
+
+
+@contextmanager
+def _recorded_span(
+    name: str,
+    kind: SpanKind,
+    attributes: Mapping[str, AttributeValue] | None,
+    not_failures: tuple[type[BaseException], ...],
+) -> Iterator[Span]:
     with _tracer.start_as_current_span(
         name, kind=kind, attributes=attributes, record_exception=False, set_status_on_exception=False
     ) as current:
@@ -153,14 +165,15 @@ def fail(current: Span, error: BaseException | str) -> None:
     current.set_status(StatusCode.ERROR, error_class)
 
 
-@contextmanager
-def within(current: Span | None) -> Iterator[None]:
+def within(current: Span | None) -> AbstractContextManager[None]:
     """Make `current` the current span for the block (None: leave the context as it is): work another task does
     for a call (an approved call run by the approval desk) continues the call's trace."""
-    if current is None:
-        yield
-        return
-    token = otel_context.attach(trace.set_span_in_context(current))
+    return _NOTHING if current is None else _attached(trace.set_span_in_context(current))
+
+
+@contextmanager
+def _attached(context: otel_context.Context) -> Iterator[None]:
+    token = otel_context.attach(context)
     try:
         yield
     finally:
@@ -171,18 +184,12 @@ TRACE_CONTEXT_KEYS: Final = ("traceparent", "tracestate")
 """The `_meta` keys a host's W3C trace context comes in (the MCP SDK's server extracts them from each request)."""
 
 
-@contextmanager
-def continuing(meta: Mapping[str, Any]) -> Iterator[None]:
+def continuing(meta: Mapping[str, Any]) -> AbstractContextManager[None]:
     """The trace context a host sent in a request's `_meta`, current for the block, as the MCP SDK's server makes it
     for its handler: what the call sends on (`inject_context`) continues the host's trace, spans or not."""
     if not any(key in meta for key in TRACE_CONTEXT_KEYS):
-        yield
-        return
-    token = otel_context.attach(extract(meta))
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
+        return _NOTHING
+    return _attached(extract(meta))
 
 
 def inject_context(meta: dict[str, Any]) -> None:

@@ -424,8 +424,9 @@ class Gateway:
                 return await self._run(entry, invocation, arguments, progress, deliver=deliver)
             finally:
                 self._running.discard(scope)
-                self._call_ended.set()
-                self._call_ended = anyio.Event()
+                if self._call_ended.statistics().tasks_waiting:  # `settle` waits: tell it, and start afresh
+                    self._call_ended.set()
+                    self._call_ended = anyio.Event()
         raise UnknownOutcome("Bastion stopped while the call ran; its outcome is unknown", invocation_id=invocation.id)
 
     async def _run_modelled(

@@ -10,7 +10,7 @@ there, so its downstream call continues the host's trace.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Final
 
 from bastion import tracing
@@ -43,11 +43,9 @@ class CallTraces:
             if invocation.id not in self._waits:
                 self._spans.pop(invocation.id, None)
 
-    @contextmanager
-    def within(self, invocation_id: str) -> Iterator[None]:
+    def within(self, invocation_id: str) -> AbstractContextManager[None]:
         """The invocation's span current for the block (see `tracing.within`)."""
-        with tracing.within(self._spans.get(invocation_id)):
-            yield
+        return tracing.within(self._spans.get(invocation_id))
 
     def _live(self, invocation_id: str) -> tracing.Span | None:
         """The invocation's span, unless it ended (its host stopped waiting): an ended span takes no more."""

@@ -172,8 +172,9 @@ class FrontDoor:
             yield
         finally:
             self._answering -= 1
-            self._answered.set()
-            self._answered = anyio.Event()
+            if self._answered.statistics().tasks_waiting:  # `calls_answered` waits: tell it, and start afresh
+                self._answered.set()
+                self._answered = anyio.Event()
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams

@@ -117,5 +117,6 @@ class SqliteFeed:
             return
         self._recent.extend(Change(id=row[0], invocation_id=row[1], kind=row[2]) for row in rows)
         self._cursor = rows[-1][0]
-        arrived, self._arrived = self._arrived, anyio.Event()
-        arrived.set()
+        if self._arrived.statistics().tasks_waiting:  # (`next` reads the cursor before it waits)
+            arrived, self._arrived = self._arrived, anyio.Event()
+            arrived.set()
