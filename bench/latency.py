@@ -1,10 +1,11 @@
 """Per-call latency over stdio: direct, through Bastion, a naive relay and FastMCP's proxy (DESIGN.md §11).
 
 The same SDK client code calls `read_note` on the same downstream (the bundled demo notes server,
-one note in its file) five ways: directly; through `bastion serve` (allow path, ledger on), with its express
+one note in its file) six ways: directly; through `bastion serve` (allow path, ledger on), with its express
 lane and without (`[server] express_lane = false`: the MCP SDK's server and client); through a naive relay
-on the mcp SDK's low-level server (bench/naive_relay.py), the floor any SDK-based relay pays; and through
-FastMCP's proxy (bench/fastmcp_proxy.py), when fastmcp is installed. Calls are
+on the mcp SDK's low-level server (bench/naive_relay.py), the floor any SDK-based relay pays; through a
+relay that forwards the bytes and reads nothing (bench/pipe_relay.py), the price of a third process alone; and
+through FastMCP's proxy (bench/fastmcp_proxy.py), when fastmcp is installed. Calls are
 sequential, the paths interleaved in rounds (their order rotating) so machine noise hits all alike,
 after a warm-up on each. Besides the latency distribution it reports the CPU each process spent per call,
 and that Bastion's ledger holds one completed invocation per call: if it does not, or any call failed, it
@@ -63,6 +64,8 @@ def routes(workdir: Path, notes_file: Path, with_fastmcp: bool) -> list[Route]:
                 command=python, args=["-m", "bastion", "serve", "--config", str(workdir / "config-sdk")], env=env)),
         Route("naive", "naive low-level relay (mcp SDK)", "read_note", StdioServerParameters(
             command=python, args=[str(Path(__file__).with_name("naive_relay.py"))], env=env)),
+        Route("pipe", "zero-work relay (bytes forwarded, nothing read)", "read_note", StdioServerParameters(
+            command=python, args=[str(Path(__file__).with_name("pipe_relay.py"))], env=env)),
     ]  # fmt: skip
     if with_fastmcp:
         proxy = str(Path(__file__).with_name("fastmcp_proxy.py"))
@@ -165,8 +168,12 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
             q: report.ratio(results["paths"]["bastion"][f"{q}_ms"], results["paths"][other][f"{q}_ms"])
             for q in ("p50", "p95", "mean")
         }
-        for other in ("direct", "bastion_sdk", "naive", "fastmcp")
+        for other in ("direct", "bastion_sdk", "naive", "pipe", "fastmcp")
         if other in results["paths"]
+    }
+    results["relay_floor"] = {
+        f"pipe/direct {q}": report.ratio(results["paths"]["pipe"][f"{q}_ms"], results["paths"]["direct"][f"{q}_ms"])
+        for q in ("p50", "p95")
     }
     if not with_fastmcp:
         results["fastmcp_missing"] = "fastmcp is not installed here; run `make bench` (it installs .venv-bench)"
@@ -205,7 +212,9 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "The naive relay (bench/naive_relay.py) forwards calls through the mcp SDK's low-level server and client "
         "with nothing else: the floor any SDK-based relay pays here; bastion/naive is what Bastion adds beyond it. "
-        "bastion/bastion_sdk is the express lane's effect: the same Bastion with `[server] express_lane = false`.",
+        "bastion/bastion_sdk is the express lane's effect: the same Bastion with `[server] express_lane = false`. "
+        "The zero-work relay (bench/pipe_relay.py) forwards the bytes and reads nothing: what a third process on "
+        f"the way costs by itself, {results['relay_floor']['pipe/direct p50']}x direct at p50 in this run.",
         "",
         f"Ledger: {ledger['calls_made_to_bastion']} calls made through Bastion, read_note invocations by status "
         f"{ledger['read_note_invocations_by_status']}; exactly one completed per call: "

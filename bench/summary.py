@@ -128,6 +128,8 @@ def summarise(found: dict[str, dict[str, Any]], problems: list[str]) -> dict[str
     }
     if "profile" in found:
         summary["bastion_cpu_ms_per_stdio_call"] = found["profile"]["cpu_ms_per_call"]
+    if "relay_floor" in latency:
+        summary["relay_floor"] = latency["relay_floor"]
     return summary
 
 
@@ -183,6 +185,13 @@ def markdown(summary: dict[str, Any]) -> str:
         f"HTTP server stacks in this run (http_stack.md), against {stack['baseline']}:",
         *fastest,
     ]
+    if "relay_floor" in summary:
+        floor = summary["relay_floor"]
+        lines += [
+            "",
+            f"A relay that forwards the bytes and reads nothing (bench/pipe_relay.py): {floor['pipe/direct p50']}x "
+            f"direct at p50, {floor['pipe/direct p95']}x at p95 (latency.md): what a third process costs by itself.",
+        ]
     if "bastion_cpu_ms_per_stdio_call" in summary:
         lines += ["", f"Bastion's own CPU per stdio call (profile.md): {summary['bastion_cpu_ms_per_stdio_call']} ms."]
     return "\n".join(lines)
