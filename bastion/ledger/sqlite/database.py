@@ -23,7 +23,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import aiosqlite
 import anyio
@@ -55,6 +55,9 @@ _PRAGMAS: Final = (
     "PRAGMA foreign_keys = ON",
 )
 
+_BUSY: Final = object()
+"""What `SqliteDatabase._on_loop` returns when another connection holds the write lock."""
+
 CommitListener = Callable[[sqlite3.Connection], None]
 """Called on the writer after commits that changed something, once their task yields (the change feed reads what
 is new)."""
@@ -76,6 +79,8 @@ class SqliteDatabase:
         self._untold = False
         """Commits on the loop not told to the listeners yet (they are told once the caller yields: `_tell_soon`)."""
         self._closed = False
+        self._in_worker = False
+        """A worker thread is using the writer (nothing else may touch it until it is done)."""
         self.commits = CommitTimes("sqlite")
         """How long each write took to commit (`/metrics`)."""
 
@@ -180,21 +185,22 @@ class SqliteDatabase:
         started = time.perf_counter()
         try:
             if not self._writer_busy.locked():
-                changes = self._writer.total_changes
-                try:
-                    result = _in_transaction(self._writer, work)
-                except sqlite3.OperationalError as exc:
-                    if not _is_busy(exc):
-                        raise
-                else:
-                    self.commits.committed(started)
-                    if self._committed(changes, events):
-                        self._tell_soon()
-                    return result
+                done = self._on_loop(work, events, started)
+                if done is not _BUSY:
+                    return cast(_T, done)
             async with self._writer_busy:
+                # The writer is ours now: on the loop again first, so that one busy moment (another connection's
+                # lock) does not send every write queued behind it to a thread.
+                done = self._on_loop(work, events, started)
+                if done is not _BUSY:
+                    return cast(_T, done)
                 changes = self._writer.total_changes
-                with anyio.CancelScope(shield=True):
-                    result = await anyio.to_thread.run_sync(_wait_and_write, self._writer, work)
+                self._in_worker = True
+                try:
+                    with anyio.CancelScope(shield=True):
+                        result = await anyio.to_thread.run_sync(_wait_and_write, self._writer, work)
+                finally:
+                    self._in_worker = False
                 self.commits.committed(started)
                 if self._committed(changes, events) or self._untold:
                     self._tell()  # still holding the writer: listeners read on it
@@ -203,6 +209,21 @@ class SqliteDatabase:
             raise
         except sqlite3.Error as exc:
             raise _unavailable(self.path, exc) from exc
+
+    def _on_loop(self, work: Callable[[sqlite3.Connection], _T], events: bool, started: float) -> _T | object:
+        """`work` in a transaction right here, unless another connection holds the write lock (`_BUSY`: nothing
+        was done). The caller has the writer to itself: nobody holds `_writer_busy`, or it does."""
+        changes = self._writer.total_changes
+        try:
+            result = _in_transaction(self._writer, work)
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc):
+                raise
+            return _BUSY
+        self.commits.committed(started)
+        if self._committed(changes, events):
+            self._tell_soon()
+        return result
 
     def _committed(self, changes_before: int, events: bool) -> bool:
         """Count a commit towards the next checkpoint; whether the listeners are to be told of it."""
@@ -221,7 +242,7 @@ class SqliteDatabase:
             asyncio.get_running_loop().call_soon(self._tell_if_free)
 
     def _tell_if_free(self) -> None:
-        if self._untold and not self._closed and not self._writer_busy.locked():
+        if self._untold and not self._closed and not self._in_worker:
             self._tell()  # (a worker that has the writer tells the listeners when its write is done)
 
     def tell_now(self) -> None:
