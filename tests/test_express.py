@@ -610,3 +610,61 @@ def test_the_sdks_check_of_a_calls_params_is_kept_per_name_and_meta_whatever_the
         assert call({"text": "a"}, progressToken=1.5) is None
     assert call({"text": "a"}, progressToken=7) is not None
     assert call({"text": "a"}, progressToken=HUGE) is not None  # not kept (orjson cannot write it), still judged
+
+
+async def test_mcp_param_headers_are_checked_as_the_sdk_checks_them(tmp_path: Path) -> None:
+    """A 2026-07-28 call over HTTP whose tool routes an argument by header (`x-mcp-header`): the lane answers only
+    when the request's `Mcp-Param-*` headers agree with the body, and leaves the rest to the SDK, which refuses a
+    mismatch; every answer is the one the SDK gives."""
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    requests: list[tuple[str, dict[str, Any], dict[str, str]]] = [
+        ("fx__routed", {"region": "eu"}, {"Mcp-Param-Region": "eu"}),  # agrees
+        ("fx__routed", {"region": "eu"}, {"Mcp-Param-Region": "us"}),  # disagrees
+        ("fx__routed", {"region": "eu"}, {}),  # the header is missing
+        ("fx__routed", {}, {}),  # neither
+        ("fx__echo", {"text": "hi"}, {}),  # a tool that routes nothing
+        ("fx__echo", {"text": "hi"}, {"Mcp-Param-Region": "eu"}),  # a header for no argument: ignored
+    ]
+    answers: dict[bool, list[tuple[int, Any]]] = {}
+    counts = {}
+    for express in (True, False):
+        directory = tmp_path / f"express-{express}"
+        config = _config_dir(directory, express=express)
+        async with bastion_http(["--config", str(config)], env=bastion_env(directory / "home")) as server:
+            async with Host().client(server.mcp_url, mode="auto", answers=False) as client:
+                with anyio.fail_after(30):
+                    await client.list_tools()  # the first listing waits for the connector's
+            answers[express] = []
+            async with httpx2.AsyncClient(timeout=30) as http:
+                for number, (tool, arguments, extra) in enumerate(requests, start=1):
+                    params = {"name": tool, "arguments": arguments, "_meta": envelope}
+                    headers = {
+                        "Accept": "application/json, text/event-stream",
+                        "MCP-Protocol-Version": "2026-07-28",
+                        "Mcp-Method": "tools/call",
+                        "Mcp-Name": tool,
+                        **extra,
+                    }
+                    body = {"jsonrpc": "2.0", "id": number, "method": "tools/call", "params": params}
+                    response = await http.post(server.mcp_url, json=body, headers=headers)
+                    answers[express].append((response.status_code, _comparable(_json_of(response))))
+            counts[express] = await _express_counts(server.base_url)
+    assert answers[True] == answers[False]
+    codes = [status for status, _ in answers[True]]
+    assert codes[0] == 200 and "result" in answers[True][0][1]
+    for refused in (1, 2):
+        assert "error" in answers[True][refused][1] or codes[refused] >= 400, answers[True][refused]
+    for accepted in (3, 4, 5):
+        assert codes[accepted] == 200 and "result" in answers[True][accepted][1]
+    assert counts[True]["answered"] == 2  # the two calls that send no header and need none
+
+
+def _json_of(response: httpx2.Response) -> Any:
+    """A JSON response's body, or the last message of an event stream."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
+        return json.loads(data[-1])
+    return response.json()

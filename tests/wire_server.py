@@ -42,6 +42,11 @@ class WireFixture(ContentFixture):
                 output_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
             ),
             types.Tool(
+                name="routed",
+                description="An argument a host also sends as an HTTP header (`x-mcp-header`).",
+                input_schema={"type": "object", "properties": {"region": {"type": "string", "x-mcp-header": "Region"}}},
+            ),
+            types.Tool(
                 name="trace",
                 description="The W3C trace context the request carried in its _meta.",
                 input_schema=no_arguments,

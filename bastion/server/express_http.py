@@ -26,7 +26,12 @@ import mcp_types as types
 from mcp.server.connection import Connection
 from mcp.server.streamable_http import check_accept_headers
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER, find_duplicated_routing_header, validate_mcp_param_headers
+from mcp.shared.inbound import (
+    MCP_PROTOCOL_VERSION_HEADER,
+    find_duplicated_routing_header,
+    validate_mcp_param_headers,
+    x_mcp_header_map,
+)
 from mcp_types import CLIENT_INFO_META_KEY, LOG_LEVEL_META_KEY
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.datastructures import Headers
@@ -42,6 +47,7 @@ from bastion.server.sdk import keep_http_session
 logger = logging.getLogger(__name__)
 
 SESSION_HEADER: Final = "mcp-session-id"
+_SCHEMAS_KEPT: Final = 4096
 PING_SECONDS: Final = 15.0
 """How often an event stream still waiting for its call's result sends a comment, as the SDK's streams do."""
 
@@ -109,6 +115,8 @@ class HttpLane:
         self._max_body = manager.max_request_body_size
         self._running: dict[tuple[str, types.RequestId], anyio.CancelScope] = {}
         """The 2025-era calls being answered, by session and request id (a host may cancel them)."""
+        self._header_schemas: dict[int, tuple[dict[str, Any], bool]] = {}
+        """Whether each tool input schema seen declares `x-mcp-header` arguments, by the schema's identity."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != self._path:
@@ -220,7 +228,19 @@ class HttpLane:
         entry = self._front.gateway.catalog.get(call.name)
         if entry is None:
             return False
-        return validate_mcp_param_headers(entry.tool.input_schema, call.arguments, headers) is None
+        schema = entry.tool.input_schema
+        if not self._declares_headers(schema):
+            return True  # nothing for the check to compare (and no `Mcp-Param-*` header came: `_may_take`)
+        return validate_mcp_param_headers(schema, call.arguments, headers) is None
+
+    def _declares_headers(self, schema: dict[str, Any]) -> bool:
+        """Whether a tool's input schema has an `x-mcp-header` argument: the SDK's walk of it, once per schema."""
+        known = self._header_schemas.get(id(schema))
+        if known is None or known[0] is not schema:
+            if len(self._header_schemas) >= _SCHEMAS_KEPT:
+                self._header_schemas.clear()
+            known = self._header_schemas[id(schema)] = (schema, bool(x_mcp_header_map(schema)))
+        return known[1]
 
 
 def _read(
