@@ -32,7 +32,7 @@ from bench import report
 from bench.configs import ledger_counts, notes_config, write_notes
 from bench.http_serve import Stack
 from bench.processes import free_port
-from bench.throughput import Clients, Target
+from bench.throughput import Clients, Target, summarise
 from tests.processes import Running, served
 
 LEVELS = (8, 32)
@@ -95,7 +95,7 @@ async def run(seconds: float, levels: list[int], rounds: int, processes: int) ->
                     # Rotate the order per round and level, so no server always runs first (or last) on a busy machine.
                     shift = (i * rounds + round_) % len(servers)
                     for server in servers[shift:] + servers[:shift]:
-                        measured = await clients.drive(server.target, sessions, seconds / rounds)
+                        measured = summarise(sessions, [await clients.drive(server.target, sessions, seconds / rounds)])
                         rows.append({"app": server.app, "stack": server.stack.name, "round": round_, **measured})
             running_counts = {s.stack.name: ledger_counts(s.ledger) for s in servers if s.ledger is not None}
             error_lines = {

@@ -5,9 +5,10 @@ connector, ledger on, rate limit raised out of the way); the demo notes server i
 (its own app, on the stack `bastion serve` runs on: bench/http_serve.py); the naive low-level relay
 (bench/naive_relay.py --transport http) in front of the demo server over stdio, the floor any relay on the mcp
 SDK pays on this machine; and FastMCP's proxy (bench/fastmcp_proxy.py --transport http) when fastmcp is
-installed. For each concurrency level (1, 8, 32 sessions), each target in turn (the order rotating per level)
-gets that many SDK client sessions calling `read_note` in a loop for `--seconds`. Reported per level: calls/s,
-the latency distribution, errors, CPU per call of the client and the servers, and the ratios of calls/s
+installed. For each concurrency level (1, 8, 32 sessions), each target gets that many SDK client sessions calling
+`read_note` in a loop for `--seconds` in all, in `--rounds` windows with the targets interleaved (their order
+rotating per round), so a change in the machine's load during the run hits every target alike. Reported per
+level: calls/s, the latency distribution, errors, CPU per call of the client and the servers, and the ratios of calls/s
 (Bastion over direct, the naive relay and FastMCP; the relays over direct). The client may be spread over
 `--client-processes` processes; each one's CPU share is reported so a saturated client is visible. At the end
 the ledger must hold exactly one completed `read_note` invocation per call made to Bastion: if it does not,
@@ -189,8 +190,8 @@ class Clients:
                 process.kill()
         await self._stack.aclose()
 
-    async def drive(self, target: Target, sessions: int, seconds: float) -> dict[str, Any]:
-        """One level on one target: `sessions` sessions over the client processes."""
+    async def drive(self, target: Target, sessions: int, seconds: float) -> Window:
+        """One timed window of one level on one target: `sessions` sessions over the client processes."""
         if not self._workers:
             async with Sessions(target.url, target.tool, sessions) as local:
                 server_before = server_cpu(target)
@@ -198,7 +199,7 @@ class Clients:
                 server_after = server_cpu(target)
         else:
             loads, server_before, server_after = await self._drive_workers(target, sessions, seconds)
-        return summarise(sessions, loads, server_before, server_after)
+        return Window(loads, {k: server_after[k] - server_before[k] for k in server_after})
 
     async def _drive_workers(
         self, target: Target, sessions: int, seconds: float
@@ -225,21 +226,35 @@ class Clients:
         return loads, before, after
 
 
-def summarise(
-    sessions: int, loads: list[Load], server_before: dict[str, float], server_after: dict[str, float]
-) -> dict[str, Any]:
-    """One window's figures from what each client process measured and the servers' CPU before and after."""
+@dataclass
+class Window:
+    """One timed window on one target: what each client process measured, and the CPU seconds its server and the
+    server's children spent meanwhile."""
+
+    loads: list[Load]
+    server_cpu: dict[str, float]
+
+    @property
+    def elapsed(self) -> float:
+        return max(load.elapsed for load in self.loads)  # the client processes run at once
+
+
+def summarise(sessions: int, windows: list[Window]) -> dict[str, Any]:
+    """One level's figures on one target from its timed windows (the rounds of the run)."""
+    loads = [load for window in windows for load in window.loads]
     calls = sum(load.calls for load in loads)
     errors = sum(load.errors for load in loads)
-    elapsed = max(load.elapsed for load in loads)
+    elapsed = sum(window.elapsed for window in windows)
     kinds: dict[str, int] = {}
     for load in loads:
         for kind, n in load.error_kinds.items():
             kinds[kind] = kinds.get(kind, 0) + n
-    per_call = {k: round((server_after[k] - server_before[k]) / max(calls, 1) * 1000, 3) for k in server_after}
+    spent = {k: sum(window.server_cpu[k] for window in windows) for k in windows[0].server_cpu}
+    per_call = {k: round(seconds / max(calls, 1) * 1000, 3) for k, seconds in spent.items()}
     return {
         "sessions": sessions,
-        "client_processes": len(loads),
+        "client_processes": len(windows[0].loads),
+        "rounds": len(windows),
         "calls": calls,
         "ok_calls": calls - errors,
         "errors": errors,
@@ -317,7 +332,7 @@ def specs(workdir: Path, with_fastmcp: bool) -> list[Spec]:
     return found
 
 
-async def run(seconds: float, levels: list[int], processes: int) -> dict[str, Any]:
+async def run(seconds: float, levels: list[int], processes: int, rounds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bastion-bench-throughput-") as tmp:
         workdir = Path(tmp)
         notes_file = write_notes(workdir / "notes.json")
@@ -333,11 +348,16 @@ async def run(seconds: float, levels: list[int], processes: int) -> dict[str, An
             for spec in measured:
                 server = await stack.enter_async_context(served(spec.argv, env=env, port=spec.port))
                 targets.append((Target(spec.name, spec.label, server.mcp_url, spec.tool, server.pid), server))
-            for i, sessions in enumerate(levels):
-                # Rotate the order per level, so no target always runs first (or last) on a busy machine.
-                shift = i % len(targets)
-                for target, _ in targets[shift:] + targets[:shift]:
-                    measured_level = await clients.drive(target, sessions, seconds)
+            for sessions in levels:
+                # Each target's time is split into rounds, the targets interleaved and their order rotating per
+                # round, so a change in the machine's load hits them all alike instead of whichever ran then.
+                windows: dict[str, list[Window]] = {target.name: [] for target, _ in targets}
+                for round_ in range(rounds):
+                    shift = round_ % len(targets)
+                    for target, _ in targets[shift:] + targets[:shift]:
+                        windows[target.name].append(await clients.drive(target, sessions, seconds / rounds))
+                for target, _ in targets:
+                    measured_level = summarise(sessions, windows[target.name])
                     rows.append({"target": target.name, "label": target.label, **measured_level})
             running_counts = ledger_counts(ledger)
             gateway = next(server for target, server in targets if target.name == "bastion")
@@ -347,7 +367,7 @@ async def run(seconds: float, levels: list[int], processes: int) -> dict[str, An
     return {
         "benchmark": "throughput",
         "machine": report.machine(),
-        "settings": {"seconds_per_level": seconds, "levels": levels, "client_processes": processes},
+        "settings": {"seconds_per_level": seconds, "levels": levels, "client_processes": processes, "rounds": rounds},
         "stacks": {spec.name: spec.stack for spec in measured},
         "runs": rows,
         "ratios": {
@@ -445,7 +465,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"# Throughput over streamable HTTP ({report.machine_line(results['machine'])})",
         "",
-        f"`read_note` in a loop, {settings['seconds_per_level']} s per level and target, "
+        f"`read_note` in a loop, {settings['seconds_per_level']} s per level and target in "
+        f"{settings.get('rounds', 1)} rounds (the targets interleaved), "
         f"client sessions spread over {settings['client_processes']} process(es). "
         "Client CPU share: the busiest client process's CPU time over wall time (1.0 = one core saturated).",
         "",
@@ -482,12 +503,15 @@ def main() -> None:
         default=2,
         help="client processes sharing the sessions (default 2: one process saturates before the direct server)",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds each target's seconds are split into, targets interleaved (3)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         anyio.run(worker)
         return
-    results = anyio.run(run, args.seconds, args.levels, args.client_processes)
+    results = anyio.run(run, args.seconds, args.levels, args.client_processes, args.rounds)
     report.write("throughput", results, markdown(results))
     report.fail_on(problems(results), "throughput")
 
