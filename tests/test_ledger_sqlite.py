@@ -11,7 +11,8 @@ import sqlite3
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -464,6 +465,38 @@ async def test_a_write_waits_off_the_loop_while_another_connection_holds_the_loc
     assert [event.kind for event in await ledger.invocations.events("inv-0002")] == ["planned", "pending"]
     await ledger.invocations.record(make_invocation(3), ["planned"])  # back on the loop, and still without waiting
     assert await ledger.invocations.count() == 3
+
+
+@pytest.mark.anyio
+async def test_a_write_queued_behind_a_waiting_worker_runs_on_the_loop_once_the_writer_is_free(
+    ledger: OpenLedger,
+) -> None:
+    """Only a write that meets another connection's lock waits in a worker thread: one queued behind it runs on the
+    event loop once the writer is its own, so one busy moment does not send a busy server's writes to threads."""
+    assert isinstance(ledger.backend, SqliteBackend)
+    database = ledger.backend.database
+    ran_on: dict[str, int] = {}
+
+    def noting(name: str) -> Callable[[sqlite3.Connection], None]:
+        def work(conn: sqlite3.Connection) -> None:
+            ran_on[name] = threading.get_ident()
+
+        return work
+
+    holder = sqlite3.connect(sqlite_path(ledger.url), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(database.write, noting("met the lock"))
+                await anyio.wait_all_tasks_blocked()  # waiting in a worker for the lock
+                group.start_soon(database.write, noting("queued behind it"))
+                await anyio.wait_all_tasks_blocked()  # waiting for the writer
+                holder.execute("COMMIT")
+    finally:
+        holder.close()
+    assert ran_on["met the lock"] != threading.get_ident()
+    assert ran_on["queued behind it"] == threading.get_ident()
 
 
 @pytest.mark.anyio
