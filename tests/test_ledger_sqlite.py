@@ -448,6 +448,7 @@ async def test_a_waiter_wakes_when_another_process_decides(tmp_path: Path) -> No
 async def test_a_write_waits_off_the_loop_while_another_connection_holds_the_lock(ledger: OpenLedger) -> None:
     """The writer never waits on the event loop: when another connection holds the write lock, writes queue in
     a worker thread (the loop keeps serving reads) and commit, in order, once the lock is released."""
+    cursor = ledger.changes.cursor
     holder = sqlite3.connect(sqlite_path(ledger.url), isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     try:
@@ -465,6 +466,9 @@ async def test_a_write_waits_off_the_loop_while_another_connection_holds_the_loc
     assert [event.kind for event in await ledger.invocations.events("inv-0002")] == ["planned", "pending"]
     await ledger.invocations.record(make_invocation(3), ["planned"])  # back on the loop, and still without waiting
     assert await ledger.invocations.count() == 3
+    with anyio.fail_after(10):  # every one of them announced by the change feed
+        changes = await ledger.changes.next(cursor)
+    assert {change.invocation_id for change in changes} == {"inv-0001", "inv-0002", "inv-0003"}
 
 
 @pytest.mark.anyio
