@@ -16,6 +16,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -381,6 +382,32 @@ async def test_an_answer_nested_beyond_every_json_parsers_depth_ends_its_call_at
         line = '{"jsonrpc":"2.0","id":' + json.dumps(request_id) + ',"result":{"content":[],"deep":' + nested + "}}"
         assert wire.claims(line.encode())
     assert len(failures) == 1  # at once, not after the minute of its timeout
+
+
+async def test_a_call_past_its_timeout_or_given_up_is_cancelled_at_the_downstream() -> None:
+    """A call with no answer within its timeout raises TimeoutError (the gateway's `call_timeout`), and one its
+    caller gives up on is cancelled too: either way the downstream is told (`notifications/cancelled`), and an
+    answer that comes later is no longer taken."""
+    wire = WireCalls()
+    sent: list[dict[str, Any]] = []
+
+    async def send(line: bytes) -> None:
+        sent.append(json.loads(line))
+
+    wire.attach(send)
+    with anyio.fail_after(10), pytest.raises(TimeoutError):
+        await wire.request("tools/call", {"name": "x"}, timeout=0.05)
+    timed_out = sent[0]["id"]
+    assert sent[1] == {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": timed_out}}
+    assert not wire.claims(json.dumps({"jsonrpc": "2.0", "id": timed_out, "result": {}}).encode())
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(wire.request, "tools/call", {"name": "y"}, timeout=60))
+            await anyio.wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()
+    given_up = sent[2]["id"]
+    assert sent[3] == {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": given_up}}
 
 
 async def test_a_line_that_answers_no_call_of_the_wire_is_left_to_the_sdks_session() -> None:

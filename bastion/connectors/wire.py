@@ -14,6 +14,7 @@ the one the SDK's client stamps on its own requests, read off them as they are w
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -87,7 +88,7 @@ def loads(line: bytes) -> Any:
 
 
 class _Call:
-    __slots__ = ("answered", "closed", "error", "result", "unreadable")
+    __slots__ = ("answered", "closed", "error", "expired", "result", "unreadable")
 
     def __init__(self) -> None:
         self.answered = anyio.Event()
@@ -95,6 +96,13 @@ class _Call:
         self.error: WireError | None = None
         self.closed = False
         self.unreadable = False
+        self.expired = False
+
+    def expire(self) -> None:
+        """Its timeout came before its answer (a timer of the loop calls this)."""
+        if not self.answered.is_set():
+            self.expired = True
+            self.answered.set()
 
 
 class WireCalls:
@@ -182,13 +190,19 @@ class WireCalls:
                 await send(dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}) + b"\n")
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
                 raise WireClosed("the process's stdin is closed") from exc
+            # The timeout is a timer of the loop that ends the wait, not a deadline scope around it: a scope with a
+            # deadline costs several times the wait itself, on every call (issue 17).
+            timer = asyncio.get_running_loop().call_later(timeout, call.expire)
             try:
-                with anyio.fail_after(timeout):
-                    await call.answered.wait()
+                await call.answered.wait()
             except BaseException:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_TIMEOUT):
-                    await self._cancel(request_id)
+                await self._cancel_shielded(request_id)
                 raise
+            finally:
+                timer.cancel()
+            if call.expired:
+                await self._cancel_shielded(request_id)
+                raise TimeoutError(f"no answer within {timeout:g}s")
         finally:
             del self._calls[request_id]
         if call.closed:
@@ -199,6 +213,10 @@ class WireCalls:
             raise call.error
         assert call.result is not None
         return call.result
+
+    async def _cancel_shielded(self, request_id: str) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_TIMEOUT):
+            await self._cancel(request_id)
 
     async def _cancel(self, request_id: str) -> None:
         send = self._send
