@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import sys
@@ -26,6 +27,7 @@ import mcp_types as types
 import pytest
 from mcp import Client
 from mcp.client.session import ClientRequestContext
+from mcp_types import methods
 from prometheus_client.parser import text_string_to_metric_families
 
 from bastion.actions import WireResult
@@ -637,6 +639,15 @@ def test_the_sdks_check_of_a_calls_params_is_kept_per_name_and_meta_whatever_the
         assert call({"text": "a"}, progressToken=1.5) is None
     assert call({"text": "a"}, progressToken=7) is not None
     assert call({"text": "a"}, progressToken=HUGE) is not None  # not kept (orjson cannot write it), still judged
+    # orjson writes null, NaN and the infinities alike: each is still judged on its own, as the SDK judges it.
+    for token in (None, math.nan, math.inf, None, -math.inf, math.nan):
+        params = {"name": "fx__echo", "arguments": {}, "_meta": {**envelope, "progressToken": token}}
+        try:
+            methods.validate_client_request("tools/call", "2026-07-28", params)
+            sdk_accepts = True
+        except ValueError:
+            sdk_accepts = False
+        assert (call({}, progressToken=token) is not None) == sdk_accepts, token
 
 
 async def test_mcp_param_headers_are_checked_as_the_sdk_checks_them(tmp_path: Path) -> None:

@@ -175,8 +175,10 @@ def _valid_params(version: str, params: Mapping[str, Any]) -> bool:
     the same name and `_meta` again: the same check, not asked again of what it has already judged."""
     judged = {key: ({} if key == "arguments" and value is not None else value) for key, value in params.items()}
     try:
-        key = version.encode() + b"\n" + orjson.dumps(judged)
+        key: bytes | None = version.encode() + b"\n" + orjson.dumps(judged)
     except TypeError:  # not JSON orjson writes (an integer beyond 64 bits in _meta): judged, not kept
+        key = None
+    if key is not None and b"null" in key:  # orjson writes NaN and infinities as null too: judged, not kept
         key = None
     verdict = _VALID_PARAMS.get(key) if key is not None else None
     if verdict is None:
