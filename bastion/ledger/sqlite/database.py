@@ -8,7 +8,9 @@ Two connections: reads run on aiosqlite's thread; writes run on a plain `sqlite3
 event loop while nobody else holds the write lock (a transaction of a tool call is ~50-100 µs of SQLite
 work, less than the thread hand-off it saves), and in a worker thread that waits for the lock when another
 connection or process holds it. Nothing on the event loop ever waits for a lock or an fsync: the writer
-never waits (busy_timeout 0 on the loop), and it leaves checkpoints (the fsyncs) to `SqliteFeed.run`.
+never waits (busy_timeout 0 on the loop), and it leaves checkpoints (the fsyncs) to `SqliteFeed.run`. The change
+feed reads a commit made on the loop back once the committing task yields (a tool call: once its request has
+left for the downstream).
 
 SQLite failures of a running ledger (a full disk, an I/O error, a lock held for too long) surface as
 `LedgerUnavailable`, a retriable Bastion error, never as a raw `sqlite3` error.
@@ -175,7 +177,8 @@ class SqliteDatabase:
         First on the event loop, where taking the write lock never waits: when no other connection holds
         it, the whole transaction runs here, without a thread hand-off. When the lock is taken (SQLITE_BUSY)
         the transaction, rolled back if it had begun, runs again in a worker thread that waits for the lock
-        up to busy_timeout; writes arriving meanwhile queue behind it. `work` touches nothing but the
+        up to busy_timeout; writes arriving meanwhile queue behind it, and each runs on the loop again once the
+        writer is its own, in a thread only if the other connection still holds the lock. `work` touches nothing but the
         connection, so running it twice is safe. A cancelled caller cannot leave a transaction half-open:
         the worker's run is shielded, and the caller is cancelled at its next checkpoint.
 
