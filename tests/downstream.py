@@ -569,11 +569,11 @@ class StreamTarget:
                     await to_server.send(item)
 
 
-async def _serve_stdio() -> None:
-    fixture = ContentFixture()
+async def serve_stdio(fixture: FixtureServer) -> None:
+    """Serve `fixture` over this process's stdin and stdout (a fixture run as a connector's real child process)."""
     async with stdio_server() as (read_stream, write_stream):
         await fixture.server.run(read_stream, write_stream, fixture.server.create_initialization_options())
 
 
 if __name__ == "__main__":
-    anyio.run(_serve_stdio)
+    anyio.run(serve_stdio, ContentFixture())

@@ -10,9 +10,8 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.server import ServerRequestContext
-from mcp.server.stdio import stdio_server
 
-from tests.downstream import ContentFixture
+from tests.downstream import ContentFixture, serve_stdio
 
 DEPTH = 100
 """Deep, yet within what the SDK's client parses (pydantic's JSON parser stops near 128 levels)."""
@@ -78,11 +77,5 @@ class WireFixture(ContentFixture):
         return await super()._call_tool(ctx, params)
 
 
-async def _serve() -> None:
-    fixture = WireFixture()
-    async with stdio_server() as (read_stream, write_stream):
-        await fixture.server.run(read_stream, write_stream, fixture.server.create_initialization_options())
-
-
 if __name__ == "__main__":
-    anyio.run(_serve)
+    anyio.run(serve_stdio, WireFixture())

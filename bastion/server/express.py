@@ -45,6 +45,7 @@ from pydantic import BaseModel, ValidationError
 
 from bastion import tracing
 from bastion.actions import WireResult
+from bastion.connectors.wire import loads
 from bastion.errors import BastionError
 from bastion.models import CallContext
 from bastion.pipeline.gateway import HandOff
@@ -95,6 +96,16 @@ class ExpressCall:
     def progress_token(self) -> types.ProgressToken | None:
         token = self.meta.get("progressToken")
         return token if isinstance(token, str | int) and not isinstance(token, bool) else None
+
+
+def read_message(raw: bytes) -> dict[str, Any] | None:
+    """A host's message as the lane reads it: a JSON object, or None for anything else (the SDK's server then
+    answers what it makes of it)."""
+    try:
+        message = loads(raw)
+    except (ValueError, RecursionError):  # not JSON, or nested beyond every parser's depth
+        return None
+    return message if isinstance(message, dict) else None
 
 
 def is_request(message: Any) -> bool:

@@ -38,9 +38,9 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bastion.connectors.wire import dumps, loads
+from bastion.connectors.wire import dumps
 from bastion.models import CallContext
-from bastion.server.express import ExpressCall, Lane, LaneCounts, express_call, is_response
+from bastion.server.express import ExpressCall, Lane, LaneCounts, express_call, is_response, read_message
 from bastion.server.mcp import FrontDoor
 from bastion.server.sdk import keep_http_session
 
@@ -147,11 +147,8 @@ class HttpLane:
 
     async def _answered(self, scope: Scope, headers: Headers, body: bytes, send: Send) -> bool:
         """Whether the lane answered the request (False: nothing was sent, the SDK's manager serves it)."""
-        try:
-            message = loads(body)
-        except (ValueError, RecursionError):
-            return False
-        if not isinstance(message, dict):
+        message = read_message(body)
+        if message is None:
             return False
         version = headers.get(MCP_PROTOCOL_VERSION_HEADER)
         if version in MODERN_PROTOCOL_VERSIONS:

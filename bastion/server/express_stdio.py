@@ -16,8 +16,16 @@ import anyio.abc
 import anyio.lowlevel
 import mcp_types as types
 
-from bastion.connectors.wire import dumps, loads
-from bastion.server.express import ExpressCall, Lane, express_call, is_request, is_response, opens_modern
+from bastion.connectors.wire import dumps
+from bastion.server.express import (
+    ExpressCall,
+    Lane,
+    express_call,
+    is_request,
+    is_response,
+    opens_modern,
+    read_message,
+)
 from bastion.server.mcp import FrontDoor
 from bastion.server.stdio import LineFn, stdio_streams
 
@@ -64,11 +72,8 @@ class StdioLane:
         the cancellation of one of its calls)."""
         if self._tg is None:
             return False
-        try:
-            message = loads(line)
-        except (ValueError, RecursionError):
-            return False
-        if not isinstance(message, dict):
+        message = read_message(line)
+        if message is None:
             return False
         if is_response(message):
             return self._lane.questions.answered(message)
