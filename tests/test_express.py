@@ -28,13 +28,15 @@ import pytest
 from mcp import Client
 from mcp.client.session import ClientRequestContext
 from mcp_types import methods
+from mcp_types.version import KNOWN_PROTOCOL_VERSIONS
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
 
 from bastion.actions import WireResult
 from bastion.config import ApprovalSettings, Config, ConnectorConfig, LimitSettings, PolicyConfig, Settings
 from bastion.config.models import ServerSettings
 from bastion.connectors import McpConnector
-from bastion.connectors.wire import WireCalls, WireUnreadable
+from bastion.connectors.wire import ResultChecks, WireCalls, WireUnreadable
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import CallContext, Invocation
 from bastion.pipeline.gateway import Gateway
@@ -648,6 +650,42 @@ def test_the_sdks_check_of_a_calls_params_is_kept_per_name_and_meta_whatever_the
         except ValueError:
             sdk_accepts = False
         assert (call({}, progressToken=token) is not None) == sdk_accepts, token
+
+
+def test_a_results_shape_is_refused_by_the_wire_exactly_when_the_sdks_check_refuses_it() -> None:
+    """The wire checks a result with the SDK's own result surface, without the SDK's dump of it: for every protocol
+    version, a result passes exactly when `validate_server_result` passes it."""
+    text = {"type": "text", "text": "a"}
+    results: list[dict[str, Any]] = [
+        {"content": [text]},
+        {"content": [text], "isError": True, "structuredContent": {"n": 1}, "_meta": {"k": "v"}},
+        {"content": [text], "resultType": "complete"},
+        {"content": [{"type": "image", "data": "aGk=", "mimeType": "image/png"}]},
+        {"content": text},  # not a list
+        {"content": [{"type": "hologram"}]},
+        {"content": [{"type": "text"}]},  # no text
+        {"content": [text], "isError": "yes"},
+        {"content": [text], "structuredContent": [1, 2]},
+        {},
+    ]
+    checks = ResultChecks()
+    for version in KNOWN_PROTOCOL_VERSIONS:
+        for raw in results:
+            try:
+                methods.validate_server_result("tools/call", version, raw)
+                sdk_passes = True
+            except ValidationError:
+                sdk_passes = False
+            except KeyError:  # no surface at this version: the wire checks the model instead
+                continue
+            try:
+                checks.checked(None, raw, version)
+                wire_passes = True
+            except ValidationError:
+                wire_passes = False
+            assert wire_passes == sdk_passes, (version, raw)
+    with pytest.raises(ValueError, match="known protocol version"):
+        checks.checked(None, results[0], "1999-01-01")
 
 
 async def test_mcp_param_headers_are_checked_as_the_sdk_checks_them(tmp_path: Path) -> None:

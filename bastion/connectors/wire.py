@@ -26,6 +26,8 @@ import anyio
 import mcp_types as types
 import orjson
 from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY, methods
+from mcp_types.version import KNOWN_PROTOCOL_VERSIONS
+from pydantic import TypeAdapter
 from referencing.exceptions import Unresolvable
 
 from bastion.schemas import SchemaCheck
@@ -235,14 +237,17 @@ class ResultChecks:
 
     def __init__(self) -> None:
         self._schemas: dict[str, SchemaCheck] = {}
+        self._surfaces: dict[str, TypeAdapter[Any]] = {}
 
     def checked(self, tool: types.Tool | None, raw: dict[str, Any], version: str) -> dict[str, Any]:
         """The result without its protocol `_meta` keys. Raises ValidationError for a result off its protocol
         version's shape, and OutputSchemaError for structured content off the tool's output schema."""
         try:
-            methods.validate_server_result("tools/call", version, raw)
+            surface = self._surface(version)
         except KeyError:  # a version the SDK has no result surface for: the model checks it
             types.CallToolResult.model_validate(raw, by_name=False)
+        else:
+            surface.validate_python(raw, by_name=False)
         schema = tool.output_schema if tool is not None else None
         if tool is not None and schema is not None and raw.get("isError") is not True:
             if "structuredContent" not in raw:
@@ -260,6 +265,19 @@ class ResultChecks:
             if kept:
                 raw["_meta"] = kept
         return raw
+
+    def _surface(self, version: str) -> TypeAdapter[Any]:
+        """The SDK's result surface of `tools/call` at `version`, the model its `validate_server_result` checks
+        against. That function also dumps what it validated, which a check does not need: the same validation,
+        without the dump, is a third cheaper (issue 17). ValueError for a version the SDK does not know, KeyError
+        for one without that surface, as from the SDK's function."""
+        surface = self._surfaces.get(version)
+        if surface is None:
+            if version not in KNOWN_PROTOCOL_VERSIONS:
+                raise ValueError(f"version must be a known protocol version, got {version!r}")
+            shape: Any = methods.SERVER_RESULTS[("tools/call", version)]  # a model, or a union of models
+            surface = self._surfaces[version] = TypeAdapter(shape)
+        return surface
 
     def _check(self, name: str, schema: Mapping[str, Any]) -> SchemaCheck:
         known = self._schemas.get(name)

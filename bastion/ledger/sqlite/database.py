@@ -61,8 +61,8 @@ _BUSY: Final = object()
 """What `SqliteDatabase._on_loop` returns when another connection holds the write lock."""
 
 CommitListener = Callable[[sqlite3.Connection], None]
-"""Called on the writer after commits that changed something, once their task yields (the change feed reads what
-is new)."""
+"""Called on the writer after commits that changed something (the change feed reads what is new): once their task
+yields while the listener waits for news, else when it asks (`tell_now`)."""
 
 
 class SqliteDatabase:
@@ -78,8 +78,9 @@ class SqliteDatabase:
         self.uncheckpointed = 0
         self.checkpoint_due = anyio.Event()
         self._commit_listeners: list[CommitListener] = []
+        self._waiting: list[Callable[[], bool]] = []
         self._untold = False
-        """Commits on the loop not told to the listeners yet (they are told once the caller yields: `_tell_soon`)."""
+        """Commits on the loop not told to the listeners yet (see `_tell_soon`)."""
         self._closed = False
         self._in_worker = False
         """A worker thread is using the writer (nothing else may touch it until it is done)."""
@@ -124,8 +125,12 @@ class SqliteDatabase:
                 self._writer.close()
             await self._db.close()
 
-    def on_commit(self, listener: CommitListener) -> None:
+    def on_commit(self, listener: CommitListener, *, waiting: Callable[[], bool] | None = None) -> None:
+        """Tell `listener` of commits that changed something. With `waiting`, commits made on the loop are told
+        only while it answers True (someone waits for news), else when asked (`tell_now`): no read-back per
+        commit that nobody waits for."""
         self._commit_listeners.append(listener)
+        self._waiting.append(waiting or (lambda: True))
 
     # -- reads ---------------------------------------------------------------------------------------------
 
@@ -239,18 +244,22 @@ class SqliteDatabase:
 
     def _tell_soon(self) -> None:
         """Tell the listeners of a commit made on the loop once the writer's caller yields (a tool call: once its
-        request has left for the downstream), not on the call's way there; commits until then are told at once."""
+        request has left for the downstream), not on the call's way there; commits until then are told at once.
+        While no listener waits for news, nothing is scheduled: the commit is told when one asks (`tell_now`)."""
         if not self._untold:
             self._untold = True
-            asyncio.get_running_loop().call_soon(self._tell_if_free)
+            if any(waiting() for waiting in self._waiting):
+                asyncio.get_running_loop().call_soon(self._tell_if_free)
 
     def _tell_if_free(self) -> None:
         if self._untold and not self._closed and not self._in_worker:
             self._tell()  # (a worker that has the writer tells the listeners when its write is done)
 
     def tell_now(self) -> None:
-        """Tell the listeners at once of the commits not told yet (whoever reads the feed's cursor wants it exact)."""
-        self._tell_if_free()
+        """Tell the listeners at once of the commits not told yet (whoever reads the feed's cursor or waits for news
+        wants it exact); cheap when there are none."""
+        if self._untold:
+            self._tell_if_free()
 
     def _tell(self) -> None:
         self._untold = False

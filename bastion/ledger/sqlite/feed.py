@@ -2,9 +2,11 @@
 
 Events have increasing ids (the rowid of `events`), and SQLite has one writer at a time, so the committed
 events are always a prefix of the ids: reading `WHERE id > last` after a commit yields exactly what is new.
-This process's own commits are read once the task that committed them yields (one indexed read on the writer, on
-the loop: a tool call's request is then on its way to the downstream);
-other processes' commits are noticed by `run`, which polls `PRAGMA data_version` every `interval` seconds.
+This process's own commits are read once the task that committed them yields while someone waits for news (one
+indexed read on the writer, on the loop: a tool call's request is then on its way to the downstream); while nobody
+waits they are read when asked for (`cursor`, `next`) or by `run`, at most `interval` seconds later, many at once
+(issue 17: no read-back per commit that nobody waits for). Other processes' commits are noticed by `run`, which
+polls `PRAGMA data_version` every `interval` seconds.
 
 `run` also checkpoints the WAL off the event loop once enough transactions accumulated, and forgets rate counts
 older than the limit's window once a minute: it is the ledger's one background task.
@@ -46,7 +48,7 @@ class SqliteFeed:
         self._recent: deque[Change] = deque(maxlen=KEPT)
         self._cursor = start
         self._arrived = anyio.Event()
-        db.on_commit(self._read_new)
+        db.on_commit(self._read_new, waiting=self._someone_waits)
 
     @classmethod
     async def open(cls, db: SqliteDatabase) -> SqliteFeed:
@@ -72,7 +74,7 @@ class SqliteFeed:
                     f"cursor {after} is beyond the newest change of this ledger ({self._cursor}); "
                     "re-read what you watch and continue from the feed's cursor"
                 )
-        while after >= self._cursor:
+        while after >= self.cursor:  # (reading the cursor reads this process's commits not read yet)
             await self._arrived.wait()
         oldest = self._recent[0].id if self._recent else self._cursor + 1
         if after + 1 < oldest:
@@ -105,10 +107,14 @@ class SqliteFeed:
                     await forget_counts(self._db, utcnow())
                 except LedgerUnavailable as exc:  # upkeep only: announcing changes matters more
                     logger.warning("old rate counts could not be forgotten: %s", exc.message)
+            self._db.tell_now()  # this process's commits that nobody waited for: read while few
             version = await self._db.data_version()
             if version != seen:
                 seen = version
                 await self._db.read_on_writer(self._read_new)
+
+    def _someone_waits(self) -> bool:
+        return self._arrived.statistics().tasks_waiting > 0
 
     def _read_new(self, conn: sqlite3.Connection) -> None:
         """Announce the events committed since the last one announced (on the loop, on the writer)."""
