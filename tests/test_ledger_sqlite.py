@@ -20,6 +20,7 @@ from typing import Any
 
 import aiosqlite
 import anyio
+import anyio.lowlevel
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
@@ -590,3 +591,32 @@ async def test_rate_counts_of_keys_that_stopped_coming_back_are_forgotten(tmp_pa
             assert db.execute("SELECT key FROM rate_counts").fetchall() == [("still-here",)]
         finally:
             db.close()
+
+
+@pytest.mark.anyio
+async def test_commits_are_read_back_after_they_yield_only_while_a_listener_waits_for_news(ledger: OpenLedger) -> None:
+    """A listener that waits for news is told of a commit once its task yields; one that does not is told only when
+    it asks (`tell_now`), of all of them at once, and the feed still announces every one in order."""
+    assert isinstance(ledger.backend, SqliteBackend)
+    database = ledger.backend.database
+    waits = False
+    told: list[int] = []
+
+    def listener(conn: sqlite3.Connection) -> None:
+        told.append(conn.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+
+    database.on_commit(listener, waiting=lambda: waits)
+    start = ledger.changes.cursor
+    for number in (1, 2):
+        await ledger.invocations.record(make_invocation(number), ["planned"])
+        await anyio.lowlevel.checkpoint()
+    assert told == []  # nobody waited: nothing read back on the way
+    database.tell_now()
+    database.tell_now()  # nothing new: not told twice
+    assert told == [2]
+    waits = True
+    await ledger.invocations.record(make_invocation(3), ["planned"])
+    await anyio.lowlevel.checkpoint()
+    assert told == [2, 3]
+    changes = await ledger.changes.next(start)
+    assert [change.invocation_id for change in changes] == ["inv-0001", "inv-0002", "inv-0003"]

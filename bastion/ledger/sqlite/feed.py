@@ -36,6 +36,7 @@ KEPT: Final = 4096
 
 _NEWER: Final = "SELECT id, invocation_id, kind FROM events WHERE id > ? ORDER BY id"
 _NEWER_PAGE: Final = _NEWER + " LIMIT ?"
+_NEWEST: Final = "SELECT id, invocation_id, kind FROM events WHERE id > ? ORDER BY id DESC LIMIT ?"
 _LAST: Final = "SELECT COALESCE(MAX(id), 0) FROM events"
 
 
@@ -118,9 +119,12 @@ class SqliteFeed:
 
     def _read_new(self, conn: sqlite3.Connection) -> None:
         """Announce the events committed since the last one announced (on the loop, on the writer)."""
-        rows = conn.execute(_NEWER, (self._cursor,)).fetchall()
+        # Newest first, at most what is kept: a backlog nobody waited for may be long, and what is beyond the kept
+        # changes would only be read to be dropped (a waiter behind them is told to re-read: `ChangesLost`).
+        rows = conn.execute(_NEWEST, (self._cursor, KEPT)).fetchall()
         if not rows:
             return
+        rows.reverse()
         self._recent.extend(Change(id=row[0], invocation_id=row[1], kind=row[2]) for row in rows)
         self._cursor = rows[-1][0]
         if self._arrived.statistics().tasks_waiting:  # (`next` reads the cursor before it waits)
