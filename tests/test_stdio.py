@@ -20,7 +20,7 @@ import pytest
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
-from bastion.server.stdio import MAX_MESSAGE_BYTES, pipe_streams
+from bastion.server.stdio import MAX_MESSAGE_BYTES, LineFn, pipe_streams
 
 
 def request(number: int, **params: object) -> bytes:
@@ -95,6 +95,55 @@ async def test_messages_larger_than_the_pipe_are_written_whole_one_per_line(pipe
     lines = bytes(out).split(b"\n")
     assert lines[2:] == [b""]
     assert [json.loads(line)["params"]["data"] for line in lines[:2]] == [big, "small"]
+
+
+class _Writer:
+    """A shortcut that takes no line and hands its `write` to the test."""
+
+    def __init__(self) -> None:
+        self.ready = anyio.Event()
+        self.write: LineFn | None = None
+
+    def take(self, line: bytes) -> bool:
+        return False
+
+    async def run(self, write: LineFn, pass_on: LineFn) -> None:
+        self.write = write
+        self.ready.set()
+        await anyio.sleep_forever()
+
+
+@pytest.mark.anyio
+async def test_a_shortcuts_lines_and_the_servers_reach_the_host_whole_and_in_order_past_a_full_pipe(
+    pipes: tuple[int, int, int, int],
+) -> None:
+    """A shortcut's line goes out at once when the writer is idle; what a full pipe does not take is the writer's,
+    so nothing sent after it (by the shortcut or the server) overtakes it or cuts into it."""
+    _, bastion_in, bastion_out, host_in = pipes
+    shortcut = _Writer()
+    big = b'{"n":"' + b"z" * 1_000_000 + b'"}'
+    out = bytearray()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+
+            async def host() -> None:
+                os.set_blocking(host_in, False)
+                while out.count(b"\n") < 4:
+                    await anyio.wait_readable(host_in)
+                    out.extend(os.read(host_in, 1 << 16))
+
+            async with pipe_streams(bastion_in, bastion_out, shortcut) as (_, write_stream):
+                await shortcut.ready.wait()
+                assert shortcut.write is not None
+                await shortcut.write(big + b"\n")  # far beyond the pipe: most of it left to the writer
+                group.start_soon(host)
+                note = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/message", params={"data": 1})
+                await write_stream.send(SessionMessage(note))
+                await shortcut.write(b'{"n":"small"}\n')
+                await shortcut.write(b'{"n":"last"}\n')
+    lines = bytes(out).split(b"\n")
+    assert lines[4:] == [b""]
+    assert [json.loads(line).get("n", "server") for line in lines[:4]] == ["z" * 1_000_000, "server", "small", "last"]
 
 
 async def exchange(pipes: tuple[int, int, int, int], wire: bytes) -> tuple[list[SessionMessage | Exception], list[Any]]:

@@ -116,8 +116,8 @@ class StdioLane:
 
     async def _respond(self, response: dict[str, Any]) -> None:
         assert self._outlet is not None
-        await self._outlet.send(response)
-        await anyio.lowlevel.checkpoint()  # the writer puts it on stdout before the call's outcome is recorded
+        await self._outlet.send(response)  # on stdout when this returns, unless the writer was busy:
+        await anyio.lowlevel.checkpoint()  # then the writer puts it there before the call's outcome is recorded
 
 
 async def serve_stdio(front: FrontDoor) -> None:

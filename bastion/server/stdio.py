@@ -98,7 +98,9 @@ async def pipe_streams(read_fd: int, write_fd: int, shortcut: Shortcut | None = 
         async with read_stream, write_stream, anyio.create_task_group() as reading:
             shortcut_scope = anyio.CancelScope()
             if shortcut is not None:
-                reading.start_soon(_run_shortcut, shortcut, shortcut_scope, write_stream.clone(), incoming.clone())
+                reading.start_soon(
+                    _run_shortcut, shortcut, shortcut_scope, write_fd, write_stream.clone(), incoming.clone()
+                )
             reading.start_soon(_read_lines, read_fd, incoming, write_stream.clone(), shortcut, shortcut_scope)
             try:
                 yield read_stream, cast(MemoryObjectSendStream[SessionMessage], write_stream)
@@ -109,6 +111,7 @@ async def pipe_streams(read_fd: int, write_fd: int, shortcut: Shortcut | None = 
 async def _run_shortcut(
     shortcut: Shortcut,
     scope: anyio.CancelScope,
+    fd: int,
     lines: MemoryObjectSendStream[SessionMessage | bytes],
     incoming: MemoryObjectSendStream[SessionMessage | Exception],
 ) -> None:
@@ -116,10 +119,13 @@ async def _run_shortcut(
         await _deliver(line, incoming, None)
 
     async def write(line: bytes) -> None:
-        try:
-            lines.send_nowait(line)  # the writer waits for it: handed over without a turn of the loop first
-        except anyio.WouldBlock:
-            await lines.send(line)
+        if lines.statistics().tasks_waiting_receive:
+            # The writer waits with nothing to write: the line goes out now, from here (it is on its way to the host
+            # when this returns), and only what the pipe does not take at once is left to the writer.
+            line = _write_now(fd, line)
+            if not line:
+                return
+        await lines.send(line)
 
     with scope:
         async with lines, incoming:
@@ -299,6 +305,18 @@ async def _write_lines(fd: int, outgoing: MemoryObjectReceiveStream[SessionMessa
                     logger.info("the host closed Bastion's stdout; dropping what is left to send")
                     return
                 pending = pending[written:]
+
+
+def _write_now(fd: int, line: bytes) -> bytes:
+    """Write what `fd` takes of `line` now (all of it, but for a non-blocking pipe that is full); what is left.
+    Raises BrokenResourceError when the host closed its end."""
+    try:
+        written = os.write(fd, line)
+    except BlockingIOError:
+        return line
+    except BrokenPipeError as exc:
+        raise anyio.BrokenResourceError("the host closed Bastion's stdout") from exc
+    return line[written:]
 
 
 def _stdout_diversion() -> int:
