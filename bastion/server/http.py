@@ -15,6 +15,7 @@ import socket
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict
+from functools import lru_cache
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -57,6 +58,9 @@ WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 STREAMS_CLOSE_TIMEOUT: Final = 3
 """Seconds connections get to close when serving stops before uvicorn cancels what is left."""
+
+_NAMES_KEPT: Final = 256
+"""How many Host and Origin values the request guard keeps parsed."""
 
 
 async def require_tokens_beyond_loopback(host: str, tokens: TokenStore, config_option: str = "") -> None:
@@ -147,16 +151,19 @@ class HostOriginGuard:
         return None
 
 
+@lru_cache(maxsize=_NAMES_KEPT)
 def hostname_of(url: str) -> str:
-    """The host of a URL (an Origin) as `AllowedHosts` compares it; "" when there is none."""
+    """The host of a URL (an Origin) as `AllowedHosts` compares it; "" when there is none. Kept for the values
+    seen last: every request of a host sends the same ones."""
     try:
         return _comparable((urlsplit(url).hostname or "").rstrip("."))
     except ValueError:
         return ""
 
 
+@lru_cache(maxsize=_NAMES_KEPT)
 def _host_header_name(value: str) -> str:
-    """The host of a Host header, which is `host` or `host:port` and nothing else ("" then)."""
+    """The host of a Host header, which is `host` or `host:port` and nothing else ("" then); kept, as `hostname_of`."""
     try:
         parts = urlsplit(f"//{value}")
         _ = parts.port  # reading it checks that the port is a number
