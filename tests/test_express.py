@@ -691,7 +691,7 @@ def test_a_results_shape_is_refused_by_the_wire_exactly_when_the_sdks_check_refu
 async def test_mcp_param_headers_are_checked_as_the_sdk_checks_them(tmp_path: Path) -> None:
     """A 2026-07-28 call over HTTP whose tool routes an argument by header (`x-mcp-header`): the lane answers only
     when the request's `Mcp-Param-*` headers agree with the body, and leaves the rest to the SDK, which refuses a
-    mismatch; every answer is the one the SDK gives."""
+    mismatch, and a request that does not accept both media types; every answer is the one the SDK gives."""
     envelope = {
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {},
@@ -703,6 +703,9 @@ async def test_mcp_param_headers_are_checked_as_the_sdk_checks_them(tmp_path: Pa
         ("fx__routed", {}, {}),  # neither
         ("fx__echo", {"text": "hi"}, {}),  # a tool that routes nothing
         ("fx__echo", {"text": "hi"}, {"Mcp-Param-Region": "eu"}),  # a header for no argument: ignored
+        ("fx__echo", {"text": "hi"}, {"Accept": "application/json"}),  # not both media types: refused
+        ("fx__echo", {"text": "hi"}, {"Accept": "*/*"}),  # both, by the wildcard
+        ("fx__echo", {"text": "hi"}, {"Accept": "application/json"}),  # refused again (the lane keeps verdicts)
     ]
     answers: dict[bool, list[tuple[int, Any]]] = {}
     counts = {}
@@ -733,14 +736,16 @@ async def test_mcp_param_headers_are_checked_as_the_sdk_checks_them(tmp_path: Pa
     assert codes[0] == 200 and "result" in answers[True][0][1]
     for refused in (1, 2):
         assert "error" in answers[True][refused][1] or codes[refused] >= 400, answers[True][refused]
-    for accepted in (3, 4, 5):
+    for accepted in (3, 4, 5, 7):
         assert codes[accepted] == 200 and "result" in answers[True][accepted][1]
-    assert counts[True]["answered"] == 2  # the two calls that send no header and need none
+    assert codes[6] == codes[8] == 406
+    assert counts[True]["answered"] == 3  # the calls that send no header and need none, both media types accepted
 
 
 def _json_of(response: httpx2.Response) -> Any:
-    """A JSON response's body, or the last message of an event stream."""
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
+    """A JSON response's body, the last message of an event stream, or the text of any other body."""
+    content_type = response.headers.get("content-type", "")
+    if content_type.startswith("text/event-stream"):
         data = [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
         return json.loads(data[-1])
-    return response.json()
+    return response.json() if content_type.startswith("application/json") else response.text

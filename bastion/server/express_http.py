@@ -17,6 +17,7 @@ came, its body replayed when the lane had read it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -48,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 SESSION_HEADER: Final = "mcp-session-id"
 _SCHEMAS_KEPT: Final = 4096
+_ACCEPTS_KEPT: Final = 256
 PING_SECONDS: Final = 15.0
 """How often an event stream still waiting for its call's result sends a comment, as the SDK's streams do."""
 
@@ -117,6 +119,8 @@ class HttpLane:
         """The 2025-era calls being answered, by session and request id (a host may cancel them)."""
         self._header_schemas: dict[int, tuple[dict[str, Any], bool]] = {}
         """Whether each tool input schema seen declares `x-mcp-header` arguments, by the schema's identity."""
+        self._accepts: dict[str, bool] = {}
+        """The SDK's verdict on each `Accept` header seen (both media types accepted): hosts send the same one."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != self._path:
@@ -138,12 +142,21 @@ class HttpLane:
             return False
         if not headers.get("content-type", "").lower().startswith("application/json"):
             return False
-        if not all(check_accept_headers(Request(scope))):  # the SDK's transport wants both media types
+        if not self._accepted(scope, headers.get("accept", "")):
             return False
-        raw = headers.raw
-        if any(name.startswith(b"mcp-param-") for name, _ in raw):
+        names = [name for name, _ in headers.raw]
+        if any(name.startswith(b"mcp-param-") for name in names):
             return False
-        return find_duplicated_routing_header((n.decode("latin-1"), v.decode("latin-1")) for n, v in raw) is None
+        return find_duplicated_routing_header((name.decode("latin-1"), "") for name in names) is None
+
+    def _accepted(self, scope: Scope, accept: str) -> bool:
+        """Whether the SDK's transport takes this `Accept` header (it wants both media types); asked once per value."""
+        known = self._accepts.get(accept)
+        if known is None:
+            if len(self._accepts) >= _ACCEPTS_KEPT:
+                self._accepts.clear()
+            known = self._accepts[accept] = all(check_accept_headers(Request(scope)))
+        return known
 
     async def _answered(self, scope: Scope, headers: Headers, body: bytes, send: Send) -> bool:
         """Whether the lane answered the request (False: nothing was sent, the SDK's manager serves it)."""
@@ -158,7 +171,7 @@ class HttpLane:
         return False
 
     async def _answer_modern(self, scope: Scope, headers: Headers, message: dict[str, Any], send: Send) -> bool:
-        call = _read(message, modern=True, connection=None, headers=dict(headers))
+        call = _read(message, modern=True, connection=None, headers=headers)
         if call is None or call.progress_token is not None or LOG_LEVEL_META_KEY in call.meta:
             return False
         if not self._takes(call, headers):
@@ -241,7 +254,7 @@ class HttpLane:
 
 
 def _read(
-    message: dict[str, Any], *, modern: bool, connection: Connection | None, headers: dict[str, str] | None = None
+    message: dict[str, Any], *, modern: bool, connection: Connection | None, headers: Mapping[str, str] | None = None
 ) -> ExpressCall | None:
     """`express_call`; None (logged) should it fail: the SDK's manager then serves the request."""
     try:
