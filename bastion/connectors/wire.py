@@ -93,7 +93,7 @@ class _Call:
     __slots__ = ("answered", "closed", "error", "expired", "result", "unreadable")
 
     def __init__(self) -> None:
-        self.answered = anyio.Event()
+        self.answered = asyncio.Event()  # the loop's own: anyio's wraps it in a per-call object more (issue 17)
         self.result: dict[str, Any] | None = None
         self.error: WireError | None = None
         self.closed = False

@@ -43,6 +43,7 @@ class Metrics:
             ["source", "mode", "status"],
             registry=self.registry,
         )
+        self._counters: dict[tuple[str, str, str], Counter] = {}
         self._waits = Histogram(
             "bastion_approval_wait_seconds",
             "From a call held for approval to its decision.",
@@ -83,7 +84,11 @@ class Metrics:
         self._count(invocation)
 
     def _count(self, invocation: Invocation) -> None:
-        self._calls.labels(source=invocation.source_id, mode=invocation.mode, status=invocation.status).inc()
+        labels = (invocation.source_id, invocation.mode, invocation.status)
+        counter = self._counters.get(labels)
+        if counter is None:  # a child per label set, kept: `labels()` checks and locks on every call (issue 17)
+            counter = self._counters[labels] = self._calls.labels(*labels)
+        counter.inc()
 
     async def endpoint(self, request: Request) -> Response:
         """The scrape: the counters so far, and the pending calls and sources as they are now."""

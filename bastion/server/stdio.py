@@ -33,6 +33,7 @@ from contextlib import ExitStack, asynccontextmanager, contextmanager
 from typing import Final, Protocol, cast
 
 import anyio
+import anyio.lowlevel
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
@@ -153,16 +154,20 @@ async def _read_lines_until_end(
     replies: MemoryObjectSendStream[SessionMessage | bytes],
     shortcut: Shortcut | None,
 ) -> None:
-    wait_first = os.get_blocking(fd) and os.isatty(fd)  # a blocking terminal: a read would stall the loop
+    blocking_tty = os.get_blocking(fd) and os.isatty(fd)  # a blocking terminal: a read would stall the loop
+    pollable = not os.get_blocking(fd)  # a pipe or a socket (a regular file cannot be waited for)
     async with incoming, replies:
         buffer = bytearray()
         searched = 0  # bytes of `buffer` known to hold no newline: a long line is scanned once, not per chunk
         skipped: _OverlongLine | None = None  # the line being discarded, while its end has not come
+        wait_first = blocking_tty
         while True:
             if wait_first:
                 await anyio.wait_readable(fd)
             try:
                 chunk = os.read(fd, _READ_SIZE)
+                # A pipe read short was emptied: the next read would only fail, so the next turn waits first (issue 17).
+                wait_first = blocking_tty or (pollable and 0 < len(chunk) < _READ_SIZE)
             except BlockingIOError:
                 await anyio.wait_readable(fd)
                 continue
@@ -277,7 +282,12 @@ async def _refuse(line: _OverlongLine, replies: MemoryObjectSendStream[SessionMe
 async def _deliver(
     line: bytes, incoming: MemoryObjectSendStream[SessionMessage | Exception], shortcut: Shortcut | None
 ) -> None:
-    if not line.strip() or (shortcut is not None and shortcut.take(line)):
+    if not line.strip():
+        return
+    if shortcut is not None and shortcut.take(line):
+        # The call it took runs first, the reading goes on after: the call is not kept waiting behind the next read
+        # (once it waits for its downstream, this task reads on).
+        await anyio.lowlevel.checkpoint()
         return
     try:
         message = types.jsonrpc_message_adapter.validate_json(line.decode("utf-8", "replace"), by_name=False)
