@@ -154,8 +154,8 @@ async def _read_lines_until_end(
     replies: MemoryObjectSendStream[SessionMessage | bytes],
     shortcut: Shortcut | None,
 ) -> None:
-    blocking_tty = os.get_blocking(fd) and os.isatty(fd)  # a blocking terminal: a read would stall the loop
-    pollable = not os.get_blocking(fd)  # a pipe or a socket (a regular file cannot be waited for)
+    blocking = os.get_blocking(fd)  # a pipe or a socket is not (made so by `pipe_streams`); a regular file cannot wait
+    blocking_tty = blocking and os.isatty(fd)  # a blocking terminal: a read would stall the loop
     async with incoming, replies:
         buffer = bytearray()
         searched = 0  # bytes of `buffer` known to hold no newline: a long line is scanned once, not per chunk
@@ -167,7 +167,7 @@ async def _read_lines_until_end(
             try:
                 chunk = os.read(fd, _READ_SIZE)
                 # A pipe read short was emptied: the next read would only fail, so the next turn waits first (issue 17).
-                wait_first = blocking_tty or (pollable and 0 < len(chunk) < _READ_SIZE)
+                wait_first = blocking_tty or (not blocking and 0 < len(chunk) < _READ_SIZE)
             except BlockingIOError:
                 await anyio.wait_readable(fd)
                 continue
