@@ -78,14 +78,7 @@ async def test_messages_larger_than_the_pipe_are_written_whole_one_per_line(pipe
     out = bytearray()
     with anyio.fail_after(10):
         async with anyio.create_task_group() as group:
-
-            async def host() -> None:
-                os.set_blocking(host_in, False)
-                while out.count(b"\n") < 2:
-                    await anyio.wait_readable(host_in)
-                    out.extend(os.read(host_in, 1 << 16))
-
-            group.start_soon(host)
+            group.start_soon(_host_reads, host_in, out, 2)
             async with pipe_streams(bastion_in, bastion_out) as (_, write_stream):
                 for text in (big, "small"):
                     note = types.JSONRPCNotification(
@@ -95,6 +88,14 @@ async def test_messages_larger_than_the_pipe_are_written_whole_one_per_line(pipe
     lines = bytes(out).split(b"\n")
     assert lines[2:] == [b""]
     assert [json.loads(line)["params"]["data"] for line in lines[:2]] == [big, "small"]
+
+
+async def _host_reads(fd: int, out: bytearray, lines: int) -> None:
+    """The host's end of Bastion's stdout: read it into `out` until `lines` lines have come."""
+    os.set_blocking(fd, False)
+    while out.count(b"\n") < lines:
+        await anyio.wait_readable(fd)
+        out.extend(os.read(fd, 1 << 16))
 
 
 class _Writer:
@@ -124,23 +125,18 @@ async def test_a_shortcuts_lines_and_the_servers_reach_the_host_whole_and_in_ord
     big = b'{"n":"' + b"z" * 1_000_000 + b'"}'
     out = bytearray()
     with anyio.fail_after(10):
-        async with anyio.create_task_group() as group:
-
-            async def host() -> None:
-                os.set_blocking(host_in, False)
-                while out.count(b"\n") < 4:
-                    await anyio.wait_readable(host_in)
-                    out.extend(os.read(host_in, 1 << 16))
-
-            async with pipe_streams(bastion_in, bastion_out, shortcut) as (_, write_stream):
-                await shortcut.ready.wait()
-                assert shortcut.write is not None
-                await shortcut.write(big + b"\n")  # far beyond the pipe: most of it left to the writer
-                group.start_soon(host)
-                note = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/message", params={"data": 1})
-                await write_stream.send(SessionMessage(note))
-                await shortcut.write(b'{"n":"small"}\n')
-                await shortcut.write(b'{"n":"last"}\n')
+        async with (
+            anyio.create_task_group() as group,
+            pipe_streams(bastion_in, bastion_out, shortcut) as (_, write_stream),
+        ):
+            await shortcut.ready.wait()
+            assert shortcut.write is not None
+            await shortcut.write(big + b"\n")  # far beyond the pipe: most of it left to the writer
+            group.start_soon(_host_reads, host_in, out, 4)
+            note = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/message", params={"data": 1})
+            await write_stream.send(SessionMessage(note))
+            await shortcut.write(b'{"n":"small"}\n')
+            await shortcut.write(b'{"n":"last"}\n')
     lines = bytes(out).split(b"\n")
     assert lines[4:] == [b""]
     assert [json.loads(line).get("n", "server") for line in lines[:4]] == ["z" * 1_000_000, "server", "small", "last"]
