@@ -53,9 +53,8 @@ class StdioLane:
         """The era the host's first request opened the connection in (None until it came)."""
         self._running: dict[types.RequestId, anyio.CancelScope] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._open = False
-        self._failed: BaseException | None = None
-        self._failure: anyio.Event | None = None
+        self._failure: asyncio.Future[None] | None = None
+        """While the lane runs: the first unexpected failure of a call ends it (None when it is not running)."""
         self._outlet: _Stdout | None = None
         self._pass_on: LineFn | None = None
 
@@ -67,14 +66,11 @@ class StdioLane:
         Each call runs in an asyncio task of its own rather than in a task group's: anyio's `start_soon` costs a
         call about twice the task itself, a cancel scope and an event more (issue 17)."""
         self._outlet, self._pass_on = _Stdout(write), pass_on
-        self._failure = anyio.Event()
-        self._open = True
+        self._failure = asyncio.get_running_loop().create_future()
         try:
-            await self._failure.wait()
-            assert self._failed is not None
-            raise self._failed
+            await self._failure
         finally:
-            self._open = False
+            self._failure = None
             for scope in self._running.values():
                 scope.cancel()
             with anyio.CancelScope(shield=True):
@@ -84,7 +80,7 @@ class StdioLane:
     def take(self, line: bytes) -> bool:
         """Whether the lane takes this line from the host (a call it answers, an answer to one of its questions,
         the cancellation of one of its calls)."""
-        if not self._open:
+        if self._failure is None:
             return False
         message = read_message(line)
         if message is None:
@@ -113,11 +109,9 @@ class StdioLane:
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        if task.cancelled() or self._failed is not None:
-            return
-        self._failed = task.exception()
-        if self._failed is not None and self._failure is not None:
-            self._failure.set()
+        failed = None if task.cancelled() else task.exception()
+        if failed is not None and self._failure is not None and not self._failure.done():
+            self._failure.set_exception(failed)
 
     def _cancelled(self, params: Any) -> bool:
         request_id = params.get("requestId") if isinstance(params, dict) else None
