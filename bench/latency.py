@@ -4,12 +4,14 @@ The same SDK client code calls `read_note` on the same downstream (the bundled d
 one note in its file) six ways: directly; through `bastion serve` (allow path, ledger on), with its express
 lane and without (`[server] express_lane = false`: the MCP SDK's server and client); through a naive relay
 on the mcp SDK's low-level server (bench/naive_relay.py), the floor any SDK-based relay pays; through a
-relay that forwards the bytes and reads nothing (bench/pipe_relay.py), the price of a third process alone; and
-through FastMCP's proxy (bench/fastmcp_proxy.py), when fastmcp is installed. Calls are
+relay that forwards the bytes and reads nothing (bench/pipe_relay.py), the price of a third process alone; through
+that relay recording each call in a ledger file with Bastion's ledger code and nothing else (bench/ledger_relay.py),
+the price of the records by themselves; and through FastMCP's proxy (bench/fastmcp_proxy.py), when fastmcp is
+installed. Calls are
 sequential, the paths interleaved in rounds (their order rotating) so machine noise hits all alike,
 after a warm-up on each. Besides the latency distribution it reports the CPU each process spent per call,
-and that Bastion's ledger holds one completed invocation per call: if it does not, or any call failed, it
-exits with status 1 once the results are written. Run: `python -m bench.latency [--calls N]`.
+and that Bastion's ledger (and the recording relay's) holds one completed invocation per call: if not, or any call
+failed, it exits with status 1 once the results are written. Run: `python -m bench.latency [--calls N]`.
 Results go to bench/results/latency.{json,md}.
 """
 
@@ -51,7 +53,7 @@ class Route:
     pid: int = 0
 
 
-def routes(workdir: Path, notes_file: Path, with_fastmcp: bool) -> list[Route]:
+def routes(workdir: Path, notes_file: Path, with_fastmcp: bool, relay_ledger: Path) -> list[Route]:
     env = {"BASTION_NOTES_FILE": str(notes_file), "XDG_STATE_HOME": str(workdir / "state")}
     python = sys.executable
     found = [
@@ -66,6 +68,9 @@ def routes(workdir: Path, notes_file: Path, with_fastmcp: bool) -> list[Route]:
             command=python, args=[str(Path(__file__).with_name("naive_relay.py"))], env=env)),
         Route("pipe", "zero-work relay (bytes forwarded, nothing read)", "read_note", StdioServerParameters(
             command=python, args=[str(Path(__file__).with_name("pipe_relay.py"))], env=env)),
+        Route("ledger_relay", "recording relay (bytes forwarded, each call recorded by Bastion's ledger code)",
+            "read_note", StdioServerParameters(
+                command=python, args=[str(Path(__file__).with_name("ledger_relay.py")), str(relay_ledger)], env=env)),
     ]  # fmt: skip
     if with_fastmcp:
         proxy = str(Path(__file__).with_name("fastmcp_proxy.py"))
@@ -111,7 +116,8 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
         ledger = notes_config(workdir / "config", notes_file)
         ledger_sdk = notes_config(workdir / "config-sdk", notes_file, express_lane=False)
         with_fastmcp = importlib.util.find_spec("fastmcp") is not None
-        measured = routes(workdir, notes_file, with_fastmcp)
+        relay_ledger = workdir / "ledger-relay.db"
+        measured = routes(workdir, notes_file, with_fastmcp, relay_ledger)
         async with AsyncExitStack() as stack:
             clients = []
             for route in measured:
@@ -132,8 +138,10 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
         # Bastion has stopped: everything it answered is committed.
         counts = ledger_counts(ledger)
         counts_sdk = ledger_counts(ledger_sdk)
+        counts_relay = ledger_counts(relay_ledger)
     bastion = next(p for p in measured if p.name == "bastion")
     bastion_sdk = next(p for p in measured if p.name == "bastion_sdk")
+    recording = next(p for p in measured if p.name == "ledger_relay")
     results: dict[str, Any] = {
         "benchmark": "latency",
         "machine": report.machine(),
@@ -150,16 +158,9 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
             for p in measured
         },
         "ledger": {
-            "calls_made_to_bastion": bastion.calls,
-            "read_note_invocations_by_status": counts,
-            "exactly_one_completed_per_call": counts.get("completed", 0) == bastion.calls
-            and sum(counts.values()) == bastion.calls,
-            "express_lane_off": {
-                "calls_made_to_bastion": bastion_sdk.calls,
-                "read_note_invocations_by_status": counts_sdk,
-                "exactly_one_completed_per_call": counts_sdk.get("completed", 0) == bastion_sdk.calls
-                and sum(counts_sdk.values()) == bastion_sdk.calls,
-            },
+            "bastion": ledger_check(counts, bastion.calls),
+            "bastion_sdk": ledger_check(counts_sdk, bastion_sdk.calls),
+            "ledger_relay": ledger_check(counts_relay, recording.calls),
         },
         "target": "Bastion/direct <= 1.5x at p50 first, then 1.3x (DESIGN.md §11)",
     }
@@ -168,16 +169,26 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
             q: report.ratio(results["paths"]["bastion"][f"{q}_ms"], results["paths"][other][f"{q}_ms"])
             for q in ("p50", "p95", "mean")
         }
-        for other in ("direct", "bastion_sdk", "naive", "pipe", "fastmcp")
+        for other in ("direct", "bastion_sdk", "naive", "pipe", "ledger_relay", "fastmcp")
         if other in results["paths"]
     }
     results["relay_floor"] = {
-        f"pipe/direct {q}": report.ratio(results["paths"]["pipe"][f"{q}_ms"], results["paths"]["direct"][f"{q}_ms"])
+        f"{relay}/direct {q}": report.ratio(results["paths"][relay][f"{q}_ms"], results["paths"]["direct"][f"{q}_ms"])
+        for relay in ("pipe", "ledger_relay")
         for q in ("p50", "p95")
     }
     if not with_fastmcp:
         results["fastmcp_missing"] = "fastmcp is not installed here; run `make bench` (it installs .venv-bench)"
     return results
+
+
+def ledger_check(counts: dict[str, int], calls: int) -> dict[str, Any]:
+    """What one path's ledger holds for the calls made through it, and whether that is one completed per call."""
+    return {
+        "calls_made": calls,
+        "read_note_invocations_by_status": counts,
+        "exactly_one_completed_per_call": counts.get("completed", 0) == calls and sum(counts.values()) == calls,
+    }
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -214,14 +225,20 @@ def markdown(results: dict[str, Any]) -> str:
         "with nothing else: the floor any SDK-based relay pays here; bastion/naive is what Bastion adds beyond it. "
         "bastion/bastion_sdk is the express lane's effect: the same Bastion with `[server] express_lane = false`. "
         "The zero-work relay (bench/pipe_relay.py) forwards the bytes and reads nothing: what a third process on "
-        f"the way costs by itself, {results['relay_floor']['pipe/direct p50']}x direct at p50 in this run.",
+        f"the way costs by itself, {results['relay_floor']['pipe/direct p50']}x direct at p50 in this run. The "
+        "recording relay (bench/ledger_relay.py) is that relay recording each call through Bastion's own ledger code "
+        "(intent durable before the line goes on, outcome after the answer) and doing nothing else: "
+        f"{results['relay_floor']['ledger_relay/direct p50']}x direct at p50; what Bastion costs beyond it is the "
+        "rest of its path (catalog, policy, redaction, argument and result checks, the MCP messages).",
         "",
-        f"Ledger: {ledger['calls_made_to_bastion']} calls made through Bastion, read_note invocations by status "
-        f"{ledger['read_note_invocations_by_status']}; exactly one completed per call: "
-        f"{ledger['exactly_one_completed_per_call']}. With the express lane off: "
-        f"{ledger['express_lane_off']['calls_made_to_bastion']} calls, by status "
-        f"{ledger['express_lane_off']['read_note_invocations_by_status']}; exactly one completed per call: "
-        f"{ledger['express_lane_off']['exactly_one_completed_per_call']}.",
+        "Ledgers: "
+        + "; ".join(
+            f"{results['paths'][name]['label']}: {check['calls_made']} calls made, read_note invocations by status "
+            f"{check['read_note_invocations_by_status']}, exactly one completed per call: "
+            f"{check['exactly_one_completed_per_call']}"
+            for name, check in ledger.items()
+        )
+        + ".",
         "",
         f"Target: {results['target']}.",
     ]
@@ -242,18 +259,18 @@ def main() -> None:
 
 
 def problems(results: dict[str, Any]) -> list[str]:
-    """What makes this run's figures unusable: a failed call on any path, or a ledger that does not hold
-    exactly one completed invocation per call made through Bastion."""
+    """What makes this run's figures unusable: a failed call on any path, or a ledger (Bastion's, with its express
+    lane and without, and the recording relay's) that does not hold exactly one completed invocation per call."""
     found = [
         f"{name}: {path['errors']} failed call(s) timed, {path['warmup_errors']} in the warm-up"
         for name, path in results["paths"].items()
         if path["errors"] or path["warmup_errors"]
     ]
-    for label, ledger in (("Bastion", results["ledger"]), ("Bastion, lane off", results["ledger"]["express_lane_off"])):
+    for name, ledger in results["ledger"].items():
         if not ledger["exactly_one_completed_per_call"]:
             found.append(
-                f"{label}'s ledger holds {ledger['read_note_invocations_by_status']} read_note invocations for "
-                f"{ledger['calls_made_to_bastion']} calls made"
+                f"{name}'s ledger holds {ledger['read_note_invocations_by_status']} read_note invocations for "
+                f"{ledger['calls_made']} calls made"
             )
     return found
 

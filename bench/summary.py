@@ -190,7 +190,10 @@ def markdown(summary: dict[str, Any]) -> str:
         lines += [
             "",
             f"A relay that forwards the bytes and reads nothing (bench/pipe_relay.py): {floor['pipe/direct p50']}x "
-            f"direct at p50, {floor['pipe/direct p95']}x at p95 (latency.md): what a third process costs by itself.",
+            f"direct at p50, {floor['pipe/direct p95']}x at p95 (latency.md): what a third process costs by itself. "
+            "The same relay recording each call through Bastion's ledger code and nothing else "
+            f"(bench/ledger_relay.py): {floor['ledger_relay/direct p50']}x at p50, "
+            f"{floor['ledger_relay/direct p95']}x at p95: what the records cost by themselves.",
         ]
     if "bastion_cpu_ms_per_stdio_call" in summary:
         lines += ["", f"Bastion's own CPU per stdio call (profile.md): {summary['bastion_cpu_ms_per_stdio_call']} ms."]
