@@ -12,17 +12,21 @@ quoted TOML keys (`"fx:write"`), the only form a policy key (with its colon) can
 
 Other instances sharing the configuration directory, and people, change the file too. A running Bastion reads it
 again when it changed (its inode, size or times): mode resolution looks (one stat) at most once a second, since it
-is on every call's path, so an approval or a revocation made elsewhere applies here within a second.
+is on every call's path, so an approval or a revocation made elsewhere applies here within a second. Each change
+reads, edits and replaces the file holding an advisory lock (`flock`) on `policies/.bastion-approved.lock`, so two
+instances approving at the same instant both keep their entry: one writes after the other, over what it wrote.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Final
@@ -37,6 +41,11 @@ logger = logging.getLogger(__name__)
 
 APPROVED_FILE: Final = "bastion-approved.toml"
 """Its name under `policies/`."""
+LOCK_FILE: Final = ".bastion-approved.lock"
+"""The file whose lock a change of it holds, beside it (a dot file: the loader reads no such file)."""
+LOCK_WAIT_SECONDS: Final = 5.0
+"""How long a change waits for another process's change to end before it gives up."""
+_LOCK_POLL_SECONDS: Final = 0.005
 
 _HEADER: Final = (
     'Written by Bastion: actions an approver approved "always" (bastion\'s inbox or approver endpoint).\n'
@@ -102,27 +111,58 @@ class ApprovedModes:
             )
         if not _KEY.match(key):
             raise ConfigError(f"{key!r} is not the policy key of one action (source:action)")
-        document = self._document()
-        modes = document.get("modes")
-        if not isinstance(modes, Table):
-            modes = tomlkit.table()
-            document["modes"] = modes
-        modes[key] = "allow"
-        modes[key].comment(f"approved by {by} for invocation {invocation_id} at {at.isoformat(timespec='seconds')}")
-        self._write(document)
+        with self._changing():
+            document = self._document()
+            modes = document.get("modes")
+            if not isinstance(modes, Table):
+                modes = tomlkit.table()
+                document["modes"] = modes
+            modes[key] = "allow"
+            modes[key].comment(f"approved by {by} for invocation {invocation_id} at {at.isoformat(timespec='seconds')}")
+            self._write(document)
 
     def revoke(self, key: str) -> bool:
         """Remove the entry of `key`; False when there was none."""
         if self.path is None:
             return False
-        document = self._document()
-        modes = document.get("modes")
-        if not isinstance(modes, Table) or key not in modes:
-            self.modes = _approvals(document)
-            return False
-        del modes[key]
-        self._write(document)
+        with self._changing():
+            document = self._document()
+            modes = document.get("modes")
+            if not isinstance(modes, Table) or key not in modes:
+                self.modes = _approvals(document)
+                return False
+            del modes[key]
+            self._write(document)
         return True
+
+    @contextmanager
+    def _changing(self) -> Iterator[None]:
+        """Hold the lock of the file for a change (read, edit, replace): a change by another process sharing the
+        directory happens before or after it, never in between. Raises ConfigError when another process holds it
+        for longer than `LOCK_WAIT_SECONDS` (a change takes milliseconds: that process is stuck)."""
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = self.path.with_name(LOCK_FILE)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise ConfigError(f"{lock} cannot be opened ({exc}); check the permissions of {lock.parent}") from exc
+        try:
+            waited_until = time.monotonic() + LOCK_WAIT_SECONDS
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= waited_until:
+                        raise ConfigError(
+                            f"another process has held {lock} for over {LOCK_WAIT_SECONDS:g}s while changing "
+                            f"{self.path.name}; if no Bastion is stuck there, retry the approval"
+                        ) from None
+                    time.sleep(_LOCK_POLL_SECONDS)  # a change elsewhere takes milliseconds
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def _document(self) -> tomlkit.TOMLDocument:
         assert self.path is not None
