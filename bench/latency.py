@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -49,6 +50,8 @@ class Route:
     errors: int = 0
     calls: int = 0
     cpu: dict[str, float] = field(default_factory=lambda: {"client": 0.0, "front": 0.0, "downstream": 0.0})
+    round_p50s: list[float] = field(default_factory=list)
+    """The p50 of each round's calls: a round measures every path in turn, so their ratios show one run's spread."""
     protocol_version: str = ""
     pid: int = 0
 
@@ -100,8 +103,9 @@ def process_cpu(route: Route) -> dict[str, float]:
 
 async def measure(route: Route, client: Client, calls: int) -> None:
     before, client_before = process_cpu(route), time.process_time()
-    for _ in range(calls):
-        route.samples.append(await call(client, route))
+    timed = [await call(client, route) for _ in range(calls)]
+    route.samples.extend(timed)
+    route.round_p50s.append(statistics.median(timed))
     after = process_cpu(route)
     route.cpu["client"] += time.process_time() - client_before
     for key in ("front", "downstream"):
@@ -172,6 +176,10 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
         for other in ("direct", "bastion_sdk", "naive", "pipe", "ledger_relay", "fastmcp")
         if other in results["paths"]
     }
+    results["round_ratios"] = {
+        f"bastion/{other}": _spread(bastion.round_p50s, next(p for p in measured if p.name == other).round_p50s)
+        for other in ("direct", "ledger_relay", "naive")
+    }
     results["relay_floor"] = {
         f"{relay}/direct {q}": report.ratio(results["paths"][relay][f"{q}_ms"], results["paths"]["direct"][f"{q}_ms"])
         for relay in ("pipe", "ledger_relay")
@@ -180,6 +188,14 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
     if not with_fastmcp:
         results["fastmcp_missing"] = "fastmcp is not installed here; run `make bench` (it installs .venv-bench)"
     return results
+
+
+def _spread(numerators: list[float], denominators: list[float]) -> dict[str, float | None]:
+    """The lowest, median and highest of the rounds' p50 ratios."""
+    ratios = sorted(n / d for n, d in zip(numerators, denominators, strict=True) if d)
+    if not ratios:
+        return {"min": None, "median": None, "max": None}
+    return {"min": round(ratios[0], 3), "median": round(statistics.median(ratios), 3), "max": round(ratios[-1], 3)}
 
 
 def ledger_check(counts: dict[str, int], calls: int) -> dict[str, Any]:
@@ -210,6 +226,8 @@ def markdown(results: dict[str, Any]) -> str:
     )
     ratio_rows = [[name, r["p50"], r["p95"], r["mean"]] for name, r in results["ratios"].items()]
     ratios_table = report.table(["ratio", "p50", "p95", "mean"], ratio_rows)
+    spread_rows = [[name, r["min"], r["median"], r["max"]] for name, r in results["round_ratios"].items()]
+    spread_table = report.table(["ratio of the rounds' p50s", "lowest", "median", "highest"], spread_rows)
     ledger = results["ledger"]
     lines = [
         f"# Per-call latency over stdio ({report.machine_line(results['machine'])})",
@@ -220,6 +238,11 @@ def markdown(results: dict[str, Any]) -> str:
         paths_table,
         "",
         ratios_table,
+        "",
+        f"Each of the {settings['rounds']} rounds measures every path in turn; the ratios of their p50s show how far "
+        "one round's figure strays from another's in this run:",
+        "",
+        spread_table,
         "",
         "The naive relay (bench/naive_relay.py) forwards calls through the mcp SDK's low-level server and client "
         "with nothing else: the floor any SDK-based relay pays here; bastion/naive is what Bastion adds beyond it. "

@@ -130,6 +130,8 @@ def summarise(found: dict[str, dict[str, Any]], problems: list[str]) -> dict[str
         summary["bastion_cpu_ms_per_stdio_call"] = found["profile"]["cpu_ms_per_call"]
     if "relay_floor" in latency:
         summary["relay_floor"] = latency["relay_floor"]
+    if "round_ratios" in latency:
+        summary["round_ratios"] = latency["round_ratios"]
     return summary
 
 
@@ -194,6 +196,13 @@ def markdown(summary: dict[str, Any]) -> str:
             "The same relay recording each call through Bastion's ledger code and nothing else "
             f"(bench/ledger_relay.py): {floor['ledger_relay/direct p50']}x at p50, "
             f"{floor['ledger_relay/direct p95']}x at p95: what the records cost by themselves.",
+        ]
+    if "round_ratios" in summary:
+        spread = summary["round_ratios"]["bastion/direct"]
+        lines += [
+            "",
+            f"Bastion / direct at stdio p50, round by round (latency.md): lowest {spread['min']}x, median "
+            f"{spread['median']}x, highest {spread['max']}x: the spread of one run's figure.",
         ]
     if "bastion_cpu_ms_per_stdio_call" in summary:
         lines += ["", f"Bastion's own CPU per stdio call (profile.md): {summary['bastion_cpu_ms_per_stdio_call']} ms."]
