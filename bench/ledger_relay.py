@@ -31,11 +31,11 @@ from bastion.ledger.backend import EMPTY_DETAIL, Scrubbed
 from bastion.ledger.sqlite import SqliteBackend
 from bastion.models import Admission, Invocation
 from bastion.pipeline.catalog import new_invocation_id
+from bastion.pipeline.outcomes import STARTED_EVENTS
 
 _CHUNK: Final = 1 << 16
 _SESSION: Final = "ledger-relay"
 _PER_MINUTE: Final = 100_000_000  # as bench/configs.py sets Bastion's limit: counted, never reached
-_FIRST_EVENTS: Final = ("planned", "approved", "executing")
 
 
 def _compact(value: Any) -> Scrubbed:
@@ -99,7 +99,7 @@ async def relay(ledger: Path, to_server: int, from_server: int) -> None:
                     updated_at=now,
                 )
                 admission = Admission(_SESSION, _PER_MINUTE, now)
-                await backend.invocations.insert_admitted(invocation, _FIRST_EVENTS, EMPTY_DETAIL, admission=admission)
+                await backend.invocations.insert_admitted(invocation, STARTED_EVENTS, EMPTY_DETAIL, admission=admission)
                 calls[message["id"]] = invocation.id
             _write(to_server, line)
 

@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 LATE_RECORD_SECONDS: Final = 5.0
 """How often an outcome the ledger refused is offered to it again."""
+STARTED_EVENTS: Final[tuple[EventKind, ...]] = ("planned", "approved", "executing")
+"""The first events of a call that runs at once (the allow path), recorded with its invocation."""
 
 
 class Outcomes:
@@ -41,11 +43,10 @@ class Outcomes:
         """Record a call that runs now (planned, approved, executing) and tell the observers so. With an
         `admission`, the call is first admitted against its rate limit in the same transaction: when the limit
         refuses it, nothing is recorded and the seconds until one more fits come back (None: it runs)."""
-        events: tuple[EventKind, ...] = ("planned", "approved", "executing")
         if admission is None:
-            await self._store.record(invocation, events, detail)
+            await self._store.record(invocation, STARTED_EVENTS, detail)
         else:
-            wait = await self._store.record_admitted(invocation, events, detail, admission=admission)
+            wait = await self._store.record_admitted(invocation, STARTED_EVENTS, detail, admission=admission)
             if wait is not None:
                 return wait
         await self._observers.planned(invocation)
