@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,6 +231,38 @@ async def test_a_call_still_running_after_the_grace_period_is_cancelled_and_reco
     [result] = outcome
     assert error_of(result)["class"] == "unknown_outcome"
     assert "Traceback" not in "\n".join(running.stderr)
+    assert statuses(config) == {"slow__hold": "unknown"}
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+async def test_a_second_signal_stops_at_once_quietly_and_the_running_call_is_recorded_unknown(
+    tmp_path: Path, transport: str
+) -> None:
+    config, env = configured(tmp_path, grace=WAIT, connectors={"slow": SLOW})
+    release = tmp_path / "release"
+    os.mkfifo(release)
+    async with bastion(config, env, transport=transport) as running, host(running, transport) as client:
+        await client.list_tools()
+        holding = anyio.Event()
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            holding.set()
+
+        async def call() -> None:
+            with suppress(Exception):  # Bastion stops under it: the host loses its connection
+                await client.call_tool("slow__hold", {"release": str(release)}, progress_callback=on_progress)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(WAIT):
+                await holding.wait()
+            running.signal(signal.SIGTERM)
+            await running.line("SIGTERM: stopping; new calls are refused")  # the call holds the drain
+            running.signal(signal.SIGINT)
+            await running.line("SIGINT: stopping now")
+            assert await running.exit_status() == 0
+            tg.cancel_scope.cancel()
+    assert "Traceback" not in "\n".join(running.stderr), "\n".join(running.stderr)
     assert statuses(config) == {"slow__hold": "unknown"}
 
 

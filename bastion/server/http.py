@@ -58,6 +58,8 @@ WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 STREAMS_CLOSE_TIMEOUT: Final = 3
 """Seconds connections get to close when serving stops before uvicorn cancels what is left."""
+FORCED_LIFESPAN_END: Final = 2.0
+"""Seconds the app's lifespan gets to end when serving is stopped at once (a second signal)."""
 
 _NAMES_KEPT: Final = 256
 """How many Host and Origin values the request guard keeps parsed."""
@@ -389,6 +391,14 @@ async def _serve_until(server: _Server, sock: socket.socket, stop: anyio.Event, 
             tg.start_soon(shut_down)
             await server.serve(sockets=[sock])
             tg.cancel_scope.cancel()
+    except anyio.get_cancelled_exc_class():
+        # Stopped at once (`bastion serve`'s second signal): uvicorn leaves the app's lifespan (the MCP sessions'
+        # manager, the approver endpoint) running in a task of its own, which the loop's end would cancel and
+        # uvicorn report as a failed shutdown, traceback and all. End it here, briefly.
+        if server.started:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(FORCED_LIFESPAN_END):
+                await server.lifespan.shutdown()
+        raise
     finally:
         AppStatus.should_exit = False  # a process-wide flag: another server in this process starts afresh
         uvicorn_log.removeFilter(ended)
