@@ -143,6 +143,18 @@ def test_every_command_and_option_has_its_own_help() -> None:
     assert {text: owners for text, owners in helps.items() if len(owners) > 1} == {}
 
 
+def test_no_help_text_loses_a_bracketed_name_to_rich_markup() -> None:
+    # Rich reads `[ledger]` as a markup tag and prints nothing for it: a help text writes a section `\\[ledger]`.
+    tag = re.compile(r"(?<!\\)\[[A-Za-z_.<>*-]+\]")
+    swallowed = [
+        (path, name, found)
+        for path, command in _commands(typer.main.get_command(app), ("bastion",), None)
+        for name, text in [("", command.help), *((p.name, getattr(p, "help", None)) for p in command.params)]
+        for found in tag.findall(text or "")
+    ]
+    assert swallowed == []
+
+
 def test_version_and_short_help_flags(tmp_path: Path) -> None:
     env = bastion_env(tmp_path / "home")
     for flag in ("--version", "-V"):

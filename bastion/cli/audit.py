@@ -236,7 +236,7 @@ def audit_prune(
         typer.Option(
             min=0,
             help="Remove calls that finished (completed, failed, denied, expired) before this many days ago. "
-            "Default: [ledger] retention_days of bastion.toml.",
+            "Default: \\[ledger] retention_days of bastion.toml.",
             show_default=False,
         ),
     ] = None,

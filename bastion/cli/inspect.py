@@ -35,7 +35,7 @@ from bastion.pipeline.authority import MIN_ID_PREFIX
 from bastion.pipeline.views import invocation_detail_json, invocation_json
 
 connectors_app = typer.Typer(
-    help="Sources: downstream MCP servers and providers ([providers.<id>]): status and checks.", no_args_is_help=True
+    help="Sources: downstream MCP servers and providers (\\[providers.<id>]): status and checks.", no_args_is_help=True
 )
 invocations_app = typer.Typer(help="The ledger: what was called, by whom, and what came of it.", no_args_is_help=True)
 app.add_typer(connectors_app, name="connectors")
