@@ -1,15 +1,14 @@
 """Per-call latency over stdio: direct, through Bastion, a naive relay and FastMCP's proxy (DESIGN.md §11).
 
 The same SDK client code calls `read_note` on the same downstream (the bundled demo notes server,
-one note in its file) six ways: directly; through `bastion serve` (allow path, ledger on), with its express
+one note in its file) seven ways: directly; through `bastion serve` (allow path, ledger on), with its express
 lane and without (`[server] express_lane = false`: the MCP SDK's server and client); through a naive relay
 on the mcp SDK's low-level server (bench/naive_relay.py), the floor any SDK-based relay pays; through a
 relay that forwards the bytes and reads nothing (bench/pipe_relay.py), the price of a third process alone; through
 that relay recording each call in a ledger file with Bastion's ledger code and nothing else (bench/ledger_relay.py),
 the price of the records by themselves; and through FastMCP's proxy (bench/fastmcp_proxy.py), when fastmcp is
-installed. Calls are
-sequential, the paths interleaved in rounds (their order rotating) so machine noise hits all alike,
-after a warm-up on each. Besides the latency distribution it reports the CPU each process spent per call,
+installed. Calls are sequential, the paths interleaved in rounds (their order rotating) so machine noise hits all
+alike, after a warm-up on each. Besides the latency distribution it reports the CPU each process spent per call,
 and that Bastion's ledger (and the recording relay's) holds one completed invocation per call: if not, or any call
 failed, it exits with status 1 once the results are written. Run: `python -m bench.latency [--calls N]`.
 Results go to bench/results/latency.{json,md}.
@@ -117,11 +116,13 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bastion-bench-latency-") as tmp:
         workdir = Path(tmp)
         notes_file = write_notes(workdir / "notes.json")
-        ledger = notes_config(workdir / "config", notes_file)
-        ledger_sdk = notes_config(workdir / "config-sdk", notes_file, express_lane=False)
+        ledgers = {  # the paths that record each call, and their ledger files
+            "bastion": notes_config(workdir / "config", notes_file),
+            "bastion_sdk": notes_config(workdir / "config-sdk", notes_file, express_lane=False),
+            "ledger_relay": workdir / "ledger-relay.db",
+        }
         with_fastmcp = importlib.util.find_spec("fastmcp") is not None
-        relay_ledger = workdir / "ledger-relay.db"
-        measured = routes(workdir, notes_file, with_fastmcp, relay_ledger)
+        measured = routes(workdir, notes_file, with_fastmcp, ledgers["ledger_relay"])
         async with AsyncExitStack() as stack:
             clients = []
             for route in measured:
@@ -139,13 +140,9 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
                 turn = round_ % len(pairs)
                 for route, client in pairs[turn:] + pairs[:turn]:
                     await measure(route, client, per_round)
-        # Bastion has stopped: everything it answered is committed.
-        counts = ledger_counts(ledger)
-        counts_sdk = ledger_counts(ledger_sdk)
-        counts_relay = ledger_counts(relay_ledger)
-    bastion = next(p for p in measured if p.name == "bastion")
-    bastion_sdk = next(p for p in measured if p.name == "bastion_sdk")
-    recording = next(p for p in measured if p.name == "ledger_relay")
+        # Every path has stopped: everything it answered is committed.
+        counts = {name: ledger_counts(path) for name, path in ledgers.items()}
+    by_name = {p.name: p for p in measured}
     results: dict[str, Any] = {
         "benchmark": "latency",
         "machine": report.machine(),
@@ -161,11 +158,7 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
             }
             for p in measured
         },
-        "ledger": {
-            "bastion": ledger_check(counts, bastion.calls),
-            "bastion_sdk": ledger_check(counts_sdk, bastion_sdk.calls),
-            "ledger_relay": ledger_check(counts_relay, recording.calls),
-        },
+        "ledger": {name: ledger_check(counts[name], by_name[name].calls) for name in ledgers},
         "target": "Bastion/direct <= 1.5x at p50 first, then 1.3x (DESIGN.md §11)",
     }
     results["ratios"] = {
@@ -177,7 +170,7 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
         if other in results["paths"]
     }
     results["round_ratios"] = {
-        f"bastion/{other}": _spread(bastion.round_p50s, next(p for p in measured if p.name == other).round_p50s)
+        f"bastion/{other}": _spread(by_name["bastion"].round_p50s, by_name[other].round_p50s)
         for other in ("direct", "ledger_relay", "naive")
     }
     results["relay_floor"] = {
