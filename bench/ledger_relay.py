@@ -68,7 +68,7 @@ def _write(fd: int, line: bytes) -> None:
         out = out[os.write(fd, out) :]
 
 
-async def relay(ledger: Path, to_server: int, from_server: int) -> None:
+async def relay(ledger: Path, to_server: int, from_server: int, close_server_input: Callable[[], None]) -> None:
     backend = await SqliteBackend.open(ledger)
     calls: dict[Any, str] = {}  # the host's request id -> the invocation recorded for it
     loop = asyncio.get_running_loop()
@@ -102,6 +102,7 @@ async def relay(ledger: Path, to_server: int, from_server: int) -> None:
                 await backend.invocations.insert_admitted(invocation, STARTED_EVENTS, EMPTY_DETAIL, admission=admission)
                 calls[message["id"]] = invocation.id
             _write(to_server, line)
+        close_server_input()  # the host is done: so is the server, once it has answered what it was sent
 
     async def server_to_host() -> None:
         while (line := await from_downstream.get()) is not None:
@@ -121,13 +122,9 @@ async def relay(ledger: Path, to_server: int, from_server: int) -> None:
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(backend.changes.run)  # checkpoints the WAL, as it does in `bastion serve`
-
-            async def until_it_ends(side: Any) -> None:  # either side ending ends the relay
-                await side()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(until_it_ends, host_to_server)
-            tg.start_soon(until_it_ends, server_to_host)
+            tg.start_soon(host_to_server)
+            await server_to_host()  # to the server's end, each answer's outcome recorded
+            tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
             await backend.close()
@@ -144,6 +141,7 @@ def main() -> None:
             Path(sys.argv[1]),
             server.stdin.fileno(),
             server.stdout.fileno(),
+            server.stdin.close,
             backend_options={"use_uvloop": UVLOOP},
         )
     finally:
