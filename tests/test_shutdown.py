@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ import anyio
 import anyio.to_thread
 import mcp_types as types
 import pytest
-from anyio.abc import Process
+from anyio.abc import Process, TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from anyio.streams.text import TextReceiveStream
 from mcp import Client
@@ -170,6 +170,28 @@ def statuses(config: Path) -> dict[str, str]:
     return {row["tool"]: row["status"] for row in json.loads(listed.stdout)}
 
 
+async def hold_a_call(
+    tg: TaskGroup, client: Client, release: Path, *, connection_may_drop: bool = False
+) -> list[types.CallToolResult]:
+    """Start `slow__hold` (it runs until `release` is written) in `tg` and return once it runs; its result comes
+    into the list returned. `connection_may_drop`: Bastion stops under the call, the host's error is ignored."""
+    outcome: list[types.CallToolResult] = []
+    holding = anyio.Event()
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        holding.set()
+
+    async def call() -> None:
+        with suppress(Exception) if connection_may_drop else nullcontext():
+            arguments = {"release": str(release)}
+            outcome.append(await client.call_tool("slow__hold", arguments, progress_callback=on_progress))
+
+    tg.start_soon(call)
+    with anyio.fail_after(WAIT):
+        await holding.wait()
+    return outcome
+
+
 @pytest.mark.parametrize(("transport", "signum"), [("http", signal.SIGTERM), ("stdio", signal.SIGINT)])
 async def test_a_running_call_finishes_new_ones_are_refused_and_bastion_exits_0(
     tmp_path: Path, transport: str, signum: int
@@ -177,22 +199,10 @@ async def test_a_running_call_finishes_new_ones_are_refused_and_bastion_exits_0(
     config, env = configured(tmp_path, grace=WAIT, connectors={"slow": SLOW})
     release = tmp_path / "release"
     os.mkfifo(release)
-    outcome: list[types.CallToolResult] = []
     async with bastion(config, env, transport=transport) as running:
         async with host(running, transport) as client, anyio.create_task_group() as tg:
             await client.list_tools()  # the client checks results against listed schemas: list before Bastion stops
-            holding = anyio.Event()
-
-            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-                holding.set()
-
-            async def call() -> None:
-                arguments = {"release": str(release)}
-                outcome.append(await client.call_tool("slow__hold", arguments, progress_callback=on_progress))
-
-            tg.start_soon(call)
-            with anyio.fail_after(WAIT):
-                await holding.wait()
+            outcome = await hold_a_call(tg, client, release)
             running.signal(signum)
             await running.line(f"{signal.Signals(signum).name}: stopping")
             refused = error_of(await client.call_tool("notes__list_notes", {}))
@@ -210,22 +220,10 @@ async def test_a_call_still_running_after_the_grace_period_is_cancelled_and_reco
     config, env = configured(tmp_path, grace=0.5, connectors={"slow": SLOW})
     release = tmp_path / "release"
     os.mkfifo(release)
-    outcome: list[types.CallToolResult] = []
     async with bastion(config, env, transport="http") as running:
         async with host(running, "http") as client, anyio.create_task_group() as tg:
             await client.list_tools()
-            holding = anyio.Event()
-
-            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-                holding.set()
-
-            async def call() -> None:
-                arguments = {"release": str(release)}
-                outcome.append(await client.call_tool("slow__hold", arguments, progress_callback=on_progress))
-
-            tg.start_soon(call)
-            with anyio.fail_after(WAIT):
-                await holding.wait()
+            outcome = await hold_a_call(tg, client, release)
             running.signal(signal.SIGTERM)
         assert await running.exit_status() == 0
     [result] = outcome
@@ -243,19 +241,8 @@ async def test_a_second_signal_stops_at_once_quietly_and_the_running_call_is_rec
     os.mkfifo(release)
     async with bastion(config, env, transport=transport) as running, host(running, transport) as client:
         await client.list_tools()
-        holding = anyio.Event()
-
-        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-            holding.set()
-
-        async def call() -> None:
-            with suppress(Exception):  # Bastion stops under it: the host loses its connection
-                await client.call_tool("slow__hold", {"release": str(release)}, progress_callback=on_progress)
-
         async with anyio.create_task_group() as tg:
-            tg.start_soon(call)
-            with anyio.fail_after(WAIT):
-                await holding.wait()
+            await hold_a_call(tg, client, release, connection_may_drop=True)
             running.signal(signal.SIGTERM)
             await running.line("SIGTERM: stopping; new calls are refused")  # the call holds the drain
             running.signal(signal.SIGINT)

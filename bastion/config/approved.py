@@ -185,8 +185,7 @@ class ApprovedModes:
 
     def _write(self, document: tomlkit.TOMLDocument) -> None:
         """Replace the file at once (a reader never sees half of it), and hold what it now says."""
-        assert self.path is not None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        assert self.path is not None  # (its folder exists: `_changing` made it)
         fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".bastion-approved.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as file:
