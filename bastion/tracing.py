@@ -194,8 +194,10 @@ def continuing(meta: Mapping[str, Any]) -> AbstractContextManager[None]:
 
 def inject_context(meta: dict[str, Any]) -> None:
     """Add the current trace context to a request's `_meta` (W3C `traceparent`, `tracestate`), as the MCP SDK's
-    client does: with no tracer provider, the context a host sent still reaches the downstream."""
-    inject(meta)
+    client does: with no tracer provider, the context a host sent still reaches the downstream. An empty current
+    context (no host trace, no span, no baggage) has nothing to add: the propagators are not asked (issue 17)."""
+    if otel_context.get_current():
+        inject(meta)
 
 
 def inject_headers(headers: dict[str, str]) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -20,7 +21,7 @@ import pytest
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
-from bastion.server.stdio import MAX_MESSAGE_BYTES, LineFn, pipe_streams
+from bastion.server.stdio import MAX_MESSAGE_BYTES, LineFn, _Readable, pipe_streams
 
 
 def request(number: int, **params: object) -> bytes:
@@ -69,6 +70,28 @@ async def test_lines_split_and_joined_across_reads_arrive_whole_and_in_order(pip
     assert [first.message.id, second.message.id, third.message.id] == [1, 2, 3]
     assert second.message.params == {"big": "x" * 200_000}
     assert isinstance(bad, ValidationError)
+
+
+@pytest.mark.anyio
+async def test_stdin_stays_watched_between_reads_but_not_while_input_waits_unread_nor_after_the_end(
+    pipes: tuple[int, int, int, int],
+) -> None:
+    """The loop watches the host's pipe from one wait to the next, stops when input arrives while no read waits (it
+    would call back on every turn until the input is read), watches again at the next wait, and not after."""
+    host_out, bastion_in, _, _ = pipes
+    loop = asyncio.get_running_loop()
+    with anyio.fail_after(10):
+        with _Readable(bastion_in) as readable:
+            os.write(host_out, b"a")
+            await readable.wait()
+            assert loop.remove_reader(bastion_in)  # still watched after the wait ended
+            loop.add_reader(bastion_in, readable._readable)  # (as it was)
+            for _ in range(3):  # the input stays unread while nobody waits
+                await asyncio.sleep(0)
+            assert not loop.remove_reader(bastion_in)
+            await readable.wait()  # watched again: the unread input ends the wait at once
+            assert os.read(bastion_in, 10) == b"a"
+        assert not loop.remove_reader(bastion_in)
 
 
 @pytest.mark.anyio

@@ -13,7 +13,6 @@ import logging
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import mcp_types as types
 
 from bastion.connectors.wire import dumps
@@ -135,7 +134,7 @@ class StdioLane:
     async def _respond(self, response: dict[str, Any]) -> None:
         assert self._outlet is not None
         await self._outlet.send(response)  # on stdout when this returns, unless the writer was busy:
-        await anyio.lowlevel.checkpoint()  # then the writer puts it there before the call's outcome is recorded
+        await asyncio.sleep(0)  # then the writer puts it there before the call's outcome is recorded
 
 
 async def serve_stdio(front: FrontDoor) -> None:

@@ -2,10 +2,10 @@
 
 The SDK's `stdio_server` reads and writes through `anyio.wrap_file`: a worker-thread hand-off for every
 line read, written and flushed, three per tool call, each a GIL hand-over on the call's critical path.
-Here the host's pipes are made non-blocking and the loop waits for them (`anyio.wait_readable`/
-`wait_writable`). A terminal keeps its flags (its file description is the shell's too, and a Bastion
-that is killed could not restore them): the loop waits until it is readable, then reads. A regular file
-never blocks.
+Here the host's pipes are made non-blocking and the loop waits for them: for stdin with one registration kept
+from one line to the next (`_Readable`), for stdout with `anyio.wait_writable` when the pipe is full. A terminal
+keeps its flags (its file description is the shell's too, and a Bastion that is killed could not restore them):
+the loop waits until it is readable, then reads. A regular file never blocks.
 Framing and parsing are the SDK's: one JSON-RPC message per line, parsed by `jsonrpc_message_adapter`,
 undecodable bytes replaced, a line that does not parse handed to the server as the exception.
 
@@ -21,6 +21,7 @@ protocol. Both are restored on exit.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import fcntl
 import json
@@ -33,7 +34,6 @@ from contextlib import ExitStack, asynccontextmanager, contextmanager
 from typing import Final, Protocol, cast
 
 import anyio
-import anyio.lowlevel
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
@@ -156,20 +156,20 @@ async def _read_lines_until_end(
 ) -> None:
     blocking = os.get_blocking(fd)  # a pipe or a socket is not (made so by `pipe_streams`); a regular file cannot wait
     blocking_tty = blocking and os.isatty(fd)  # a blocking terminal: a read would stall the loop
-    async with incoming, replies:
+    with _Readable(fd) as readable, incoming, replies:
         buffer = bytearray()
         searched = 0  # bytes of `buffer` known to hold no newline: a long line is scanned once, not per chunk
         skipped: _OverlongLine | None = None  # the line being discarded, while its end has not come
         wait_first = blocking_tty
         while True:
             if wait_first:
-                await anyio.wait_readable(fd)
+                await readable.wait()
             try:
                 chunk = os.read(fd, _READ_SIZE)
                 # A pipe read short was emptied: the next read would only fail, so the next turn waits first (issue 17).
                 wait_first = blocking_tty or (not blocking and 0 < len(chunk) < _READ_SIZE)
             except BlockingIOError:
-                await anyio.wait_readable(fd)
+                await readable.wait()
                 continue
             except OSError as exc:
                 if exc.errno != errno.EIO:
@@ -206,6 +206,47 @@ async def _read_lines_until_end(
             await _refuse(_OverlongLine(buffer), replies)
         else:
             await _deliver(bytes(buffer), incoming, shortcut)
+
+
+class _Readable:
+    """Waits until `fd` is readable, with the loop watching it from one wait to the next: `anyio.wait_readable` asks
+    the loop to watch and stop watching on every wait, which on uvloop is a handle made and closed and five system
+    calls more per line read (issue 17). The watch stops when `fd` is readable while nobody waits (the loop would
+    otherwise call back on every turn until it is read), and at the end."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None
+        self._watching = False
+
+    def __enter__(self) -> _Readable:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._unwatch()
+
+    async def wait(self) -> None:
+        waiter = self._waiter = self._loop.create_future()
+        if not self._watching:
+            self._loop.add_reader(self._fd, self._readable)
+            self._watching = True
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def _readable(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        else:
+            self._unwatch()
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._loop.remove_reader(self._fd)
+            self._watching = False
 
 
 class _OverlongLine:
@@ -286,8 +327,8 @@ async def _deliver(
         return
     if shortcut is not None and shortcut.take(line):
         # The call it took runs first, the reading goes on after: the call is not kept waiting behind the next read
-        # (once it waits for its downstream, this task reads on).
-        await anyio.lowlevel.checkpoint()
+        # (once it waits for its downstream, this task reads on). The loop's own yield: anyio's looks its backend up.
+        await asyncio.sleep(0)
         return
     try:
         message = types.jsonrpc_message_adapter.validate_json(line.decode("utf-8", "replace"), by_name=False)
