@@ -13,8 +13,14 @@ frame that names a part deciding:
 - event loop and other: none of the above (asyncio, anyio, threads).
 
 So pydantic or json work done by the SDK client counts as SDK client, and so on. CPU per call comes from the
-process's own counters over the same calls. Run: `python -m bench.profile` (py-spy is in .venv-bench).
-Results go to bench/results/profile.{json,md}.
+process's own counters over the same calls. py-spy samples the wall clock while a thread holds the GIL: a process
+that wakes another and is then made to wait for a core (on two cores, often) keeps being sampled at the line that
+woke it, so a frame's share is wall time, not only CPU.
+
+Where `perf` can sample the process (Linux, root or perf_event_paranoid <= 1), the same number of calls runs again
+under `perf record -e cpu-clock` (CPU time only, in native code): the CPU by library (the Python interpreter,
+SQLite, the kernel, the C library, each extension) says how much of the cost is Python bytecode being run at all.
+Run: `python -m bench.profile` (py-spy is in .venv-bench). Results go to bench/results/profile.{json,md}.
 """
 
 from __future__ import annotations
@@ -64,6 +70,70 @@ def part_of(stack: list[str]) -> tuple[str, str]:
     return ("SDK session", shared) if shared else ("event loop and other", stack[-1] if stack else "")
 
 
+NATIVE_PARTS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("Python interpreter", re.compile(r"^(libpython|python3)")),
+    ("SQLite", re.compile(r"^(libsqlite3|_sqlite3)")),
+    ("kernel", re.compile(r"^\[kernel")),
+    ("C library", re.compile(r"^(libc|libm|ld-linux)[.-]")),
+    ("pydantic-core", re.compile(r"^_pydantic_core")),
+    ("uvloop", re.compile(r"^loop\.cpython")),
+)
+PERF_LINE = re.compile(r"^\s*(?P<share>[\d.]+)%\s+(?P<dso>\S.*?)\s*$")
+
+
+def native_parts(report_text: str) -> dict[str, float]:
+    """Shares of CPU per native part from `perf report --sort dso` text; what no part names is `other extensions`."""
+    shares: dict[str, float] = {}
+    for line in report_text.splitlines():
+        found = PERF_LINE.match(line)
+        if found is None:
+            continue
+        dso = found.group("dso")
+        name = next((name for name, pattern in NATIVE_PARTS if pattern.search(dso)), "other extensions")
+        shares[name] = shares.get(name, 0.0) + float(found.group("share")) / 100
+    return dict(sorted(shares.items(), key=lambda item: -item[1]))
+
+
+async def perf_split(client: Client, pid: int, calls: int, workdir: Path) -> dict[str, Any] | None:
+    """`calls` calls with perf sampling Bastion's CPU (cpu-clock): its share per native part and CPU ms per call, or
+    None where perf cannot sample (not installed, not allowed)."""
+    perf = shutil.which("perf")
+    if perf is None:
+        return None
+    data = workdir / "perf.data"
+    command = [perf, "record", "-e", "cpu-clock", "-F", "2000", "-p", str(pid), "-o", str(data)]
+    sampler = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(min(calls, 20)):  # perf attaches while these run
+        await client.call_tool("notes__read_note", {"name": NOTE["name"]})
+    cpu_before = cpu_seconds([pid])
+    for _ in range(calls):
+        await client.call_tool("notes__read_note", {"name": NOTE["name"]})
+    cpu = cpu_seconds([pid]) - cpu_before
+    if sampler.returncode is not None:  # it could not sample (not allowed here)
+        return None
+    sampler.send_signal(signal.SIGINT)  # perf writes its data and exits
+    with anyio.fail_after(60):
+        await sampler.wait()
+    if not data.exists():
+        return None
+    report_command = [perf, "report", "-i", str(data), "--no-children", "--sort", "dso", "--stdio"]
+    try:
+        shown = await anyio.run_process(report_command, stderr=subprocess.DEVNULL)
+    except subprocess.CalledProcessError:
+        return None
+    parts = native_parts(shown.stdout.decode(errors="replace"))
+    if not parts:
+        return None
+    per_call_ms = cpu / calls * 1000
+    return {
+        "cpu_ms_per_call": round(per_call_ms, 3),
+        "parts": {
+            name: {"share": round(share, 3), "cpu_ms_per_call": round(per_call_ms * share, 3)}
+            for name, share in parts.items()
+        },
+    }
+
+
 def charge(raw: str) -> tuple[Counter[str], Counter[tuple[str, str]]]:
     """Samples per part, and per (part, deciding frame), from py-spy's raw output (`frame;frame;... count`)."""
     parts: Counter[str] = Counter()
@@ -108,6 +178,7 @@ async def run(calls: int, warmup: int, rate: int) -> dict[str, Any]:
                 errors = await sampler.stderr.receive()
                 raise RuntimeError(f"py-spy wrote no profile: {errors.decode(errors='replace')[-500:]}")
             parts, frames = charge(output.read_text())
+            native = await perf_split(client, pid, calls, workdir)
     total = sum(parts.values()) or 1
     per_call_ms = cpu / calls * 1000
     return {
@@ -124,6 +195,7 @@ async def run(calls: int, warmup: int, rate: int) -> dict[str, Any]:
             {"part": part, "frame": frame, "share": round(count / total, 3)}
             for (part, frame), count in frames.most_common(TOP_FRAMES)
         ],
+        "native": native,
     }
 
 
@@ -149,9 +221,26 @@ def markdown(results: dict[str, Any]) -> str:
             ),
             "",
             "A sample is charged to the innermost frame that names a part: work the SDK's client does (validating, "
-            "dumping) is the SDK client's; `SDK session` is the message loops both sides share (bench/profile.py).",
+            "dumping) is the SDK client's; `SDK session` is the message loops both sides share (bench/profile.py). "
+            "py-spy samples wall time while the GIL is held: after a write that wakes another process, the wait for "
+            "a core is charged to the line that wrote.",
+            "",
+            *_native_section(results.get("native")),
         ]
     )
+
+
+def _native_section(native: dict[str, Any] | None) -> list[str]:
+    if native is None:
+        return ["CPU by native code: not measured (`perf` is missing or may not sample processes here)."]
+    rows = [[name, f"{p['share'] * 100:.1f} %", p["cpu_ms_per_call"]] for name, p in native["parts"].items()]
+    return [
+        f"CPU by native code (`perf record -e cpu-clock`, the same number of calls again; {native['cpu_ms_per_call']} "
+        "ms per call): what runs Python bytecode is the interpreter's share; SQLite's, the kernel's (system calls, "
+        "waking other processes, the WAL's writes) and the extensions' are work done below Python.",
+        "",
+        report.table(["native part", "share of CPU", "CPU ms/call"], rows),
+    ]
 
 
 def main() -> None:
