@@ -19,6 +19,7 @@ LAYERS: dict[str, int] = {
     "bastion.config.approved": 2,  # the policy file Bastion writes ("always" approvals), read by the loader
     "bastion.starter": 1,
     "bastion.actions": 2,  # what a source declares about its actions (ActionSpec)
+    "bastion.jsontext": 1,  # JSON both ways on the hot path (orjson, the standard library where it must)
     "bastion.tracing": 2,  # OpenTelemetry attribute names and spans, for the pipeline and the connectors
     "bastion.policies": 2,  # pure functions over the vocabulary: anyone above may call them
     "bastion.schemas": 2,  # JSON Schema checks of arguments and results (jsonschema-rs, then jsonschema)
@@ -57,14 +58,14 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.actions": {"mcp_types"},
     "bastion.tracing": {"opentelemetry"},  # the API only: the SDK and the exporter are set up by the server
     "bastion.errors": set(),
+    "bastion.jsontext": {"orjson"},
     "bastion.config": {"pydantic", "cel"},  # cel: policy conditions, compiled at load
     "bastion.manifests": {"pydantic"},
     "bastion.policies": {"pydantic"},
     "bastion.schemas": {"jsonschema", "jsonschema_rs"},
     "bastion.ledger": {"pydantic", "aiosqlite", "anyio", "psycopg", "psycopg_pool"},
-    # jsonschema: plugins' action.json; referencing: an output schema that cannot be resolved; orjson: the express
-    # lane's wire calls
-    "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic", "jsonschema", "referencing", "orjson"},
+    # jsonschema: plugins' action.json; referencing: an output schema that cannot be resolved
+    "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic", "jsonschema", "referencing"},
     "bastion.config.tomlpos": set(),
     "bastion.config.approved": {"tomlkit"},  # the policy file Bastion writes, comments kept
     "bastion.starter": set(),

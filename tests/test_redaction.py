@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bastion.jsontext import compact
 from bastion.ledger.redaction import REDACTED, SECRET_KEY_PARTS, Redactor
 
 ALNUM = string.ascii_letters + string.digits
@@ -20,7 +21,8 @@ JWT = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJ
 
 
 def compact_size(value: Any) -> int:
-    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    """Bytes of the compact JSON text the ledger stores."""
+    return len(compact(value).encode())
 
 
 redactor = Redactor()
@@ -383,7 +385,7 @@ json_values = st.recursive(
 @given(value=json_values, max_bytes=st.integers(min_value=64, max_value=4096))
 def test_truncate_always_fits_and_round_trips(value: Any, max_bytes: int) -> None:
     out = Redactor(max_bytes=max_bytes).truncate(value)
-    serialised = json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+    serialised = compact(out)
     assert len(serialised.encode()) <= max_bytes
     assert json.loads(serialised) == out
     if compact_size(value) <= max_bytes:
@@ -394,7 +396,7 @@ def test_truncate_always_fits_and_round_trips(value: Any, max_bytes: int) -> Non
 @given(value=json_values, max_bytes=st.integers(min_value=64, max_value=4096))
 def test_scrub_json_is_the_compact_text_of_scrub(value: Any, max_bytes: int) -> None:
     scrubbing = Redactor(max_bytes=max_bytes)
-    assert scrubbing.scrub_json(value) == json.dumps(scrubbing.scrub(value), ensure_ascii=False, separators=(",", ":"))
+    assert scrubbing.scrub_json(value) == compact(scrubbing.scrub(value))
 
 
 @settings(deadline=None)

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bastion.jsontext import compact
 from bastion.ledger.redaction import MAX_DEPTH, REDACTED, Redactor
 
 GHP = "ghp_" + "D33pS3cr3t" * 4
@@ -50,13 +51,13 @@ def depth_of(value: Any) -> int:
 
 
 def stored_texts(redactor: Redactor, value: Any) -> Iterator[tuple[str, str]]:
-    """(method, JSON text) for what each public method returns, serialised strictly (no NaN)."""
+    """(method, JSON text) for what each public method returns, in the compact form the ledger stores; each must be
+    strict JSON (no NaN, which the standard library's encoder refuses here)."""
     yield "scrub_json", redactor.scrub_json(value)
     for method in ("scrub", "truncate", "redact"):
-        yield (
-            method,
-            json.dumps(getattr(redactor, method)(value), ensure_ascii=False, allow_nan=False, separators=(",", ":")),
-        )
+        returned = getattr(redactor, method)(value)
+        json.dumps(returned, allow_nan=False)
+        yield method, compact(returned)
 
 
 ODD_VALUES: dict[str, Any] = {

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -24,12 +23,12 @@ from typing import Any, Final, TypeVar
 
 import anyio
 import mcp_types as types
-import orjson
 from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY, methods
 from mcp_types.version import KNOWN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter
 from referencing.exceptions import Unresolvable
 
+from bastion.jsontext import dumps, loads
 from bastion.schemas import SchemaCheck
 
 logger = logging.getLogger(__name__)
@@ -38,8 +37,6 @@ ID_PREFIX: Final = "bastion-"
 _ID_MARK: Final = b'"bastion-'
 _LEADING_ID: Final = re.compile(rb'\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*"(bastion-\d+)"')
 """The id of a JSON-RPC answer whose first members are `jsonrpc` and `id` (or `id`), found without parsing it."""
-_LONG_NUMBER: Final = re.compile(rb"\d{19,}")
-"""19 digits or more: maybe an integer orjson cannot hold (beyond 64 bits), or text that merely has the digits."""
 _ENVELOPE_KEYS: Final = (PROTOCOL_VERSION_META_KEY, CLIENT_INFO_META_KEY, CLIENT_CAPABILITIES_META_KEY)
 _CANCEL_TIMEOUT: Final = 1.0
 
@@ -68,25 +65,6 @@ class WireError(Exception):
         self.code = code
         self.message = message
         self.data = data
-
-
-def dumps(value: Any) -> bytes:
-    """Compact JSON bytes: orjson, or the standard library for what orjson refuses (integers beyond 64 bits)."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
-
-def loads(line: bytes) -> Any:
-    """Parse JSON: orjson, or the standard library where orjson would lose something (it reads an integer beyond
-    64 bits as a float) or refuses."""
-    if _LONG_NUMBER.search(line) is not None:
-        return json.loads(line)
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return json.loads(line)
 
 
 class _Call:

@@ -18,6 +18,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, Final
 
+from bastion.jsontext import compact, loads
+
 REDACTED: Final = "[REDACTED]"
 
 SECRET_KEY_PARTS: Final[tuple[str, ...]] = (
@@ -136,8 +138,9 @@ def _squash(text: str) -> str:
 
 
 def _compact(value: Any) -> str:
-    """The compact JSON text of `value`, non-ASCII kept as is: the form the ledger stores."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """The compact JSON text of `value` (JSON data, as `_clean` leaves it), non-ASCII kept as is: the form the ledger
+    stores."""
+    return compact(value)
 
 
 def _size(value: Any) -> int:
@@ -369,7 +372,7 @@ class Redactor:
     def _redact_embedded_json(self, text: str, depth: int) -> str | None:
         """Redact a string that is a JSON object or array; None if it is not one."""
         try:
-            parsed = json.loads(text)
+            parsed = loads(text)
         except RecursionError:
             return _TOO_DEEP_TEXT  # nested deeper than the parser goes: withheld, never kept unredacted
         except ValueError:

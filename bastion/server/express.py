@@ -45,8 +45,8 @@ from pydantic import BaseModel, ValidationError
 
 from bastion import tracing
 from bastion.actions import WireResult
-from bastion.connectors.wire import loads
 from bastion.errors import BastionError
+from bastion.jsontext import loads
 from bastion.models import CallContext
 from bastion.pipeline.gateway import HandOff
 from bastion.server.errors import tool_result

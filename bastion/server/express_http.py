@@ -39,7 +39,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bastion.connectors.wire import dumps
+from bastion.jsontext import dumps
 from bastion.models import CallContext
 from bastion.server.express import ExpressCall, Lane, LaneCounts, express_call, is_response, read_message
 from bastion.server.mcp import FrontDoor

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 
-from bastion.connectors.wire import dumps
+from bastion.jsontext import dumps
 from bastion.server.express import (
     ExpressCall,
     Lane,
