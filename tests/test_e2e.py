@@ -213,6 +213,29 @@ async def test_ledger_never_holds_a_secret(tmp_path: Path) -> None:
         assert secret.encode() not in stored, f"the {name} canary reached the ledger"
 
 
+async def test_stdio_hosts_on_one_ledger_each_have_a_session_and_a_rate_budget_of_their_own(tmp_path: Path) -> None:
+    """Each `bastion serve` over stdio serves one host: two of them on one ledger file (every stdio server a user
+    starts shares the default one) count their calls apart, and the ledger tells their sessions apart."""
+    notes = tmp_path / "notes.json"
+    notes.write_text(json.dumps({"a": "b"}))
+    config = write_config(tmp_path / "config", notes_file=notes, time_server=False)
+    with (config / "bastion.toml").open("a") as toml:  # its last table is [limits]
+        toml.write("invocations_per_minute = 2\n")
+    argv = bastion_command("serve", "--config", str(config))
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=bastion_env(tmp_path / "home"))
+    async with host_client(params, "auto") as (first, _), host_client(params, "auto") as (second, _):
+        for _ in range(2):
+            assert not (await first.call_tool("notes__read_note", {"name": "a"})).is_error
+        assert error_class(await first.call_tool("notes__read_note", {"name": "a"})) == "rate_limited"
+        assert not (await second.call_tool("notes__read_note", {"name": "a"})).is_error
+    rows = ledger_rows(config)
+    by_session: dict[str, list[str]] = {}
+    for row in rows:
+        by_session.setdefault(row["session_id"], []).append(row["status"])
+    assert sorted(by_session.values()) == [["completed"], ["completed", "completed", "denied"]]
+    assert all(session.startswith("stdio-") for session in by_session)
+
+
 async def test_an_oversized_stdio_message_is_refused_and_the_session_and_connector_carry_on(tmp_path: Path) -> None:
     notes = tmp_path / "notes.json"
     policy = '[modes]\n"notes:write_note" = "allow"\n'

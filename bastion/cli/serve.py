@@ -9,6 +9,7 @@ status is 0. A signal during start-up, or a second one, stops at once.
 from __future__ import annotations
 
 import logging
+import secrets
 import signal
 import socket
 from collections.abc import AsyncIterator, Coroutine
@@ -97,7 +98,10 @@ def serve(
                     notifying(config, gateway, _inbox_url(host, listener)),
                 ):
                     if transport == "stdio":
-                        front = shutdown.serving(FrontDoor(gateway, profile=profile, session_id="stdio"))
+                        # One host per stdio process: its session is this process's own, not shared with the
+                        # other stdio servers on the same ledger (their limits are counted per session).
+                        session_id = f"stdio-{secrets.token_hex(4)}"
+                        front = shutdown.serving(FrontDoor(gateway, profile=profile, session_id=session_id))
                         await shutdown.run_until_stopped(serve_stdio(front))
                     else:
                         tokens = await gateway.ledger.tokens.has_tokens()
