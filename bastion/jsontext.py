@@ -12,6 +12,9 @@ import orjson
 _LONG_NUMBER: Final = re.compile(rb"\d{19,}")
 _LONG_NUMBER_TEXT: Final = re.compile(r"\d{19,}")
 """19 digits or more: maybe an integer orjson cannot hold (beyond 64 bits), or text that merely has the digits."""
+_INT_MIN: Final = -(1 << 63)
+_UINT_MAX: Final = (1 << 64) - 1
+"""The integers orjson writes: from the least 64-bit signed to the greatest 64-bit unsigned."""
 
 
 def loads(data: bytes | str) -> Any:
@@ -35,10 +38,42 @@ def dumps(value: Any) -> bytes:
 
 
 def compact(value: Any) -> str:
-    """`json.dumps(value, ensure_ascii=False, separators=(",", ":"))` for JSON data: string keys, finite floats
-    (orjson writes NaN and infinities as null; floats in the shortest form that reads back the same, `1e16` where
-    the standard library writes `1e+16`). Integers beyond 64 bits go to the standard library."""
+    """`json.dumps(value, ensure_ascii=False, separators=(",", ":"))` for JSON data (string keys, finite floats; orjson
+    writes NaN and infinities as null), but with floats as orjson writes them: the same value, in other digits at
+    times (`1e-7` where the standard library writes `1e-07`, `0.00001` for `1e-05`). An integer beyond 64 bits, which
+    orjson refuses, is written as its digits and the rest as orjson writes it: a piece's text never depends on what
+    it sits beside (the ledger's truncation measures pieces alone). Anything else orjson refuses goes to the standard
+    library."""
     try:
         return orjson.dumps(value).decode()
     except TypeError:
+        pass
+    try:
+        return orjson.dumps(_long_ints_marked(value), default=_digits).decode()
+    except TypeError:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class _LongInt:
+    """An integer beyond orjson's 64 bits, to be written as its digits."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, value: int) -> None:
+        self.digits = str(value)
+
+
+def _long_ints_marked(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _long_ints_marked(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_long_ints_marked(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not _INT_MIN <= value <= _UINT_MAX:
+        return _LongInt(value)
+    return value
+
+
+def _digits(value: Any) -> orjson.Fragment:
+    if isinstance(value, _LongInt):
+        return orjson.Fragment(value.digits)
+    raise TypeError(f"{type(value).__name__} is not JSON data")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import mcp_types as types
 import pytest
 from mcp.shared.message import SessionMessage
@@ -86,8 +87,8 @@ async def test_stdin_stays_watched_between_reads_but_not_while_input_waits_unrea
             await readable.wait()
             assert loop.remove_reader(bastion_in)  # still watched after the wait ended
             loop.add_reader(bastion_in, readable._readable)  # (as it was)
-            for _ in range(3):  # the input stays unread while nobody waits
-                await asyncio.sleep(0)
+            for _ in range(3):  # turns of the loop while the input stays unread and nobody waits
+                await anyio.lowlevel.checkpoint()
             assert not loop.remove_reader(bastion_in)
             await readable.wait()  # watched again: the unread input ends the wait at once
             assert os.read(bastion_in, 10) == b"a"

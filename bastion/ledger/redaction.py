@@ -137,15 +137,9 @@ def _squash(text: str) -> str:
     return text.lower().replace("_", "").replace("-", "").replace(".", "")
 
 
-def _compact(value: Any) -> str:
-    """The compact JSON text of `value` (JSON data, as `_clean` leaves it), non-ASCII kept as is: the form the ledger
-    stores."""
-    return compact(value)
-
-
 def _size(value: Any) -> int:
     """Bytes of the compact UTF-8 JSON form, the measure `truncate` keeps under its budget."""
-    return _bytes(_compact(value))
+    return _bytes(compact(value))
 
 
 def _bytes(text: str) -> int:
@@ -240,12 +234,12 @@ class Redactor:
         """`scrub(value)` as compact JSON text; a value that fits is serialised once, not measured first."""
         try:
             redacted = self._clean(value, 1, redacting=True)
-            text = _compact(redacted)
+            text = compact(redacted)
             if len(text) * 4 <= self.max_bytes or _bytes(text) <= self.max_bytes:  # UTF-8: at most 4 bytes a char
                 return text
-            return _compact(self._truncate(redacted))
+            return compact(self._truncate(redacted))
         except RecursionError:  # see `redact`
-            return _compact(_TOO_DEEP)
+            return compact(_TOO_DEEP)
 
     # -- redaction ---------------------------------------------------------------------------------------
 
@@ -411,7 +405,7 @@ class Redactor:
         return self._fallback(value, total)
 
     def _fallback(self, value: Any, total: int) -> dict[str, Any]:
-        serialised = _compact(value)
+        serialised = compact(value)
         head: dict[str, Any] = {"_truncated": True, "original_bytes": total}
         preview = _fit_str(serialised, self.max_bytes - _size(head) - len(',"preview":'))
         if isinstance(preview, str):

@@ -210,7 +210,7 @@ async def _read_lines_until_end(
 
 class _Readable:
     """Waits until `fd` is readable, with the loop watching it from one wait to the next: `anyio.wait_readable` asks
-    the loop to watch and stop watching on every wait, which on uvloop is a handle made and closed and five system
+    the loop to watch and stop watching on every wait, which on uvloop is a handle made and closed and seven system
     calls more per line read (issue 17). The watch stops when `fd` is readable while nobody waits (the loop would
     otherwise call back on every turn until it is read), and at the end."""
 
