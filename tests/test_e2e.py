@@ -322,6 +322,24 @@ def test_doctor_reports_every_broken_file_while_serve_keeps_the_good_connector(t
     assert "broken.toml" in catalog.stderr
 
 
+def test_a_policy_file_that_cannot_be_read_denies_every_call_until_it_is_fixed(tmp_path: Path) -> None:
+    """Skipping it could allow what it denies: a policy file Bastion cannot parse fails closed, and says so."""
+    config = write_config(tmp_path / "config", notes_file=tmp_path / "notes.json", time_server=False)
+    strict = config / "policies" / "strict.toml"
+    strict.write_text('[modes]\n"notes:read_note" = "deny"\n[modes]\n')  # a table declared twice
+    env = bastion_env(tmp_path / "home")
+    catalog = run_cli("catalog", "--json", "--config", str(config), env=env)
+    assert catalog.returncode == 0, catalog.stderr
+    modes = {row["tool"]: (row["mode"], row["mode_source"]) for row in json.loads(catalog.stdout)}
+    assert set(modes) >= NOTES_TOOLS
+    assert set(modes.values()) == {("deny", "unreadable_policy:policies/strict.toml:3")}
+    assert "strict.toml:3" in catalog.stderr and "every call is denied" in catalog.stderr
+    strict.write_text('[modes]\n"notes:read_note" = "deny"\n')
+    fixed = run_cli("catalog", "--json", "--config", str(config), env=env)
+    modes = {row["tool"]: (row["mode"], row["mode_source"]) for row in json.loads(fixed.stdout)}
+    assert modes["notes__read_note"] == ("deny", "org") and modes["notes__list_notes"] == ("allow", "inferred")
+
+
 async def test_make_run_starts_the_embedded_default_and_healthz_answers(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parent.parent
     env = bastion_env(tmp_path / "home")

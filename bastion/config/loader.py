@@ -63,8 +63,7 @@ _ENV_START: Final = "${env:"
 _SOURCE_ID: Final = re.compile(r"^[a-z0-9_-]+$")
 _POLICY_KEY: Final = re.compile(r"^[a-z0-9_-]+:(\*|[^\s*]+)$")
 _TOO_DEEP: Final = (
-    f"values nest deeper than {MAX_NESTING} levels here (tables, arrays and dotted keys count alike); "
-    "flatten them (this file is ignored until then)"
+    f"values nest deeper than {MAX_NESTING} levels here (tables, arrays and dotted keys count alike); flatten them"
 )
 
 
@@ -106,6 +105,7 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
         settings=settings,
         connectors=connectors,
         policy=policy,
+        unreadable_policies=loader.unreadable_policies,
         issues=issues,
         command_lines={c.id: loader.command_lines[c.id] for c in connectors if c.id in loader.command_lines},
         providers=providers,
@@ -116,6 +116,8 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
 
 
 _M = TypeVar("_M", bound=BaseModel)
+_IGNORED: Final = "this file is ignored until then"
+_POLICY_UNREADABLE: Final = "until then every call is denied: skipping the file could allow what it denies"
 
 
 @dataclass
@@ -147,6 +149,8 @@ class _Loader:
         self.issues: list[ConfigIssue] = []
         self.command_lines: dict[str, tuple[Path, int]] = {}
         self.unbound: dict[str, ConfigIssue] = {}
+        self.unreadable_policies: list[str] = []
+        """The policy files that could not be used (`file:line`): while there is one, every call is denied."""
 
     def report(self, file: Path, line: int, message: str) -> None:
         self.issues.append(ConfigIssue(file=file, line=line, message=message))
@@ -165,31 +169,32 @@ class _Loader:
             return []
         return sorted(p for p in folder.glob("*.toml") if p.is_file() and not p.name.startswith("."))
 
-    def read(self, path: Path, *, credentials: bool = False) -> _TomlFile | None:
-        """Parse a file and substitute `${env:NAME}`; None (with issues) when the file cannot be used.
+    def read(self, path: Path, *, credentials: bool = False, until: str = _IGNORED) -> _TomlFile | None:
+        """Parse a file and substitute `${env:NAME}`; None (with issues, each ending with `until`: what holds until
+        it is fixed) when the file cannot be used.
 
         With `credentials` (bastion.toml), an unset variable in a provider's `token` only unbinds that provider.
         """
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
-            self.report(path, 1, "the file is not UTF-8 text; save it as UTF-8")
+            self.report(path, 1, f"the file is not UTF-8 text; save it as UTF-8 ({until})")
             return None
         except OSError as exc:
-            self.report(path, 1, f"the file cannot be read ({exc.strerror}); check its permissions")
+            self.report(path, 1, f"the file cannot be read ({exc.strerror}); check its permissions ({until})")
             return None
         index = KeyIndex(text)
         if index.too_deep is not None:
-            self.report(path, index.too_deep, _TOO_DEEP)
+            self.report(path, index.too_deep, f"{_TOO_DEEP} ({until})")
             return None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             line, message = describe_syntax_error(exc, text)
-            self.report(path, line, f"{message} (this file is ignored until then)")
+            self.report(path, line, f"{message} ({until})")
             return None
         except RecursionError:  # nesting the index did not see (it is lenient on broken text)
-            self.report(path, 1, _TOO_DEEP)
+            self.report(path, 1, f"{_TOO_DEEP} ({until})")
             return None
         file = _TomlFile(path, text, data, index)
         problems: list[tuple[KeyPath, str | None]] = []
@@ -207,7 +212,7 @@ class _Loader:
             else:
                 line = line_containing(text, f"${{env:{variable}}}", key_line)
                 message = f"environment variable {variable} is not set; set it or remove the reference"
-            self.report(path, line, f"{message} (this file is ignored until then)")
+            self.report(path, line, f"{message} ({until})")
         return None if problems else file
 
     def validate_salvaging(self, file: _TomlFile, model: type[_M], outcome: str) -> _M:
@@ -343,8 +348,12 @@ class _Loader:
         for path in self.toml_files("policies"):
             if path.name == APPROVED_FILE:  # Bastion's own: laid over the merged map by the gateway (config.approved)
                 continue
-            file = self.read(path)
+            reported = len(self.issues)
+            file = self.read(path, until=_POLICY_UNREADABLE)
             if file is None:
+                # Skipping it could allow what it denies: every call is denied until it is fixed (fails closed).
+                first = self.issues[reported] if len(self.issues) > reported else None
+                self.unreadable_policies.append(f"{self.name(path)}:{first.line if first else 1}")
                 continue
             _stringify_modes(file.data)
             policy = self.validate_salvaging(file, PolicyConfig, "this entry is ignored")

@@ -284,6 +284,9 @@ class Config(BaseModel):
     settings: Settings
     connectors: list[ConnectorConfig]
     policy: PolicyConfig
+    unreadable_policies: list[str] = Field(default_factory=list)
+    """Policy files that could not be read or parsed (`policies/<file>:<line>`). Skipping one could allow what it
+    denies, so while there is one every call resolves `deny` (mode source `unreadable_policy:<file>:<line>`)."""
     issues: list[ConfigIssue] = Field(default_factory=list)
     command_lines: dict[str, tuple[Path, int]] = Field(default_factory=dict)
     """Where each loaded connector's `command` is set (file, line), by connector id: for `bastion doctor`."""

@@ -221,6 +221,8 @@ class Gateway:
     def _resolve(
         self, entry: CatalogEntry, risk: Risk, context: CallContext, arguments: Mapping[str, Any] | None
     ) -> ModeDecision:
+        if self.config.unreadable_policies:  # a policy file that cannot be read fails closed (DESIGN.md §4)
+            return ModeDecision(mode="deny", source=f"unreadable_policy:{self.config.unreadable_policies[0]}")
         policy = self.config.policy
         profile = policy.profiles.get(context.profile) if context.profile else None
         judge = None if arguments is None else partial(self.conditions.holds, arguments=arguments)
