@@ -14,7 +14,6 @@ invocation per call, as it does Bastion's.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import anyio
 import orjson
 
 from bastion.cli.app import UVLOOP
+from bastion.jsontext import compact
 from bastion.ledger.backend import EMPTY_DETAIL, Scrubbed
 from bastion.ledger.sqlite import SqliteBackend
 from bastion.models import Admission, Invocation
@@ -39,7 +39,8 @@ _PER_MINUTE: Final = 100_000_000  # as bench/configs.py sets Bastion's limit: co
 
 
 def _compact(value: Any) -> Scrubbed:
-    return Scrubbed(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    """JSON text as the ledger stores it (bastion.jsontext.compact, what Bastion's redactor writes)."""
+    return Scrubbed(compact(value))
 
 
 def _lines(fd: int) -> tuple[asyncio.Queue[bytes | None], Callable[[], None]]:

@@ -94,6 +94,13 @@ def native_parts(report_text: str) -> dict[str, float]:
     return dict(sorted(shares.items(), key=lambda item: -item[1]))
 
 
+async def read_notes(client: Client, calls: int) -> None:
+    """`calls` calls of the allow path through Bastion, each one answered without error."""
+    for _ in range(calls):
+        result = await client.call_tool("notes__read_note", {"name": NOTE["name"]})
+        assert not result.is_error, result
+
+
 async def perf_split(client: Client, pid: int, calls: int, workdir: Path) -> dict[str, Any] | None:
     """`calls` calls with perf sampling Bastion's CPU (cpu-clock): its share per native part and CPU ms per call, or
     None where perf cannot sample (not installed, not allowed)."""
@@ -103,11 +110,9 @@ async def perf_split(client: Client, pid: int, calls: int, workdir: Path) -> dic
     data = workdir / "perf.data"
     command = [perf, "record", "-e", "cpu-clock", "-F", "2000", "-p", str(pid), "-o", str(data)]
     sampler = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(min(calls, 20)):  # perf attaches while these run
-        await client.call_tool("notes__read_note", {"name": NOTE["name"]})
+    await read_notes(client, min(calls, 20))  # perf attaches while these run
     cpu_before = cpu_seconds([pid])
-    for _ in range(calls):
-        await client.call_tool("notes__read_note", {"name": NOTE["name"]})
+    await read_notes(client, calls)
     cpu = cpu_seconds([pid]) - cpu_before
     if sampler.returncode is not None:  # it could not sample (not allowed here)
         return None
@@ -160,15 +165,12 @@ async def run(calls: int, warmup: int, rate: int) -> dict[str, Any]:
         before = set(children(os.getpid()))
         async with Client(params, cache=None) as client:
             (pid,) = set(children(os.getpid())) - before
-            for _ in range(warmup):
-                await client.call_tool("notes__read_note", {"name": NOTE["name"]})
+            await read_notes(client, warmup)
             output = workdir / "profile.txt"
             command = [py_spy, "record", "--gil", "--pid", str(pid), "--rate", str(rate), "--format", "raw"]
             sampler = await anyio.open_process([*command, "-o", str(output)], stdout=subprocess.DEVNULL)
             cpu_before = cpu_seconds([pid])
-            for _ in range(calls):
-                result = await client.call_tool("notes__read_note", {"name": NOTE["name"]})
-                assert not result.is_error, result
+            await read_notes(client, calls)
             cpu = cpu_seconds([pid]) - cpu_before
             sampler.send_signal(signal.SIGINT)  # py-spy writes its profile and exits
             with anyio.fail_after(60):

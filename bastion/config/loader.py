@@ -352,8 +352,7 @@ class _Loader:
             file = self.read(path, until=_POLICY_UNREADABLE)
             if file is None:
                 # Skipping it could allow what it denies: every call is denied until it is fixed (fails closed).
-                first = self.issues[reported] if len(self.issues) > reported else None
-                self.unreadable_policies.append(f"{self.name(path)}:{first.line if first else 1}")
+                self.unreadable_policies.append(f"{self.name(path)}:{self.issues[reported].line}")  # its first problem
                 continue
             _stringify_modes(file.data)
             policy = self.validate_salvaging(file, PolicyConfig, "this entry is ignored")
