@@ -9,9 +9,12 @@ from typing import Any, Final
 
 import orjson
 
-_LONG_NUMBER: Final = re.compile(rb"\d{19,}")
-_LONG_NUMBER_TEXT: Final = re.compile(r"\d{19,}")
-"""19 digits or more: maybe an integer orjson cannot hold (beyond 64 bits), or text that merely has the digits."""
+_LONG_NUMBER: Final = re.compile(rb"[0-9][0-9]{18,}")
+_LONG_NUMBER_TEXT: Final = re.compile(r"[0-9][0-9]{18,}")
+"""19 digits or more: maybe an integer orjson cannot hold (beyond 64 bits), or text that merely has the digits. (A
+pattern that opens with a character class is searched for that class first; `\\d{19,}` is tried at every byte.)"""
+_LONG_RUN: Final = 19
+_DIGITS: Final = b"0123456789"
 _INT_MIN: Final = -(1 << 63)
 _UINT_MAX: Final = (1 << 64) - 1
 """The integers orjson writes: from the least 64-bit signed to the greatest 64-bit unsigned."""
@@ -21,7 +24,12 @@ def loads(data: bytes | str) -> Any:
     """Parse JSON as `json.loads` does. Where orjson would lose something (it reads an integer beyond 64 bits as a
     float) or refuses (`NaN`, nesting beyond its limit), the standard library parses, and raises as it does
     (ValueError for what is not JSON, RecursionError for what nests too deeply)."""
-    if (_LONG_NUMBER.search(data) if isinstance(data, bytes) else _LONG_NUMBER_TEXT.search(data)) is not None:
+    if isinstance(data, bytes):
+        # Counting the digits (a deletion in C) is several times cheaper than the search it spares most messages.
+        long = len(data) - len(data.translate(None, _DIGITS)) >= _LONG_RUN and _LONG_NUMBER.search(data) is not None
+    else:
+        long = _LONG_NUMBER_TEXT.search(data) is not None
+    if long:
         return json.loads(data)
     try:
         return orjson.loads(data)

@@ -9,7 +9,7 @@ import string
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bastion.jsontext import compact
@@ -600,3 +600,25 @@ def test_no_generated_secret_of_any_supported_shape_survives_scrub_json(case: tu
     for core in cores:
         if core not in elsewhere:
             assert core not in stored
+
+
+# Pieces of text around the quick exit's tests: its triggers, case and Unicode variants of `bearer` and `basic`
+# (a long s and a Kelvin sign fold to `s` and `k` in a case-insensitive regex, not in `str.lower`), a secret key.
+_EXIT_PIECES = (
+    *("=", ":", "://", "eyJ", "gh", "github_pat_", "xox", "sk-", "AKIA", "ASIA", "bst_", "PRIVATE KEY"),
+    *("Bearer ", "BEARER ", "baſic ", "BASİC ", "Basic ", "\u212aey", "password", "token", " ", "x", "é", "\n"),
+    *(GHP[:12], "A1b2C3d4E5f6G7h8", "dXNlcjpwYXNz", "QUtJQUlPU0ZPRE5ON0VYQU1QTEU="),
+)
+
+
+@settings(deadline=None, max_examples=400)
+@given(text=st.lists(st.sampled_from(_EXIT_PIECES) | st.text(max_size=3), max_size=12).map("".join))
+@example(text="password: x")
+@example(text="token=x")
+@example(text="Basic dXNlcjpwYXNz")
+@example(text="BEARER A1b2C3d4E5f6G7h8")
+def test_the_quick_exit_leaves_only_text_that_holds_nothing_to_redact(text: str) -> None:
+    quick = redactor.redact_text(text)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr("bastion.ledger.redaction._holds_trigger", lambda text: True)  # every text the long way
+        assert redactor.redact_text(text) == quick

@@ -73,7 +73,7 @@ def _create(path: Path) -> bytes:
 
 def keyed_hash(key: bytes, arguments: Any) -> str:
     """HMAC-SHA256 of the canonical JSON of the raw arguments."""
-    return hmac.new(key, canonical_json(arguments), hashlib.sha256).hexdigest()
+    return hmac.digest(key, canonical_json(arguments), "sha256").hex()  # one call in C, no HMAC object
 
 
 def matches(key: bytes, arguments: Any, stored: str) -> bool:

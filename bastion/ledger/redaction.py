@@ -82,8 +82,10 @@ _CREDENTIALS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
         ),
     ),
 )
-# Every credential shape and every `key=value` pair contains one of these; most strings contain none.
-_MAYBE_SECRET: Final = re.compile(r"eyJ|gh|github_pat_|xox|sk-|AKIA|ASIA|bst_|://|PRIVATE KEY|(?i:bearer|basic)|[:=]")
+# Every credential shape and every `key=value` pair contains one of these (or `bearer` or `basic`, in any case);
+# most strings contain none. Tested with `in`, one after the other: one regex alternating them all tries each at
+# every character of the text, several times slower (issue 17).
+_TRIGGERS: Final = ("=", ":", *dict.fromkeys(trigger for trigger, _ in _CREDENTIALS))
 # `Bearer <token>`: the token needs a digit and 8 characters, or 20 characters, so prose keeps its words.
 _BEARER: Final = re.compile(
     r"(?P<keep>\b(?i:bearer)[ \t]+)"
@@ -119,7 +121,6 @@ _CAMEL_BOUNDARY: Final = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][
 _NOT_WORD: Final = re.compile(r"[^a-z0-9]+")
 
 _KEY_CACHE_SIZE: Final = 4096
-_SHORT_TEXT: Final = 256
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # Integers with more digits than this cannot be turned into text (sys.get_int_max_str_digits, 4300).
 _MAX_INT_BITS: Final = 10_000
@@ -321,8 +322,10 @@ class Redactor:
             embedded = self._redact_embedded_json(text, depth)
             if embedded is not None:
                 return embedded
-        if len(text) < _SHORT_TEXT and _MAYBE_SECRET.search(text) is None:
-            return text  # the quick exit for the many short strings; long ones are faster with `in` below
+        if not _holds_trigger(text):
+            folded = text.lower()
+            if "bearer" not in folded and "basic" not in folded:
+                return text  # the quick exit: nothing below would change it
         for trigger, pattern in _CREDENTIALS:
             if trigger in text:
                 text = pattern.sub(_replace_credential, text)
@@ -505,6 +508,14 @@ def _fit_str(text: str, budget: int) -> str | _Nothing:
         else:
             high = middle - 1
     return cut(low)
+
+
+def _holds_trigger(text: str) -> bool:
+    """Whether `text` contains one of `_TRIGGERS` (a loop: a third cheaper than `any()` over a generator)."""
+    for trigger in _TRIGGERS:  # noqa: SIM110 (see the docstring)
+        if trigger in text:
+            return True
+    return False
 
 
 def _replace_credential(match: re.Match[str]) -> str:
