@@ -12,14 +12,14 @@ import json
 import sqlite3
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, NamedTuple, TypeVar
 
 from bastion.errors import ApprovalExpired, Conflict, NotFound
 from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, prefix_end, stored_json
 from bastion.ledger.chain import GENESIS, event_hash
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.limits import admit_in
-from bastion.ledger.sqlite.schema import HASH_FUNCTION, dumps, optional_timestamp, timestamp
+from bastion.ledger.sqlite.schema import dumps, optional_timestamp, timestamp
 from bastion.models import Admission, EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
 
 _COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
@@ -41,25 +41,17 @@ FIND: Final = "SELECT id FROM invocations WHERE id >= :prefix"
 FIND_BEFORE: Final = " AND id < :end"
 # An event follows the chain's head (bastion.ledger.chain): the newest event, or the last pruned one when every event
 # was pruned (never the case: a prune keeps the newest), or the genesis. Its id is the head's + 1, as SQLite would
-# give it, so the statement can hash it.
+# give it, so it can be hashed before it is inserted.
 _HEAD: Final = f"""
     (SELECT COALESCE(MAX(id), (SELECT MAX(position) FROM audit_checkpoints), 0) AS id,
             COALESCE((SELECT hash FROM events ORDER BY id DESC LIMIT 1),
                      (SELECT hash FROM audit_checkpoints ORDER BY position DESC LIMIT 1), '{GENESIS}') AS hash
      FROM events) AS head
 """
-_CHAINED: Final = f"""
-    INSERT INTO events (id, invocation_id, seq, kind, at, detail, prev_hash, hash)
-    SELECT head.id + 1, :id, {{seq}}, :kind, :at, :detail, head.hash,
-           {HASH_FUNCTION}(head.hash, head.id + 1, :id, {{seq}}, :kind, :at, :detail)
-    FROM {_HEAD}{{also}}
-"""
 _HEAD_NOW: Final = f"SELECT head.id, head.hash FROM {_HEAD}"
+_LAST_SEQ: Final = "SELECT COALESCE(MAX(seq), 0) FROM events WHERE invocation_id = ?"
 _INSERT_HASHED: Final = (
     "INSERT INTO events (id, invocation_id, seq, kind, at, detail, prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
-APPEND_EVENT: Final = _CHAINED.format(
-    seq="next.seq", also=", (SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM events WHERE invocation_id = :id) AS next"
 )
 SELECT_EVENTS: Final = (
     "SELECT id, invocation_id, seq, kind, at, detail FROM events WHERE invocation_id = ? ORDER BY seq"
@@ -127,9 +119,40 @@ NEVER_STARTED: Final = f"""
 PROCESS_STOPPED: Final = "the Bastion process running it stopped"
 
 
-def event_params(invocation_id: str, kind: EventKind, at: str, detail: str = "{}") -> dict[str, str]:
-    """The parameters of `APPEND_EVENT`."""
-    return {"id": invocation_id, "kind": kind, "at": at, "detail": detail}
+class NewEvent(NamedTuple):
+    """An event to append: its invocation's next one (`seq` None), or the one numbered `seq`."""
+
+    invocation_id: str
+    kind: EventKind
+    at: str
+    detail: str = "{}"
+    seq: int | None = None
+
+
+def append_events(conn: sqlite3.Connection, events: Sequence[NewEvent]) -> None:
+    """Append `events` to the chain, in order, inside the caller's transaction (which holds the write lock, so the
+    head read first stays the head): each hashed here, after the one before it, and inserted with its hash. An event
+    without a seq takes its invocation's next (after the ones appended before it in the same call).
+
+    (Chained in SQL instead, with the hash a function SQLite calls back, an event cost twice as much: issue 17.)"""
+    if not events:
+        return
+    head_id, head_hash = conn.execute(_HEAD_NOW).fetchone()
+    last_seq: dict[str, int] = {}
+    rows = []
+    for event in events:
+        seq = event.seq
+        if seq is None:
+            last = last_seq.get(event.invocation_id)
+            if last is None:
+                last = conn.execute(_LAST_SEQ, (event.invocation_id,)).fetchone()[0]
+            seq = last + 1
+        last_seq[event.invocation_id] = seq
+        head_id += 1
+        hashed = event_hash(head_hash, head_id, event.invocation_id, seq, event.kind, event.at, event.detail)
+        rows.append((head_id, event.invocation_id, seq, event.kind, event.at, event.detail, head_hash, hashed))
+        head_hash = hashed
+    conn.executemany(_INSERT_HASHED, rows)
 
 
 def invocation_from_row(row: Sequence[Any]) -> Invocation:
@@ -218,20 +241,14 @@ class SqliteInvocations:
         row = _invocation_row(invocation)
         at = timestamp(utcnow())
         last = len(events)
-        details = [detail.json if seq == last else "{}" for seq in range(1, last + 1)]
+        first = [
+            NewEvent(invocation.id, kind, at, detail.json if seq == last else "{}", seq)
+            for seq, kind in enumerate(events, start=1)
+        ]
 
         def insert(conn: sqlite3.Connection) -> None:
             conn.execute(INSERT_INVOCATION, row)
-            # The first events of an invocation, chained to the head in Python: one read of the head (under the
-            # write lock, so it stays the head) instead of one per event.
-            head_id, head_hash = conn.execute(_HEAD_NOW).fetchone()
-            rows = []
-            for seq, (kind, text) in enumerate(zip(events, details, strict=True), start=1):
-                event_id = head_id + seq
-                hashed = event_hash(head_hash, event_id, invocation.id, seq, kind, at, text)
-                rows.append((event_id, invocation.id, seq, kind, at, text, head_hash, hashed))
-                head_hash = hashed
-            conn.executemany(_INSERT_HASHED, rows)
+            append_events(conn, first)
 
         return insert
 
@@ -261,13 +278,13 @@ class SqliteInvocations:
         for name in TRANSITION_FIELDS:
             params[f"set_{name}"] = name in fields
             params[name] = _field_value(name, fields[name]) if name in fields else None
-        appended = event_params(invocation_id, event, now, detail.json)
+        appended = NewEvent(invocation_id, event, now, detail.json)
 
         def work(conn: sqlite3.Connection) -> Sequence[Any] | None:
             rows = conn.execute(TRANSITION, params).fetchall()
             if not rows:
                 return None
-            conn.execute(APPEND_EVENT, appended)
+            append_events(conn, [appended])
             row: Sequence[Any] = rows[0]
             return row
 
@@ -294,12 +311,12 @@ class SqliteInvocations:
             "error_class": error_class,
             "error_message": error_message,
         }
-        event = event_params(invocation_id, to, now)
+        event = NewEvent(invocation_id, to, now)
 
         def work(conn: sqlite3.Connection) -> bool:
             if conn.execute(FINISH, params).rowcount == 0:
                 return False
-            conn.execute(APPEND_EVENT, event)
+            append_events(conn, [event])
             return True
 
         return await self._db.write(work)
@@ -317,13 +334,13 @@ class SqliteInvocations:
         at = timestamp(now)
         to: Literal["approved", "denied"] = "approved" if approve else "denied"
         params = {"id": invocation_id, "to": to, "now": at, "approve": approve, "error_message": error_message}
-        decided_event = event_params(invocation_id, to, at, detail.json)
+        decided_event = NewEvent(invocation_id, to, at, detail.json)
 
         def work(conn: sqlite3.Connection) -> tuple[Sequence[Any], bool]:
             """The updated row, and whether it expired instead of being decided."""
             decided = conn.execute(DECIDE, params).fetchall()
             if decided:
-                conn.execute(APPEND_EVENT, decided_event)
+                append_events(conn, [decided_event])
                 return decided[0], False
             found = conn.execute(SELECT_STATUS, (invocation_id,)).fetchone()
             if found is None:
@@ -332,7 +349,7 @@ class SqliteInvocations:
                 raise Conflict(f"invocation {invocation_id} is already {found[0]}", invocation_id=invocation_id)
             # Pending, yet the decision did not apply: it is past its expiry.
             expired = conn.execute(EXPIRE_ONE, {"id": invocation_id, "now": at}).fetchall()
-            conn.execute(APPEND_EVENT, event_params(invocation_id, "expired", at))
+            append_events(conn, [NewEvent(invocation_id, "expired", at)])
             return expired[0], True
 
         row, expired = await self._db.write(work)
@@ -351,7 +368,7 @@ class SqliteInvocations:
 
         def work(conn: sqlite3.Connection) -> builtins.list[Sequence[Any]]:
             rows: builtins.list[Sequence[Any]] = conn.execute(EXPIRE_DUE, {"now": at}).fetchall()
-            conn.executemany(APPEND_EVENT, [event_params(row[0], "expired", at) for row in rows])
+            append_events(conn, [NewEvent(row[0], "expired", at) for row in rows])
             return rows
 
         expired = [invocation_from_row(row) for row in await self._db.write(work)]
@@ -388,7 +405,7 @@ class SqliteInvocations:
         def work(conn: sqlite3.Connection) -> RecoveryReport:
             params = {"gone": gone, "now": at, "reason": PROCESS_STOPPED}
             unknown = [row[0] for row in conn.execute(MARK_UNKNOWN, params).fetchall()]
-            conn.executemany(APPEND_EVENT, [event_params(id_, "unknown", at, reason) for id_ in unknown])
+            append_events(conn, [NewEvent(id_, "unknown", at, reason) for id_ in unknown])
             return RecoveryReport(
                 unknown=sorted(unknown),
                 approved=[row[0] for row in conn.execute(NEVER_STARTED, {"gone": gone}).fetchall()],
