@@ -7,10 +7,11 @@ transitions, even from two processes, exactly one wins.
 Two connections: reads run on aiosqlite's thread; writes run on a plain `sqlite3` connection, right on the
 event loop while nobody else holds the write lock (a transaction of a tool call is ~50-100 µs of SQLite
 work, less than the thread hand-off it saves), and in a worker thread that waits for the lock when another
-connection or process holds it. Nothing on the event loop ever waits for a lock or an fsync: the writer
-never waits (busy_timeout 0 on the loop), and it leaves checkpoints (the fsyncs) to `SqliteFeed.run`. The change
-feed reads a commit made on the loop back once the committing task yields (a tool call: once its request has
-left for the downstream).
+connection or process holds it. The writes that arrive in one turn of the event loop (concurrent calls) share one
+transaction, each in a savepoint of its own: one commit, and the pages they share written once. Nothing on the
+event loop ever waits for a lock or an fsync: the writer never waits (busy_timeout 0 on the loop), and it leaves
+checkpoints (the fsyncs) to `SqliteFeed.run`. The change feed reads a commit made on the loop back once the
+committing task yields (a tool call: once its request has left for the downstream).
 
 SQLite failures of a running ledger (a full disk, an I/O error, a lock held for too long) surface as
 `LedgerUnavailable`, a retriable Bastion error, never as a raw `sqlite3` error.
@@ -24,6 +25,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar, cast
 
@@ -58,7 +60,19 @@ _PRAGMAS: Final = (
 )
 
 _BUSY: Final = object()
-"""What `SqliteDatabase._on_loop` returns when another connection holds the write lock."""
+"""What `SqliteDatabase._on_loop` returns when another connection holds the write lock (and a batched write gets
+when its transaction could not begin on the loop)."""
+
+
+@dataclass(slots=True)
+class _Batched:
+    """A write waiting for the loop's next shared transaction (see `SqliteDatabase._commit_batch`)."""
+
+    work: Callable[[sqlite3.Connection], Any]
+    events: bool
+    started: float
+    done: asyncio.Future[Any]
+
 
 CommitListener = Callable[[sqlite3.Connection], None]
 """Called on the writer after commits that changed something (the change feed reads what is new): once their task
@@ -74,6 +88,8 @@ class SqliteDatabase:
         self._writer = writer
         self._writer_busy = anyio.Lock()
         """Held while a worker thread uses the writer (waiting for another connection's lock)."""
+        self._batch: list[_Batched] = []
+        """The writes for the transaction the loop begins next (`_commit_batch`)."""
         self.path = path
         self.uncheckpointed = 0
         self.checkpoint_due = anyio.Event()
@@ -180,7 +196,10 @@ class SqliteDatabase:
         commit listeners (the change feed).
 
         First on the event loop, where taking the write lock never waits: when no other connection holds
-        it, the whole transaction runs here, without a thread hand-off. When the lock is taken (SQLITE_BUSY)
+        it, the whole transaction runs here, without a thread hand-off, at the loop's next turn, together with the
+        writes that arrive before it (each in a savepoint: one's failure rolls back only its own work). A caller
+        cancelled before that turn writes nothing; one cancelled after it gets its write's outcome, and the
+        cancellation at its next await, as if the write had run in its own step. When the lock is taken (SQLITE_BUSY)
         the transaction, rolled back if it had begun, runs again in a worker thread that waits for the lock
         up to busy_timeout; writes arriving meanwhile queue behind it, and each runs on the loop again once the
         writer is its own, in a thread only if the other connection still holds the lock. `work` touches nothing but the
@@ -193,7 +212,7 @@ class SqliteDatabase:
         started = time.perf_counter()
         try:
             if not self._writer_busy.locked():
-                done = self._on_loop(work, events, started)
+                done = await self._batched(work, events, started)
                 if done is not _BUSY:
                     return cast(_T, done)
             async with self._writer_busy:
@@ -217,6 +236,83 @@ class SqliteDatabase:
             raise
         except sqlite3.Error as exc:
             raise _unavailable(self.path, exc) from exc
+
+    async def _batched(self, work: Callable[[sqlite3.Connection], _T], events: bool, started: float) -> _T | object:
+        """`work` in the loop's next transaction (`_commit_batch`), or `_BUSY` when that could not begin."""
+        loop = asyncio.get_running_loop()
+        batched = _Batched(work, events, started, loop.create_future())
+        if not self._batch:
+            loop.call_soon(self._commit_batch)
+        self._batch.append(batched)
+        try:
+            done: _T | object = await batched.done
+        except asyncio.CancelledError:
+            if batched.done.cancelled():
+                raise  # cancelled before its turn: it was left out, nothing written
+            # Its transaction ended before the cancellation reached it: the write stands and its outcome is the
+            # caller's; the cancellation comes at the caller's next await.
+            task = asyncio.current_task()
+            assert task is not None
+            task.uncancel()
+            task.cancel()
+            done = batched.done.result()
+        return done
+
+    def _commit_batch(self) -> None:
+        """Run the waiting writes in one transaction, each in a savepoint when there are several, and hand each its
+        outcome. When the transaction cannot begin here (a worker thread has the writer, or another connection the
+        write lock) each gets `_BUSY` and takes the queue to the writer."""
+        batch = [batched for batched in self._batch if not batched.done.cancelled()]
+        self._batch = []
+        if not batch:
+            return
+        conn = self._writer
+        if self._closed or self._writer_busy.locked():
+            _settle([(batched, _BUSY, None) for batched in batch])
+            return
+        changes = conn.total_changes
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            busy = isinstance(exc, sqlite3.OperationalError) and _is_busy(exc)
+            _settle([(batched, _BUSY, None) if busy else (batched, None, exc) for batched in batch])
+            return
+        shared = len(batch) > 1
+        outcomes: list[tuple[_Batched, Any, Exception | None]] = []
+        for batched in batch:
+            if not conn.in_transaction:  # a failure ended the whole transaction: what it held is gone
+                break
+            try:
+                if shared:
+                    conn.execute("SAVEPOINT batched")
+                result = batched.work(conn)
+                if shared:
+                    conn.execute("RELEASE batched")
+                outcomes.append((batched, result, None))
+            except Exception as exc:  # noqa: BLE001 (not swallowed: it is the write's outcome, raised to its caller)
+                if shared and conn.in_transaction:
+                    conn.execute("ROLLBACK TO batched")
+                    conn.execute("RELEASE batched")
+                outcomes.append((batched, None, exc))
+        failed = next((exc for _, _, exc in outcomes if exc is not None), None)
+        try:
+            if not conn.in_transaction:
+                raise failed or sqlite3.OperationalError("the transaction ended")
+            if not shared and failed is not None:
+                conn.execute("ROLLBACK")
+            else:
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:  # nothing of the batch is stored: every write fails with it
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            _settle([(batched, None, exc) for batched in batch])
+            return
+        stored = [batched for batched, _, exc in outcomes if exc is None]
+        for batched in stored:
+            self.commits.committed(batched.started)
+        if self._committed(changes, any(batched.events for batched in stored)):
+            self._tell_soon()
+        _settle(outcomes)
 
     def _on_loop(self, work: Callable[[sqlite3.Connection], _T], events: bool, started: float) -> _T | object:
         """`work` in a transaction right here, unless another connection holds the write lock (`_BUSY`: nothing
@@ -268,6 +364,17 @@ class SqliteDatabase:
                 listener(self._writer)
             except sqlite3.Error as exc:  # the next commit, or the feed's poll, tells them again
                 logger.warning("the ledger %s could not be read after a commit: %s", self.path, exc)
+
+
+def _settle(outcomes: Iterable[tuple[_Batched, Any, Exception | None]]) -> None:
+    """Hand each batched write its result or its exception."""
+    for batched, result, exc in outcomes:
+        if batched.done.done():
+            continue
+        if exc is not None:
+            batched.done.set_exception(exc)
+        else:
+            batched.done.set_result(result)
 
 
 def _unavailable(path: Path, exc: sqlite3.Error) -> LedgerUnavailable:

@@ -1,0 +1,101 @@
+"""Writes that arrive in one turn of the event loop share one SQLite transaction (bastion.ledger.sqlite.database).
+
+Each write keeps its own outcome: one that fails is rolled back alone, one cancelled before the transaction began
+writes nothing, one cancelled after it keeps its write and is cancelled at its next await. The turns are those of
+asyncio's loop: a task created now runs its first step in the next turn, and a callback scheduled during a turn
+runs in the turn after it."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from bastion.errors import Conflict
+from bastion.ledger.sqlite.database import SqliteDatabase
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[SqliteDatabase]:
+    database = await SqliteDatabase.open(tmp_path / "ledger.db")
+    await database.write(lambda conn: conn.execute("CREATE TABLE scratch (value TEXT UNIQUE)"), events=False)
+    try:
+        yield database
+    finally:
+        await database.close()
+
+
+def insert(value: str, *, then_fail: bool = False) -> Callable[[sqlite3.Connection], str]:
+    def work(conn: sqlite3.Connection) -> str:
+        conn.execute("INSERT INTO scratch (value) VALUES (?)", (value,))
+        if then_fail:
+            raise Conflict(f"{value} refused after its insert")
+        return value
+
+    return work
+
+
+async def stored(db: SqliteDatabase) -> list[str]:
+    return [row[0] for row in await db.fetchall("SELECT value FROM scratch ORDER BY value")]
+
+
+@pytest.mark.anyio
+async def test_writes_of_one_turn_share_one_transaction_and_each_gets_its_own_result(db: SqliteDatabase) -> None:
+    before = db.uncheckpointed
+    assert await asyncio.gather(*(db.write(insert(value)) for value in "abc")) == ["a", "b", "c"]
+    assert db.uncheckpointed == before + 1  # one commit
+    await db.write(insert("d"))
+    await db.write(insert("e"))
+    assert db.uncheckpointed == before + 3  # one each, one after the other
+    assert await stored(db) == ["a", "b", "c", "d", "e"]
+
+
+@pytest.mark.anyio
+async def test_a_failing_write_is_rolled_back_alone_and_its_caller_gets_its_error(db: SqliteDatabase) -> None:
+    outcomes = await asyncio.gather(
+        db.write(insert("a")),
+        db.write(insert("b", then_fail=True)),
+        db.write(insert("a")),  # the unique value again: an IntegrityError, raised to its caller as it is
+        db.write(insert("c")),
+        return_exceptions=True,
+    )
+    assert outcomes[0] == "a" and outcomes[3] == "c"
+    assert isinstance(outcomes[1], Conflict)
+    assert isinstance(outcomes[2], sqlite3.IntegrityError)
+    assert await stored(db) == ["a", "c"]
+
+
+@pytest.mark.anyio
+async def test_a_write_cancelled_before_its_transaction_writes_nothing(db: SqliteDatabase) -> None:
+    kept = asyncio.get_running_loop().create_task(db.write(insert("kept")))
+    cancelled = asyncio.get_running_loop().create_task(db.write(insert("cancelled")))
+    await asyncio.sleep(0)  # both wait for the transaction the next turn begins
+    cancelled.cancel()
+    assert await kept == "kept"
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert await stored(db) == ["kept"]
+
+
+@pytest.mark.anyio
+async def test_a_write_cancelled_after_its_transaction_keeps_its_outcome_and_is_cancelled_at_its_next_await(
+    db: SqliteDatabase,
+) -> None:
+    seen: list[str] = []
+
+    async def caller() -> None:
+        seen.append(await db.write(insert("written")))
+        await asyncio.sleep(0)
+        seen.append("not reached")
+
+    task = asyncio.get_running_loop().create_task(caller())
+    await asyncio.sleep(0)  # the write waits for the next turn's transaction
+    await asyncio.sleep(0)  # that turn commits it, then this task cancels the caller before it resumes
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen == ["written"]
+    assert await stored(db) == ["written"]
