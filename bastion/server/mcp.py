@@ -90,6 +90,7 @@ class FrontDoor:
         self.profile = profile
         self.principal = principal
         self.session_id = session_id
+        self._stdio_context: CallContext | None = None
         self._bus = InMemorySubscriptionBus()
         self._handshake_sessions: dict[int, tuple[ServerSession, Connection]] = {}
         self._http_sessions: dict[str, Connection] = {}
@@ -270,9 +271,13 @@ class FrontDoor:
         return principal, profile
 
     def stdio_context(self) -> CallContext:
-        """Who calls over stdio: this door's one host, in its one session."""
+        """Who calls over stdio: this door's one host, in its one session (one frozen context for all its calls)."""
         assert self.session_id is not None, "a front door serving stdio has its session fixed"
-        return CallContext(session_id=self.session_id, profile=self.profile, principal=self.principal)
+        context = self._stdio_context
+        if context is None:
+            context = CallContext(session_id=self.session_id, profile=self.profile, principal=self.principal)
+            self._stdio_context = context
+        return context
 
     def http_session(self, session_id: str) -> Connection | None:
         """The initialized handshake-era streamable-HTTP connection with this `Mcp-Session-Id`."""
