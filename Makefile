@@ -11,7 +11,7 @@ BENCH_HTTP_STACKS := httptools uvloop hypercorn granian
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
-.PHONY: run test tools lint format bench conformance clean
+.PHONY: run test tools lint format bench bench-instructions conformance clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,12 @@ bench: $(BENCH_VENV)/.installed
 	$(BENCH_BIN)/python bench/approval_wakeup.py $(if $(QUICK),--decisions 10)
 	$(BENCH_BIN)/python -m bench.instances_wakeup $(if $(QUICK),--decisions 10)
 	$(BENCH_BIN)/python -m bench.summary
+
+## bench-instructions: instructions per stdio call of Bastion's process, counted by valgrind (the same in every run,
+## unlike CPU time: for changes of a few percent), and of the demo server called directly, for scale; TREES="A B"
+## compares checkouts in one run. Needs valgrind (apt-get install -y valgrind). ~1 min per tree.
+bench-instructions: $(BENCH_VENV)/.installed
+	$(BENCH_BIN)/python -m bench.instructions --direct $(TREES)
 
 ## conformance: the official MCP conformance suite through Bastion (Node 22 + suite in .tools/; tests/conformance/)
 conformance: $(VENV)/.installed
