@@ -28,6 +28,7 @@ import argparse
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -121,12 +122,25 @@ async def count(
     per_call = {obj: round(cost / calls) for obj, cost in by_object.most_common(TOP_OBJECTS)}
     return {
         "tree": str(tree),
+        "commit": _commit(tree),
         "direct": direct,
         "calls": calls,
         "per_call": round((total - background) / calls),
         "background_per_call": round(background / calls),
         "objects": per_call,
     }
+
+
+def _commit(tree: Path) -> str:
+    """The checkout's commit, `+` when its files differ from it (or `?` outside git)."""
+    try:
+        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, check=True)
+        changed = subprocess.run(
+            ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"], capture_output=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return head.stdout.decode().strip() + ("+" if changed.stdout.strip() else "")
 
 
 async def _calls(client: Client, tool: str, calls: int) -> None:
@@ -166,8 +180,8 @@ def markdown(results: dict[str, Any]) -> str:
         "the calls' time. User-space instructions only (no kernel work, no cache misses); the median of the runs, "
         "each tree counted in every round (bench/instructions.py).",
         "",
-        "| process | tree | instructions per call | runs | background taken off | largest shares (shared object: "
-        "instructions per call, background included) |",
+        "| process | tree (commit) | instructions per call | runs | background taken off | largest shares "
+        "(shared object: instructions per call, background included) |",
         "|---|---|---|---|---|---|",
     ]
     for result in results["results"]:
@@ -175,8 +189,8 @@ def markdown(results: dict[str, Any]) -> str:
         shares = ", ".join(f"{obj}: {cost}" for obj, cost in result["objects"].items())
         runs = " / ".join(str(run) for run in result["runs"])
         lines.append(
-            f"| {process} | {result['tree']} | {result['per_call']} | {runs} | {result['background_per_call']} | "
-            f"{shares} |"
+            f"| {process} | {result['tree']} ({result['commit']}) | {result['per_call']} | {runs} | "
+            f"{result['background_per_call']} | {shares} |"
         )
     return "\n".join(lines) + "\n"
 
