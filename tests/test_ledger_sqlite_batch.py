@@ -2,8 +2,8 @@
 
 Each write keeps its own outcome: one that fails is rolled back alone, one cancelled before the transaction began
 writes nothing, one cancelled after it keeps its write and is cancelled at its next await. The turns are those of
-asyncio's loop: a task created now runs its first step in the next turn, and a callback scheduled during a turn
-runs in the turn after it."""
+asyncio's loop (a checkpoint yields one): a task created now runs its first step in the next turn, and a callback
+scheduled during a turn runs in the turn after it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import anyio.lowlevel
 import pytest
 
 from bastion.errors import Conflict
@@ -72,7 +73,7 @@ async def test_a_failing_write_is_rolled_back_alone_and_its_caller_gets_its_erro
 async def test_a_write_cancelled_before_its_transaction_writes_nothing(db: SqliteDatabase) -> None:
     kept = asyncio.get_running_loop().create_task(db.write(insert("kept")))
     cancelled = asyncio.get_running_loop().create_task(db.write(insert("cancelled")))
-    await asyncio.sleep(0)  # both wait for the transaction the next turn begins
+    await anyio.lowlevel.checkpoint()  # both wait for the transaction the next turn begins
     cancelled.cancel()
     assert await kept == "kept"
     with pytest.raises(asyncio.CancelledError):
@@ -88,12 +89,12 @@ async def test_a_write_cancelled_after_its_transaction_keeps_its_outcome_and_is_
 
     async def caller() -> None:
         seen.append(await db.write(insert("written")))
-        await asyncio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         seen.append("not reached")
 
     task = asyncio.get_running_loop().create_task(caller())
-    await asyncio.sleep(0)  # the write waits for the next turn's transaction
-    await asyncio.sleep(0)  # that turn commits it, then this task cancels the caller before it resumes
+    await anyio.lowlevel.checkpoint()  # the write waits for the next turn's transaction
+    await anyio.lowlevel.checkpoint()  # that turn commits it, then this task cancels the caller before it resumes
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
