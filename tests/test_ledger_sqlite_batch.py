@@ -12,10 +12,11 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import anyio
 import anyio.lowlevel
 import pytest
 
-from bastion.errors import Conflict
+from bastion.errors import Conflict, LedgerUnavailable
 from bastion.ledger.sqlite.database import SqliteDatabase
 
 
@@ -67,6 +68,29 @@ async def test_a_failing_write_is_rolled_back_alone_and_its_caller_gets_its_erro
     assert isinstance(outcomes[1], Conflict)
     assert isinstance(outcomes[2], sqlite3.IntegrityError)
     assert await stored(db) == ["a", "c"]
+
+
+@pytest.mark.anyio
+async def test_a_failure_that_ends_the_transaction_fails_every_write_of_it_and_the_next_ones_are_stored(
+    db: SqliteDatabase,
+) -> None:
+    def ending(conn: sqlite3.Connection) -> str:  # as SQLite does on a full disk: the whole transaction is gone
+        conn.execute("INSERT INTO scratch (value) VALUES ('ending')")
+        conn.execute("ROLLBACK")
+        raise sqlite3.OperationalError("database or disk is full")
+
+    with anyio.fail_after(30):  # (a write left without its outcome would wait for ever)
+        outcomes = await asyncio.gather(
+            db.write(insert("a")),
+            db.write(insert("b", then_fail=True)),
+            db.write(ending),
+            db.write(insert("c")),
+            return_exceptions=True,
+        )
+    assert all(isinstance(outcome, LedgerUnavailable) for outcome in outcomes), outcomes
+    assert await stored(db) == []
+    assert await db.write(insert("d")) == "d"
+    assert await stored(db) == ["d"]
 
 
 @pytest.mark.anyio

@@ -294,11 +294,11 @@ class SqliteDatabase:
                     conn.execute("ROLLBACK TO batched")
                     conn.execute("RELEASE batched")
                 outcomes.append((batched, None, exc))
-        failed = next((exc for _, _, exc in outcomes if exc is not None), None)
         try:
-            if not conn.in_transaction:
-                raise failed or sqlite3.OperationalError("the transaction ended")
-            if not shared and failed is not None:
+            if not conn.in_transaction:  # the last write's failure ended it (the loop stops right after)
+                ended = outcomes[-1][2]
+                raise ended if isinstance(ended, sqlite3.Error) else sqlite3.OperationalError("the transaction ended")
+            if not shared and outcomes[0][2] is not None:
                 conn.execute("ROLLBACK")
             else:
                 conn.execute("COMMIT")
@@ -308,10 +308,11 @@ class SqliteDatabase:
             _settle([(batched, None, exc) for batched in batch])
             return
         stored = [batched for batched, _, exc in outcomes if exc is None]
-        for batched in stored:
-            self.commits.committed(batched.started)
-        if self._committed(changes, any(batched.events for batched in stored)):
-            self._tell_soon()
+        if stored:
+            for batched in stored:
+                self.commits.committed(batched.started)
+            if self._committed(changes, any(batched.events for batched in stored)):
+                self._tell_soon()
         _settle(outcomes)
 
     def _on_loop(self, work: Callable[[sqlite3.Connection], _T], events: bool, started: float) -> _T | object:
