@@ -1,4 +1,5 @@
-"""Writes that arrive in one turn of the event loop share one SQLite transaction (bastion.ledger.sqlite.database).
+"""Writes that may wait (a call's outcome) share the event loop's next turn's SQLite transaction, and a write that
+does not wait takes them along in its own (bastion.ledger.sqlite.database).
 
 Each write keeps its own outcome: one that fails is rolled back alone, one cancelled before the transaction began
 writes nothing, one cancelled after it keeps its write and is cancelled at its next await. The turns are those of
@@ -47,21 +48,34 @@ async def stored(db: SqliteDatabase) -> list[str]:
 @pytest.mark.anyio
 async def test_writes_of_one_turn_share_one_transaction_and_each_gets_its_own_result(db: SqliteDatabase) -> None:
     before = db.uncheckpointed
-    assert await asyncio.gather(*(db.write(insert(value)) for value in "abc")) == ["a", "b", "c"]
+    assert await asyncio.gather(*(db.write(insert(value), may_wait=True) for value in "abc")) == ["a", "b", "c"]
     assert db.uncheckpointed == before + 1  # one commit
-    await db.write(insert("d"))
-    await db.write(insert("e"))
+    await db.write(insert("d"), may_wait=True)
+    await db.write(insert("e"), may_wait=True)
     assert db.uncheckpointed == before + 3  # one each, one after the other
     assert await stored(db) == ["a", "b", "c", "d", "e"]
 
 
 @pytest.mark.anyio
+async def test_a_write_that_does_not_wait_runs_in_its_callers_step_and_takes_the_waiting_ones_along(
+    db: SqliteDatabase,
+) -> None:
+    before = db.uncheckpointed
+    waiting = [asyncio.get_running_loop().create_task(db.write(insert(value), may_wait=True)) for value in "ab"]
+    await anyio.lowlevel.checkpoint()  # both wait for the next turn
+    assert await db.write(insert("c")) == "c"  # no await before it ran: a, b and c in one transaction
+    assert db.uncheckpointed == before + 1
+    assert await asyncio.gather(*waiting) == ["a", "b"]
+    assert await stored(db) == ["a", "b", "c"]
+
+
+@pytest.mark.anyio
 async def test_a_failing_write_is_rolled_back_alone_and_its_caller_gets_its_error(db: SqliteDatabase) -> None:
     outcomes = await asyncio.gather(
-        db.write(insert("a")),
-        db.write(insert("b", then_fail=True)),
-        db.write(insert("a")),  # the unique value again: an IntegrityError, raised to its caller as it is
-        db.write(insert("c")),
+        db.write(insert("a"), may_wait=True),
+        db.write(insert("b", then_fail=True), may_wait=True),
+        db.write(insert("a"), may_wait=True),  # the unique value again: an IntegrityError, raised to its caller
+        db.write(insert("c"), may_wait=True),
         return_exceptions=True,
     )
     assert outcomes[0] == "a" and outcomes[3] == "c"
@@ -81,10 +95,10 @@ async def test_a_failure_that_ends_the_transaction_fails_every_write_of_it_and_t
 
     with anyio.fail_after(30):  # (a write left without its outcome would wait for ever)
         outcomes = await asyncio.gather(
-            db.write(insert("a")),
-            db.write(insert("b", then_fail=True)),
-            db.write(ending),
-            db.write(insert("c")),
+            db.write(insert("a"), may_wait=True),
+            db.write(insert("b", then_fail=True), may_wait=True),
+            db.write(ending, may_wait=True),
+            db.write(insert("c"), may_wait=True),
             return_exceptions=True,
         )
     assert all(isinstance(outcome, LedgerUnavailable) for outcome in outcomes), outcomes
@@ -95,8 +109,8 @@ async def test_a_failure_that_ends_the_transaction_fails_every_write_of_it_and_t
 
 @pytest.mark.anyio
 async def test_a_write_cancelled_before_its_transaction_writes_nothing(db: SqliteDatabase) -> None:
-    kept = asyncio.get_running_loop().create_task(db.write(insert("kept")))
-    cancelled = asyncio.get_running_loop().create_task(db.write(insert("cancelled")))
+    kept = asyncio.get_running_loop().create_task(db.write(insert("kept"), may_wait=True))
+    cancelled = asyncio.get_running_loop().create_task(db.write(insert("cancelled"), may_wait=True))
     await anyio.lowlevel.checkpoint()  # both wait for the transaction the next turn begins
     cancelled.cancel()
     assert await kept == "kept"
@@ -112,7 +126,7 @@ async def test_a_write_cancelled_after_its_transaction_keeps_its_outcome_and_is_
     seen: list[str] = []
 
     async def caller() -> None:
-        seen.append(await db.write(insert("written")))
+        seen.append(await db.write(insert("written"), may_wait=True))
         await anyio.lowlevel.checkpoint()
         seen.append("not reached")
 

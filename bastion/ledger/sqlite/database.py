@@ -7,11 +7,12 @@ transitions, even from two processes, exactly one wins.
 Two connections: reads run on aiosqlite's thread; writes run on a plain `sqlite3` connection, right on the
 event loop while nobody else holds the write lock (a transaction of a tool call is ~50-100 µs of SQLite
 work, less than the thread hand-off it saves), and in a worker thread that waits for the lock when another
-connection or process holds it. The writes that arrive in one turn of the event loop (concurrent calls) share one
-transaction, each in a savepoint of its own: one commit, and the pages they share written once. Nothing on the
-event loop ever waits for a lock or an fsync: the writer never waits (busy_timeout 0 on the loop), and it leaves
-checkpoints (the fsyncs) to `SqliteFeed.run`. The change feed reads a commit made on the loop back once the
-committing task yields (a tool call: once its request has left for the downstream).
+connection or process holds it. A write that may wait (a call's outcome) waits for the loop's next turn, and the
+writes of that turn share one transaction, each in a savepoint of its own: one commit, and the pages they share
+written once; any other write runs at once and takes the waiting ones along. Nothing on the event loop ever waits
+for a lock or an fsync: the writer never waits (busy_timeout 0 on the loop), and it leaves checkpoints (the fsyncs)
+to `SqliteFeed.run`. The change feed reads a commit made on the loop back once the committing task yields (a tool
+call: once its request has left for the downstream).
 
 SQLite failures of a running ledger (a full disk, an I/O error, a lock held for too long) surface as
 `LedgerUnavailable`, a retriable Bastion error, never as a raw `sqlite3` error.
@@ -191,15 +192,18 @@ class SqliteDatabase:
 
     # -- writes --------------------------------------------------------------------------------------------
 
-    async def write(self, work: Callable[[sqlite3.Connection], _T], *, events: bool = True) -> _T:
+    async def write(
+        self, work: Callable[[sqlite3.Connection], _T], *, events: bool = True, may_wait: bool = False
+    ) -> _T:
         """Run `work` in one `BEGIN IMMEDIATE` transaction on the writer; if it changed anything, tell the
         commit listeners (the change feed).
 
         First on the event loop, where taking the write lock never waits: when no other connection holds
-        it, the whole transaction runs here, without a thread hand-off, at the loop's next turn, together with the
-        writes that arrive before it (each in a savepoint: one's failure rolls back only its own work). A caller
-        cancelled before that turn writes nothing; one cancelled after it gets its write's outcome, and the
-        cancellation at its next await, as if the write had run in its own step. When the lock is taken (SQLITE_BUSY)
+        it, the whole transaction runs here, without a thread hand-off: at once, with the writes waiting for the
+        loop's next turn, or (`may_wait`) at that turn, with the writes that arrive before it (each in a savepoint:
+        one's failure rolls back only its own work). A caller that may wait and is cancelled before that turn writes
+        nothing; one cancelled after it gets its write's outcome, and the cancellation at its next await, as if the
+        write had run in its own step. When the lock is taken (SQLITE_BUSY)
         the transaction, rolled back if it had begun, runs again in a worker thread that waits for the lock
         up to busy_timeout; writes arriving meanwhile queue behind it, and each runs on the loop again once the
         writer is its own, in a thread only if the other connection still holds the lock. `work` touches nothing but the
@@ -212,7 +216,7 @@ class SqliteDatabase:
         started = time.perf_counter()
         try:
             if not self._writer_busy.locked():
-                done = await self._batched(work, events, started)
+                done = await self._batched(work, events, started) if may_wait else self._now(work, events, started)
                 if done is not _BUSY:
                     return cast(_T, done)
             async with self._writer_busy:
@@ -256,6 +260,14 @@ class SqliteDatabase:
             task.uncancel()
             task.cancel()
             done = batched.done.result()
+        return done
+
+    def _now(self, work: Callable[[sqlite3.Connection], _T], events: bool, started: float) -> _T | object:
+        """`work` in a transaction right here, with the writes waiting for the loop's next turn (or `_BUSY`)."""
+        batched = _Batched(work, events, started, asyncio.get_running_loop().create_future())
+        self._batch.append(batched)
+        self._commit_batch()
+        done: _T | object = batched.done.result()
         return done
 
     def _commit_batch(self) -> None:

@@ -320,7 +320,7 @@ class SqliteInvocations:
             append_events(conn, [event])
             return True
 
-        return await self._db.write(work)
+        return await self._db.write(work, may_wait=True)  # (the call is over: it may share the next turn's commit)
 
     async def decide(
         self, invocation_id: str, *, approve: bool, detail: Scrubbed, error_message: str | None, now: datetime
