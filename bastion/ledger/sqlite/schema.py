@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 import aiosqlite
 import anyio
 
 from bastion.errors import ConfigError
-from bastion.ledger.chain import GENESIS, event_hash
+from bastion.ledger.chain import GENESIS, event_hash, stored_time
 
 _APPEND_ONLY_EVENTS: Final = (
     """
@@ -372,11 +372,9 @@ async def register_functions_async(db: aiosqlite.Connection) -> None:
     await db.create_function(HASH_FUNCTION, 7, event_hash, deterministic=True)
 
 
-def timestamp(moment: datetime) -> str:
-    """Fixed-width ISO-8601 UTC with microseconds, so stored timestamps sort as text. Naive means UTC."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+timestamp: Final = stored_time
+"""Fixed-width ISO-8601 UTC with microseconds, so stored timestamps sort as text (naive means UTC): the one form the
+event chain hashes, so a stored event's time is the text its hash was computed from."""
 
 
 def optional_timestamp(moment: datetime | None) -> str | None:
