@@ -21,6 +21,7 @@ Keep the head hash `bastion audit verify` prints somewhere else (a log, a ticket
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -38,11 +39,25 @@ TERMINAL: Final = ("completed", "failed", "denied", "expired")
 """The statuses a retention prune may remove: the call's outcome is known (never `unknown`, never in flight)."""
 
 
+_STORED_FORM: Final = "%04d-%02d-%02dT%02d:%02d:%02d.%06d+00:00"
+
+
+@functools.lru_cache(maxsize=16)
 def stored_time(moment: datetime) -> str:
-    """The fixed-width UTC form the chain hashes timestamps in (the SQLite ledger stores exactly this text)."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+    """The fixed-width UTC form the chain hashes timestamps in (the SQLite ledger stores exactly this text): what
+    `isoformat(timespec="microseconds")` gives in UTC, in half its time, and kept for the next ones: a call's row
+    and events are stamped with one moment (issue 17). A naive moment is taken as UTC."""
+    if moment.tzinfo is not UTC:
+        moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return _STORED_FORM % (
+        moment.year,
+        moment.month,
+        moment.day,
+        moment.hour,
+        moment.minute,
+        moment.second,
+        moment.microsecond,
+    )
 
 
 def event_hash(prev_hash: str, event_id: int, invocation_id: str, seq: int, kind: str, at: str, detail: str) -> str:
