@@ -476,7 +476,7 @@ class SqliteInvocations:
 
 
 _COLUMN_VALUES: Final = operator.attrgetter(*INVOCATION_COLUMNS)
-_STORED_AS: Final = {
+_STORED_AS: Final[dict[str, Callable[[Any], Any]]] = {
     "args": stored_json,
     "result": stored_json,
     # The drift diff is stored verbatim: it comes from the pinned and current tool definitions, which the
