@@ -13,6 +13,7 @@ opens a named pipe.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -26,6 +27,7 @@ import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
 from mcp import Client, StdioServerParameters
 
+from bastion.cli.serve import freeze_startup_heap
 from bastion.config import Config, PolicyConfig, ServerSettings, Settings
 from bastion.ledger import Redactor, open_ledger
 from bastion.pipeline.gateway import Gateway
@@ -123,6 +125,32 @@ async def test_after_the_start_up_wait_a_host_gets_what_is_ready_and_hears_list_
             await changes.receive()
             assert await names(client) >= COUNTER_TOOLS
             assert not (await client.call_tool("counter__read", {})).is_error
+
+
+async def test_serving_freezes_the_start_up_heap_and_again_once_every_source_has_started(tmp_path: Path) -> None:
+    # `bastion serve` takes what start-up built out of the garbage collector's sight (issue 17: otherwise each
+    # collection of the oldest generation walks it all, ~50-100 ms under load); what a late source builds too.
+    counter = GatedCounter()
+    try:
+        async with early_bastion(tmp_path, counter, startup_wait=0) as gateway:
+            gc.unfreeze()
+            freeze_startup_heap(gateway)
+            at_start = gc.get_freeze_count()
+            assert at_start > 0
+            rebuilt = anyio.Event()
+
+            async def catalog_changed() -> None:  # told after the freeze's own listener
+                rebuilt.set()
+
+            gateway.on_catalog_changed(catalog_changed)
+            built_since: list[list[int]] = [[] for _ in range(100)]  # tracked objects made after the first freeze
+            counter.gate.set()
+            with anyio.fail_after(BOUND):
+                await rebuilt.wait()
+            assert counter.status.state == "ready"
+            assert gc.get_freeze_count() >= at_start + len(built_since)
+    finally:
+        gc.unfreeze()
 
 
 # -- end to end ------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ status is 0. A signal during start-up, or a second one, stops at once.
 
 from __future__ import annotations
 
+import gc
 import logging
 import secrets
 import signal
@@ -97,6 +98,7 @@ def serve(
                     open_gateway(config, wait_for_sources=False) as gateway,
                     notifying(config, gateway, _inbox_url(host, listener)),
                 ):
+                    freeze_startup_heap(gateway)
                     if transport == "stdio":
                         # One host per stdio process: its session is this process's own, not shared with the
                         # other stdio servers on the same ledger (their limits are counted per session).
@@ -274,6 +276,24 @@ def _print_connect_help(
     if tokens:
         err.print('  bearer_token_env_var = "BASTION_AGENT_TOKEN"', markup=False, highlight=False)
     err.print("Press Ctrl-C to stop.", highlight=False)
+
+
+def freeze_startup_heap(gateway: Gateway) -> None:
+    """Take what start-up built (modules, the configuration, the SDK's models, the catalog) out of the garbage
+    collector's sight, now and once more when every connector has started. Otherwise every collection of the
+    oldest generation walks all of it again: about 150,000 objects, a pause of ~50 ms for every session, every few
+    thousand calls under load (issue 17; then ~1 ms). What is frozen is only ever freed by reference counting: at
+    most the start-up's own cycles are kept, once."""
+    gc.freeze()
+    frozen_again = False
+
+    async def when_started() -> None:
+        nonlocal frozen_again
+        if not frozen_again and all(status.state != "starting" for status in gateway.statuses()):
+            frozen_again = True
+            gc.freeze()
+
+    gateway.on_catalog_changed(when_started)
 
 
 def _report_when_started(gateway: Gateway) -> None:
