@@ -101,6 +101,9 @@ class CallContext(BaseModel):
     session_id: str
     profile: str | None = None
     principal: str | None = None
+    local_session: bool = False
+    """No other process serves this session (a stdio host's; a handshake-era HTTP session, which lives in this
+    process's memory): its rate limit is counted in this process, not in the ledger."""
 
 
 class Invocation(BaseModel):

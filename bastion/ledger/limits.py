@@ -39,3 +39,29 @@ def retry_after(buckets: Iterable[tuple[int, int]], *, per_minute: int, now: dat
             # This bucket stops counting once `oldest_counted` passes it.
             return max(0.0, second + WINDOW_SECONDS + 1 - now.timestamp())
     raise AssertionError("unreachable: the buckets hold the whole excess")
+
+
+class ProcessLimits:
+    """The rate limit of the keys only this process counts against: the sessions no other process serves (a stdio
+    host's own, a handshake-era HTTP session held in this process's memory). The same buckets and window as the
+    ledger's table, counted in memory, so such a session's calls write no count to the ledger (issue 17: the count
+    was a statement and a page of every call's first transaction). Satisfies `bastion.pipeline.seams.RateLimits`."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[str, dict[int, int]] = {}
+        """Per key, the admissions in each second that still counts."""
+
+    async def admit(self, key: str, *, per_minute: int, now: datetime) -> float | None:
+        """Count one admission of `key` at `now` unless it had `per_minute` in the window. None when admitted;
+        else the seconds until one more fits (nothing counted)."""
+        if per_minute < 1:
+            raise ValueError(f"per_minute must be at least 1, got {per_minute}")
+        oldest, second = oldest_counted(now), second_of(now)
+        buckets = self._buckets.setdefault(key, {})
+        if min(buckets, default=oldest) < oldest:  # buckets that left the window: once a second at most
+            for gone in [counted for counted in buckets if counted < oldest]:
+                del buckets[gone]
+        if sum(buckets.values()) < per_minute:
+            buckets[second] = buckets.get(second, 0) + 1
+            return None
+        return retry_after(sorted(buckets.items()), per_minute=per_minute, now=now) or 0.0

@@ -40,6 +40,7 @@ from bastion.errors import (
     UnknownOutcome,
     UpstreamError,
 )
+from bastion.ledger.limits import ProcessLimits
 from bastion.models import Admission, CallContext, Invocation, ModeDecision, Risk, SourceStatus, utcnow
 from bastion.pipeline.approvals import ApprovalDesk, AwaitingInput, PendingFn, Progress
 from bastion.pipeline.catalog import Catalog, CatalogEntry
@@ -98,6 +99,8 @@ class Gateway:
         self._traces = CallTraces()
         self.observers.add(self._traces)
         self._outcomes = Outcomes(ledger.invocations, self.observers)
+        self._session_limits = ProcessLimits()
+        """The rate limit of the sessions only this process serves (`CallContext.local_session`)."""
         self.desk = ApprovalDesk(
             ledger.invocations,
             ledger.changes,
@@ -325,16 +328,23 @@ class Gateway:
             )
             admit = entry.action.spec.admit
             refusal = admit(arguments) if admit is not None else None
+            if context.local_session:  # no other process counts against it: counted here, nothing in the ledger
+                wait = await self._session_limits.admit(
+                    admission.key, per_minute=admission.per_minute, now=admission.now
+                )
+                if wait is not None:
+                    await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
             if decision.mode == "allow" and refusal is None:
                 # The common call: admitted and recorded in one transaction.
-                wait = await self._outcomes.start(invocation, admission=admission)
+                wait = await self._outcomes.start(invocation, admission=None if context.local_session else admission)
                 if wait is not None:
                     await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
                 progress = Progress(on_progress) if on_progress else None
                 return await self._run_counted(entry, invocation, arguments, progress, deliver=deliver)
-            wait = await self.ledger.limits.admit(admission.key, per_minute=admission.per_minute, now=admission.now)
-            if wait is not None:
-                await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
+            if not context.local_session:
+                wait = await self.ledger.limits.admit(admission.key, per_minute=admission.per_minute, now=admission.now)
+                if wait is not None:
+                    await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
             if decision.mode == "deny":
                 reason = f"policy ({decision.source}) denies {entry.key}"
                 if drift is not None and self.listings.drift_listing(entry.action) == "hide":

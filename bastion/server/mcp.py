@@ -244,14 +244,17 @@ class FrontDoor:
         """Who calls: the token's principal on HTTP (and its profile, for agent tokens), else this door's."""
         scope = getattr(ctx.request, "scope", None)
         principal, profile = self._caller(scope)
-        return CallContext(
-            session_id=self.session_id or _session_id(ctx, principal), profile=profile, principal=principal
-        )
+        if self.session_id is not None:
+            return CallContext(session_id=self.session_id, profile=profile, principal=principal, local_session=True)
+        session_id, local = _session_id(ctx, principal)
+        return CallContext(session_id=session_id, profile=profile, principal=principal, local_session=local)
 
     def http_context(self, scope: Scope, session_id: str) -> CallContext:
         """Who calls in a handshake-era HTTP request of the session `session_id`, as `_context` tells it."""
         principal, profile = self._caller(scope)
-        return CallContext(session_id=self.session_id or session_id, profile=profile, principal=principal)
+        return CallContext(
+            session_id=self.session_id or session_id, profile=profile, principal=principal, local_session=True
+        )
 
     def modern_http_context(self, scope: Scope, client_info: Any) -> CallContext:
         """Who calls in a 2026-07-28 HTTP request (`client_info`: its envelope's), as `_context` tells it."""
@@ -275,7 +278,9 @@ class FrontDoor:
         assert self.session_id is not None, "a front door serving stdio has its session fixed"
         context = self._stdio_context
         if context is None:
-            context = CallContext(session_id=self.session_id, profile=self.profile, principal=self.principal)
+            context = CallContext(
+                session_id=self.session_id, profile=self.profile, principal=self.principal, local_session=True
+            )
             self._stdio_context = context
         return context
 
@@ -333,20 +338,21 @@ def modern_session_id(principal: str | None, client_name: str | None) -> str:
     return f"{principal or 'anonymous'}/{client_name or 'unknown-client'}"
 
 
-def _session_id(ctx: ServerRequestContext[Any], principal: str | None) -> str:
-    """The host session that limits count against.
+def _session_id(ctx: ServerRequestContext[Any], principal: str | None) -> tuple[str, bool]:
+    """The host session that limits count against, and whether only this process serves it.
 
-    A transport session id when there is one (streamable HTTP, 2025-era); otherwise one minted per
-    connection (stdio, SSE). A 2026-07-28 request has no session at all, so it is attributed to the
-    caller's identity: its principal and client name (conservative: one agent, one budget).
+    A transport session id when there is one (streamable HTTP, 2025-era: the session lives in this process);
+    otherwise one minted per connection (stdio, SSE). A 2026-07-28 request has no session at all, so it is
+    attributed to the caller's identity: its principal and client name (conservative: one agent, one budget),
+    which other instances sharing the ledger count against too.
     """
     connection = connection_of(ctx)
     if connection.session_id:
-        return connection.session_id
+        return connection.session_id, True
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
         params = connection.client_params
-        return modern_session_id(principal, params.client_info.name if params is not None else None)
+        return modern_session_id(principal, params.client_info.name if params is not None else None), False
     session_id = connection.state.get(_SESSION_KEY)
     if session_id is None:
         session_id = connection.state[_SESSION_KEY] = secrets.token_hex(8)
-    return str(session_id)
+    return str(session_id), True
