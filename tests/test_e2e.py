@@ -213,6 +213,30 @@ async def test_ledger_never_holds_a_secret(tmp_path: Path) -> None:
         assert secret.encode() not in stored, f"the {name} canary reached the ledger"
 
 
+@pytest.mark.parametrize(("mode", "counted_in_the_ledger"), [("legacy", 0), ("auto", 2)])
+async def test_over_http_a_session_is_rate_limited_counted_where_other_instances_can_see_it(
+    tmp_path: Path, mode: str, counted_in_the_ledger: int
+) -> None:
+    """A 2025-era HTTP session lives in the instance that opened it: its rate is counted there (issue 17), and the
+    ledger holds no count of it. A 2026-07-28 caller (its principal and client name) may be served by any instance
+    sharing the ledger: counted in the ledger. Either way the third call in a minute is refused and recorded."""
+    notes = tmp_path / "notes.json"
+    notes.write_text(json.dumps({"a": "b"}))
+    config = write_config(tmp_path / "config", notes_file=notes, time_server=False)
+    with (config / "bastion.toml").open("a") as toml:  # its last table is [limits]
+        toml.write("invocations_per_minute = 2\n")
+    async with (
+        bastion_http(["--config", str(config)], env=bastion_env(tmp_path / "home")) as bastion,
+        host_client(bastion.mcp_url, mode) as (client, _),
+    ):
+        for _ in range(2):
+            assert not (await client.call_tool("notes__read_note", {"name": "a"})).is_error
+        assert error_class(await client.call_tool("notes__read_note", {"name": "a"})) == "rate_limited"
+    assert [row["status"] for row in ledger_rows(config)] == ["completed", "completed", "denied"]
+    with sqlite3.connect(config / "state" / "ledger.db") as db:
+        assert db.execute("SELECT COALESCE(SUM(count), 0) FROM rate_counts").fetchone()[0] == counted_in_the_ledger
+
+
 async def test_stdio_hosts_on_one_ledger_each_have_a_session_and_a_rate_budget_of_their_own(tmp_path: Path) -> None:
     """Each `bastion serve` over stdio serves one host: two of them on one ledger file (every stdio server a user
     starts shares the default one) count their calls apart, and the ledger tells their sessions apart."""
