@@ -52,7 +52,10 @@ def test_usage_errors_exit_2_and_name_the_fix(tmp_path: Path) -> None:
     profile = run_cli("serve", "--config", str(config), "--profile", "nope", env=env)
     assert profile.returncode == 2
     assert "nope" in profile.stderr
-    exposed = run_cli("serve", "--config", str(config), "--transport", "http", "--host", "0.0.0.0", env=env)
+    # An ephemeral port: the refusal must not depend on the default port being free (a Bastion running beside).
+    exposed = run_cli(
+        "serve", "--config", str(config), "--transport", "http", "--host", "0.0.0.0", "--port", "0", env=env
+    )
     assert exposed.returncode == 2
     assert "127.0.0.1" in exposed.stderr
     assert f"--config {config}" in exposed.stderr  # the fix it names reaches the same ledger
