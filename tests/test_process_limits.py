@@ -40,6 +40,19 @@ async def test_it_decides_as_the_ledger_counts_with_the_same_waits(tmp_path: Pat
                 assert here == pytest.approx(counted, abs=1e-6), (step, key, now)
 
 
+async def test_keys_whose_admissions_all_left_the_window_are_forgotten() -> None:
+    limits = ProcessLimits()
+    for session in range(100):  # sessions that came and went
+        assert await limits.admit(f"session-{session}", per_minute=5, now=T0) is None
+    assert len(limits) == 100
+    assert await limits.admit("session-0", per_minute=5, now=T0 + timedelta(seconds=60)) is None
+    assert len(limits) == 100, "a second ago's admissions still count"
+    assert await limits.admit("another", per_minute=5, now=T0 + timedelta(seconds=61)) is None
+    assert len(limits) == 2, "only the keys admitted within the window are kept"
+    assert await limits.admit("session-0", per_minute=2, now=T0 + timedelta(seconds=61)) is None
+    assert await limits.admit("session-0", per_minute=2, now=T0 + timedelta(seconds=61)) is not None
+
+
 async def test_a_limit_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="per_minute"):
         await ProcessLimits().admit("a", per_minute=0, now=T0)

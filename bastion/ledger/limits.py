@@ -45,11 +45,20 @@ class ProcessLimits:
     """The rate limit of the keys only this process counts against: the sessions no other process serves (a stdio
     host's own, a handshake-era HTTP session held in this process's memory). The same buckets and window as the
     ledger's table, counted in memory, so such a session's calls write no count to the ledger (issue 17: the count
-    was a statement and a page of every call's first transaction). Satisfies `bastion.pipeline.seams.RateLimits`."""
+    was a statement and a page of every call's first transaction). Satisfies `bastion.pipeline.seams.RateLimits`.
+
+    A key whose admissions have all left the window is forgotten (looked for once a second at most), so sessions
+    that end leave nothing behind."""
 
     def __init__(self) -> None:
         self._buckets: dict[str, dict[int, int]] = {}
         """Per key, the admissions in each second that still counts."""
+        self._swept = 0
+        """The second the keys were last looked over for ones to forget."""
+
+    def __len__(self) -> int:
+        """How many keys have admissions that may still count."""
+        return len(self._buckets)
 
     async def admit(self, key: str, *, per_minute: int, now: datetime) -> float | None:
         """Count one admission of `key` at `now` unless it had `per_minute` in the window. None when admitted;
@@ -57,6 +66,9 @@ class ProcessLimits:
         if per_minute < 1:
             raise ValueError(f"per_minute must be at least 1, got {per_minute}")
         oldest, second = oldest_counted(now), second_of(now)
+        if second != self._swept:
+            self._swept = second
+            self._buckets = {k: kept for k, kept in self._buckets.items() if max(kept) >= oldest}
         buckets = self._buckets.setdefault(key, {})
         if min(buckets, default=oldest) < oldest:  # buckets that left the window: once a second at most
             for gone in [counted for counted in buckets if counted < oldest]:
