@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,46 @@ async def test_an_approval_after_the_host_gave_up_still_runs_and_keeps_the_resul
         assert lookup.structured_content["status"] == "completed"
         assert lookup.structured_content["result"]["content"][0]["text"] == "done"
         assert [c.name for c in h.fixture.calls] == ["progress"]
+
+
+async def test_the_desk_outlives_a_ledger_locked_past_its_patience_and_settles_calls_after(tmp_path: Path) -> None:
+    """Another process holds the ledger's write lock longer than the busy timeout while the desk sweeps expiries:
+    the desk says so and tries again (it used to end, and the gateway with it), and once the lock is let go a held
+    call is approved and runs."""
+    refused = anyio.Event()
+
+    class Refusals(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "could not use the ledger" in record.getMessage():
+                refused.set()
+
+    desk_log = logging.getLogger("bastion.pipeline.approvals")
+    handler = Refusals(logging.WARNING)
+    desk_log.addHandler(handler)
+    outcome: list[types.CallToolResult] = []
+    try:
+        async with harness(tmp_path, approvals=FAST) as h:
+            lock = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None)
+            try:
+                lock.execute("BEGIN IMMEDIATE")
+                with anyio.fail_after(30):  # the idle sweep comes within 5 s, then waits 5 s for the lock
+                    await refused.wait()
+            finally:
+                lock.execute("ROLLBACK")
+                lock.close()
+            async with anyio.create_task_group() as tg:
+
+                async def call() -> None:
+                    outcome.append(await h.call("fx__progress"))
+
+                tg.start_soon(call)
+                (pending,) = await wait_pending(h)
+                await h.ledger.invocations.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
+    finally:
+        desk_log.removeHandler(handler)
+    (result,) = outcome
+    assert not result.is_error
+    assert [c.name for c in h.fixture.calls] == ["progress"]
 
 
 async def test_the_invocation_tool_is_listed_never_gated_and_refuses_unknown_ids(tmp_path: Path) -> None:

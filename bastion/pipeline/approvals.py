@@ -33,6 +33,7 @@ from bastion.errors import (
     BastionError,
     ChangesLost,
     InvalidArguments,
+    LedgerUnavailable,
     NotFound,
     PendingLimit,
     UnknownOutcome,
@@ -55,6 +56,8 @@ HELD_POLL_SECONDS = 1.0
 """While calls are held, the longest the desk goes without looking at them all (a safety net under the feed)."""
 IDLE_POLL_SECONDS = 5.0
 """How often to sweep expiries and recover the work of instances that stopped (adopting what they left approved)."""
+LEDGER_RETRY_SECONDS = 1.0
+"""How long the desk waits before trying again when the ledger refused it (another process held its lock too long)."""
 
 GoneFn = Callable[[Sequence[str]], Awaitable[Collection[str]]]
 """Given instances that own invocations, those that are gone (read fresh each time)."""
@@ -247,14 +250,23 @@ class ApprovalDesk:
             task_status.started()
             due: set[str] | None = None
             while True:
-                for expired in await self._store.expire_due(utcnow()):
-                    logger.info("invocation %s expired without a decision", expired.id)
-                # Taken before reading the held calls' state: a decision committed while they are read is
-                # announced after it, and ends the wait below at once.
-                cursor = self._feed.cursor
-                await self._settle(runs, due)
-                await self._recover(runs)
-                due = await self._wait_for_news(cursor)
+                try:
+                    for expired in await self._store.expire_due(utcnow()):
+                        logger.info("invocation %s expired without a decision", expired.id)
+                    # Taken before reading the held calls' state: a decision committed while they are read is
+                    # announced after it, and ends the wait below at once.
+                    cursor = self._feed.cursor
+                    await self._settle(runs, due)
+                    await self._recover(runs)
+                    due = await self._wait_for_news(cursor)
+                except LedgerUnavailable as exc:  # a ledger busy or down for a while must not stop the desk
+                    logger.warning(
+                        "the approval desk could not use the ledger (%s); trying again in %s s",
+                        exc.message,
+                        LEDGER_RETRY_SECONDS,
+                    )
+                    due = None
+                    await anyio.sleep(LEDGER_RETRY_SECONDS)
 
     async def _settle(self, runs: TaskGroup, due: set[str] | None) -> None:
         """Run the held calls (of `due`, or all) that were approved, and answer the refused ones."""
