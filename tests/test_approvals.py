@@ -22,6 +22,21 @@ pytestmark = pytest.mark.anyio
 FAST = ApprovalSettings(heartbeat_seconds=0.05, expiry_seconds=300)
 
 
+async def approved_call(h: Harness, name: str) -> tuple[Invocation, types.CallToolResult]:
+    """Call `name`, approve it (as alice) once it is held, and return the held invocation and what the call gave."""
+    outcome: list[types.CallToolResult] = []
+    async with anyio.create_task_group() as tg:
+
+        async def call() -> None:
+            outcome.append(await h.call(name))
+
+        tg.start_soon(call)
+        (pending,) = await wait_pending(h)
+        await h.ledger.invocations.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
+    (result,) = outcome
+    return pending, result
+
+
 async def wait_pending(h: Harness, count: int = 1) -> list[Invocation]:
     """Wait (bounded) until `count` invocations are pending."""
     with anyio.fail_after(10):
@@ -139,7 +154,6 @@ async def test_the_desk_outlives_a_ledger_locked_past_its_patience_and_settles_c
     desk_log = logging.getLogger("bastion.pipeline.approvals")
     handler = Refusals(logging.WARNING)
     desk_log.addHandler(handler)
-    outcome: list[types.CallToolResult] = []
     try:
         async with harness(tmp_path, approvals=FAST) as h:
             lock = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None)
@@ -150,17 +164,9 @@ async def test_the_desk_outlives_a_ledger_locked_past_its_patience_and_settles_c
             finally:
                 lock.execute("ROLLBACK")
                 lock.close()
-            async with anyio.create_task_group() as tg:
-
-                async def call() -> None:
-                    outcome.append(await h.call("fx__progress"))
-
-                tg.start_soon(call)
-                (pending,) = await wait_pending(h)
-                await h.ledger.invocations.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
+            _, result = await approved_call(h, "fx__progress")
     finally:
         desk_log.removeHandler(handler)
-    (result,) = outcome
     assert not result.is_error
     assert [c.name for c in h.fixture.calls] == ["progress"]
 

@@ -27,13 +27,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bastion import tracing
-from bastion.models import utcnow
 from bastion.server.tracing import export_endpoint, exporting_traces
 from tests.harness import harness
 from tests.processes import bastion_env, bastion_http, write_config
 from tests.providers import ScriptedApi, ok
 from tests.test_api import WAIT, serving
-from tests.test_approvals import FAST, wait_pending
+from tests.test_approvals import FAST, approved_call
 from tests.test_gateway_providers import LIST, bastion, github
 from tests.test_inline_approval import LOCAL, Answers
 
@@ -103,17 +102,9 @@ async def test_an_allowed_call_has_a_span_with_the_ledgers_fields_and_a_child_sp
 async def test_an_approved_call_has_a_span_for_its_wait_and_its_downstream_call_in_the_calls_trace(
     tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:
-    outcome: list[types.CallToolResult] = []
     async with harness(tmp_path, approvals=FAST) as h:
-        async with anyio.create_task_group() as tg:
-
-            async def make_the_call() -> None:
-                outcome.append(await h.call("fx__progress"))
-
-            tg.start_soon(make_the_call)
-            (pending,) = await wait_pending(h)
-            await h.ledger.invocations.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
-        assert not outcome[0].is_error
+        pending, result = await approved_call(h, "fx__progress")
+        assert not result.is_error
 
     call = named(spans, "bastion.call fx__progress")
     attributes = cast(dict[str, Any], call.attributes)
