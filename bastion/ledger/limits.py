@@ -47,14 +47,14 @@ class ProcessLimits:
     ledger's table, counted in memory, so such a session's calls write no count to the ledger (issue 17: the count
     was a statement and a page of every call's first transaction). Satisfies `bastion.pipeline.seams.RateLimits`.
 
-    A key whose admissions have all left the window is forgotten (looked for once a second at most), so sessions
-    that end leave nothing behind."""
+    Once a second at most, the seconds that left the window are dropped, and the keys left with none forgotten:
+    sessions that end leave nothing behind."""
 
     def __init__(self) -> None:
         self._buckets: dict[str, dict[int, int]] = {}
         """Per key, the admissions in each second that still counts."""
         self._swept = 0
-        """The second the keys were last looked over for ones to forget."""
+        """The second whose window the buckets were last cut to."""
 
     def __len__(self) -> int:
         """How many keys have admissions that may still count."""
@@ -68,11 +68,12 @@ class ProcessLimits:
         oldest, second = oldest_counted(now), second_of(now)
         if second != self._swept:
             self._swept = second
-            self._buckets = {k: kept for k, kept in self._buckets.items() if max(kept) >= oldest}
+            self._buckets = {
+                k: window
+                for k, counted in self._buckets.items()
+                if (window := {at: n for at, n in counted.items() if at >= oldest})
+            }
         buckets = self._buckets.setdefault(key, {})
-        if min(buckets, default=oldest) < oldest:  # buckets that left the window: once a second at most
-            for gone in [counted for counted in buckets if counted < oldest]:
-                del buckets[gone]
         if sum(buckets.values()) < per_minute:
             buckets[second] = buckets.get(second, 0) + 1
             return None

@@ -50,7 +50,7 @@ from bastion.pipeline.listings import INVOCATION_TOOL, Listings, ListingsFn
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.outcomes import Outcomes
 from bastion.pipeline.pinning import PinBook
-from bastion.pipeline.seams import ActionSource, Deliver, Ledger, ProgressFn, Relay, WireSource
+from bastion.pipeline.seams import ActionSource, Deliver, Ledger, ProgressFn, RateLimits, Relay, WireSource
 from bastion.pipeline.steps import GatewaySteps
 from bastion.pipeline.traces import CallTraces
 from bastion.policies import guard_drift, resolve_mode
@@ -322,29 +322,25 @@ class Gateway:
             raise HandOff(f"{entry.key} waits for an approver")
         invocation = entry.new_invocation(arguments, hashed, decision, context, owner=self.instance_id, drift=drift)
         with self._relaying(invocation.id, relay), self._traces.following(invocation, span):
-            # Counted in the ledger: every instance sharing it counts against the session's one budget.
+            # A session other instances may serve is counted in the ledger, against its one budget; one only this
+            # process serves is counted here, and writes no count.
             admission = Admission(
                 context.session_id, self.config.settings.limits.invocations_per_minute, invocation.created_at
             )
+            in_ledger = None if context.local_session else admission
             admit = entry.action.spec.admit
             refusal = admit(arguments) if admit is not None else None
-            if context.local_session:  # no other process counts against it: counted here, nothing in the ledger
-                wait = await self._session_limits.admit(
-                    admission.key, per_minute=admission.per_minute, now=admission.now
-                )
-                if wait is not None:
-                    await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
+            if in_ledger is None:
+                await self._admit(self._session_limits, invocation, admission)
             if decision.mode == "allow" and refusal is None:
-                # The common call: admitted and recorded in one transaction.
-                wait = await self._outcomes.start(invocation, admission=None if context.local_session else admission)
+                # The common call: admitted (in the ledger) and recorded in one transaction.
+                wait = await self._outcomes.start(invocation, admission=in_ledger)
                 if wait is not None:
                     await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
                 progress = Progress(on_progress) if on_progress else None
                 return await self._run_counted(entry, invocation, arguments, progress, deliver=deliver)
-            if not context.local_session:
-                wait = await self.ledger.limits.admit(admission.key, per_minute=admission.per_minute, now=admission.now)
-                if wait is not None:
-                    await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
+            if in_ledger is not None:
+                await self._admit(self.ledger.limits, invocation, admission)
             if decision.mode == "deny":
                 reason = f"policy ({decision.source}) denies {entry.key}"
                 if drift is not None and self.listings.drift_listing(entry.action) == "hide":
@@ -353,6 +349,12 @@ class Gateway:
             if refusal is not None:
                 await self._outcomes.refuse(invocation, PolicyDenied(f"{entry.key} refused before it ran: {refusal}"))
             return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
+
+    async def _admit(self, limits: RateLimits, invocation: Invocation, admission: Admission) -> None:
+        """Count the call against its session's rate limit in `limits`; over it, record it refused and raise."""
+        wait = await limits.admit(admission.key, per_minute=admission.per_minute, now=admission.now)
+        if wait is not None:
+            await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
 
     @contextmanager
     def _relaying(self, invocation_id: str, relay: Relay | None) -> Iterator[None]:
