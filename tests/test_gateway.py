@@ -6,6 +6,7 @@ in-process downstream MCP server (tests/downstream.py) behind a real McpConnecto
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from bastion.config import Profile, ToolOverride
 from bastion.connectors.mcp import CORRELATION_META_KEY
 from bastion.errors import InvalidArguments
+from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.models import CallContext, Invocation
 from tests.downstream import FixtureServer
 from tests.harness import harness
@@ -255,3 +257,41 @@ async def test_an_outcome_the_ledger_refuses_is_kept_and_recorded_once_the_ledge
         invocation = await h.only_invocation()
         assert invocation.status == "completed" and invocation.result is not None
         assert [i.status for i in finished] == ["completed"]
+
+
+def _transactions(statements: list[str]) -> list[list[str]]:
+    """The writer's statements grouped by transaction (BEGIN IMMEDIATE to COMMIT)."""
+    transactions: list[list[str]] = []
+    for statement in statements:
+        if statement == "BEGIN IMMEDIATE":
+            transactions.append([])
+        elif transactions and statement != "COMMIT":
+            transactions[-1].append(statement)
+    return transactions
+
+
+def _intents(transaction: list[str]) -> int:
+    return sum(statement.lstrip().startswith("INSERT INTO invocations") for statement in transaction)
+
+
+async def test_calls_that_start_while_another_runs_record_their_intents_in_one_commit(tmp_path: Path) -> None:
+    """A call alone commits its intent at once; calls that start while another is in flight may wait for the loop's
+    next turn to share one commit (issue 17: fewer commits under concurrency), each still durable before it runs."""
+    async with harness(tmp_path, modes={"fx:sleep": "allow", "fx:echo": "allow"}) as h:
+        statements: list[str] = []
+        database = h.ledger.backend.database
+        assert isinstance(database, SqliteDatabase)
+        await database.read_on_writer(lambda conn: conn.set_trace_callback(statements.append))
+        context = CallContext(session_id="s", local_session=True)
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(h.gateway.call, "fx__sleep", {}, context)
+                await h.fixture.sleep_started.wait()
+                alone = [t for t in _transactions(statements) if _intents(t)]
+                assert [_intents(t) for t in alone] == [1]  # the first call's intent: nothing to wait for
+                echoes = [h.gateway.call("fx__echo", {"text": text}, context) for text in ("a", "b", "c")]
+                results = await asyncio.gather(*echoes)
+                h.fixture.release.set()
+        assert [result.is_error for result in results] == [False, False, False]
+        assert sorted(_intents(t) for t in _transactions(statements) if _intents(t)) == [1, 3]
+        assert {i.status for i in await h.ledger.invocations.list()} == {"completed"}

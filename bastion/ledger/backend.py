@@ -83,13 +83,22 @@ class InvocationBackend(Protocol):
     and `error_message` is scrubbed text. Reads return invocations as stored (args and result parsed back).
     """
 
-    async def insert(self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed) -> None:
-        """Insert a new invocation and its first events (the detail goes on the last) in one transaction.
-        Raises Conflict when the id exists."""
+    async def insert(
+        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, may_share: bool = False
+    ) -> None:
+        """Insert a new invocation and its first events (the detail goes on the last) in one transaction, durable on
+        return. Raises Conflict when the id exists. `may_share`: other calls are in flight, so the write may wait a
+        moment to share one commit with theirs (a backend that commits each write on its own ignores it)."""
         ...
 
     async def insert_admitted(
-        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, admission: Admission
+        self,
+        invocation: Invocation,
+        events: Sequence[EventKind],
+        detail: Scrubbed,
+        *,
+        admission: Admission,
+        may_share: bool = False,
     ) -> float | None:
         """Like `insert`, after admitting the call against its rate limit in the same transaction; when the limit
         refuses it nothing is inserted, and the seconds until one more fits come back (None when inserted)."""

@@ -40,11 +40,17 @@ class Recorder:
     # -- writes: scrubbed here, stored by the backend ---------------------------------------------------
 
     async def record(
-        self, invocation: Invocation, events: Sequence[EventKind], detail: Mapping[str, Any] | None = None
+        self,
+        invocation: Invocation,
+        events: Sequence[EventKind],
+        detail: Mapping[str, Any] | None = None,
+        *,
+        may_share: bool = False,
     ) -> None:
         """Insert a new invocation and its first events in one transaction (durable on return). `detail` goes
-        on the last event. Raises Conflict if the id is taken."""
-        await self._backend.insert(self._scrubbed(invocation), events, self._detail(detail))
+        on the last event. Raises Conflict if the id is taken. `may_share`: other calls are in flight, and the
+        write may wait a moment to share their commit."""
+        await self._backend.insert(self._scrubbed(invocation), events, self._detail(detail), may_share=may_share)
 
     async def record_admitted(
         self,
@@ -53,11 +59,12 @@ class Recorder:
         detail: Mapping[str, Any] | None = None,
         *,
         admission: Admission,
+        may_share: bool = False,
     ) -> float | None:
         """Admit the call against its rate limit and record it, in one transaction (durable on return); when the
         limit refuses it nothing is recorded, and the seconds until one more fits come back (None: recorded)."""
         return await self._backend.insert_admitted(
-            self._scrubbed(invocation), events, self._detail(detail), admission=admission
+            self._scrubbed(invocation), events, self._detail(detail), admission=admission, may_share=may_share
         )
 
     async def record_pending(

@@ -333,8 +333,9 @@ class Gateway:
             if in_ledger is None:
                 await self._admit(self._session_limits, invocation, admission)
             if decision.mode == "allow" and refusal is None:
-                # The common call: admitted (in the ledger) and recorded in one transaction.
-                wait = await self._outcomes.start(invocation, admission=in_ledger)
+                # The common call: admitted (in the ledger) and recorded in one transaction, shared with the intents
+                # and outcomes of the calls in flight, if any (one commit for many, issue 17).
+                wait = await self._outcomes.start(invocation, admission=in_ledger, may_share=bool(self._running))
                 if wait is not None:
                     await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
                 progress = Progress(on_progress) if on_progress else None

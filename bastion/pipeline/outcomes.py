@@ -38,15 +38,23 @@ class Outcomes:
         self._late = anyio.Event()
 
     async def start(
-        self, invocation: Invocation, detail: dict[str, Any] | None = None, *, admission: Admission | None = None
+        self,
+        invocation: Invocation,
+        detail: dict[str, Any] | None = None,
+        *,
+        admission: Admission | None = None,
+        may_share: bool = False,
     ) -> float | None:
         """Record a call that runs now (planned, approved, executing) and tell the observers so. With an
         `admission`, the call is first admitted against its rate limit in the same transaction: when the limit
-        refuses it, nothing is recorded and the seconds until one more fits come back (None: it runs)."""
+        refuses it, nothing is recorded and the seconds until one more fits come back (None: it runs).
+        `may_share`: other calls are in flight; the record may share their commit (see `InvocationStore.record`)."""
         if admission is None:
-            await self._store.record(invocation, STARTED_EVENTS, detail)
+            await self._store.record(invocation, STARTED_EVENTS, detail, may_share=may_share)
         else:
-            wait = await self._store.record_admitted(invocation, STARTED_EVENTS, detail, admission=admission)
+            wait = await self._store.record_admitted(
+                invocation, STARTED_EVENTS, detail, admission=admission, may_share=may_share
+            )
             if wait is not None:
                 return wait
         await self._observers.planned(invocation)

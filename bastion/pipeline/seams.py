@@ -264,9 +264,15 @@ class InvocationStore(Protocol):
         ...
 
     async def record(
-        self, invocation: Invocation, events: Sequence[EventKind], detail: Mapping[str, Any] | None = None
+        self,
+        invocation: Invocation,
+        events: Sequence[EventKind],
+        detail: Mapping[str, Any] | None = None,
+        *,
+        may_share: bool = False,
     ) -> None:
-        """Insert a new invocation and its first events in one transaction (durable on return)."""
+        """Insert a new invocation and its first events in one transaction (durable on return). `may_share`: other
+        calls are in flight, and the write may wait a moment to share one commit with theirs."""
         ...
 
     async def record_admitted(
@@ -276,6 +282,7 @@ class InvocationStore(Protocol):
         detail: Mapping[str, Any] | None = None,
         *,
         admission: Admission,
+        may_share: bool = False,
     ) -> float | None:
         """`record`, after admitting the call against its rate limit in the same transaction; when the limit refuses
         it nothing is recorded, and the seconds until one more fits come back (None: recorded)."""

@@ -186,9 +186,12 @@ class PostgresInvocations:
 
     # -- writes ----------------------------------------------------------------------------------------
 
-    async def insert(self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed) -> None:
+    async def insert(
+        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, may_share: bool = False
+    ) -> None:
         """Insert a new invocation and its first events (seq 1..n, one timestamp) in one statement. `detail` goes
-        on the last event. Raises Conflict if an invocation with this id already exists."""
+        on the last event. Raises Conflict if an invocation with this id already exists. Each write has a
+        transaction of its own here: `may_share` changes nothing."""
         try:
             rows = await self._appending(RECORD, _record_params(invocation, events, detail))
         except psycopg.errors.UniqueViolation as exc:
@@ -196,7 +199,13 @@ class PostgresInvocations:
         await self._db.committed(changes_of(rows))
 
     async def insert_admitted(
-        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, admission: Admission
+        self,
+        invocation: Invocation,
+        events: Sequence[EventKind],
+        detail: Scrubbed,
+        *,
+        admission: Admission,
+        may_share: bool = False,
     ) -> float | None:
         """Admit the call against its rate limit and insert it, in one transaction (the chain's head first, then
         the key's lock); when the limit refuses it, nothing is inserted and the seconds until one more fits come

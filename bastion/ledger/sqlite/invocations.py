@@ -186,20 +186,33 @@ class SqliteInvocations:
 
     # -- writes ----------------------------------------------------------------------------------------
 
-    async def insert(self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed) -> None:
+    async def insert(
+        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, may_share: bool = False
+    ) -> None:
         """Insert a new invocation and its first events (seq 1..n, one timestamp) in one transaction.
 
         `detail` goes on the last event: it describes the state the invocation was recorded in (e.g. the
-        reason of a `denied`). Raises Conflict if an invocation with this id already exists.
+        reason of a `denied`). Raises Conflict if an invocation with this id already exists. `may_share`: the
+        write waits for the loop's next turn, to commit with the writes that arrive before it (see
+        `SqliteDatabase.write`): while other calls are in flight, their intents and outcomes share one commit.
         """
-        await self._insert_unless(invocation, events, detail, lambda conn: None)
+        await self._insert_unless(invocation, events, detail, lambda conn: None, may_share=may_share)
 
     async def insert_admitted(
-        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, admission: Admission
+        self,
+        invocation: Invocation,
+        events: Sequence[EventKind],
+        detail: Scrubbed,
+        *,
+        admission: Admission,
+        may_share: bool = False,
     ) -> float | None:
         """Admit the call against its rate limit and insert it, in one transaction; when the limit refuses it,
-        nothing is inserted and the seconds until one more fits come back (None when inserted)."""
-        return await self._insert_unless(invocation, events, detail, lambda conn: admit_in(conn, admission))
+        nothing is inserted and the seconds until one more fits come back (None when inserted). `may_share`: as
+        for `insert`."""
+        return await self._insert_unless(
+            invocation, events, detail, lambda conn: admit_in(conn, admission), may_share=may_share
+        )
 
     async def insert_pending(
         self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, limit: int
@@ -220,6 +233,8 @@ class SqliteInvocations:
         events: Sequence[EventKind],
         detail: Scrubbed,
         refusal: Callable[[sqlite3.Connection], _Refusal | None],
+        *,
+        may_share: bool = False,
     ) -> _Refusal | None:
         """Insert the invocation unless `refusal`, asked first in the same transaction, answers something (which
         comes back, nothing inserted). Raises Conflict if an invocation with this id already exists."""
@@ -232,7 +247,7 @@ class SqliteInvocations:
             return refused
 
         try:
-            return await self._db.write(work)
+            return await self._db.write(work, may_wait=may_share)
         except sqlite3.IntegrityError as exc:
             raise Conflict(f"invocation {invocation.id} is already recorded", invocation_id=invocation.id) from exc
 
