@@ -70,9 +70,10 @@ bench: $(BENCH_VENV)/.installed
 
 ## bench-instructions: instructions per stdio call of Bastion's process, counted by valgrind (the same in every run,
 ## unlike CPU time: for changes of a few percent), and of the demo server called directly, for scale; TREES="A B"
-## compares checkouts in one run. Needs valgrind (apt-get install -y valgrind). ~1 min per tree.
+## compares checkouts in one run; PARTS=all also counts this checkout without each part of the allow path (or
+## PARTS=ledger-writes,redaction: those; bench/without.py), what each costs. Needs valgrind. ~1 min per count.
 bench-instructions: $(BENCH_VENV)/.installed
-	$(BENCH_BIN)/python -m bench.instructions --direct $(TREES)
+	$(BENCH_BIN)/python -m bench.instructions --direct $(if $(PARTS),--parts $(PARTS)) $(TREES)
 
 ## conformance: the official MCP conformance suite through Bastion (Node 22 + suite in .tools/; tests/conformance/)
 conformance: $(VENV)/.installed

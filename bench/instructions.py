@@ -8,6 +8,9 @@ per call is the same to a fraction of a percent in every run: valgrind's callgri
 server, runs natively), a client makes `--warmup` calls over stdio, callgrind's counters are dumped, then
 `--calls` more calls, each answered without error, and dumped again: the second dump holds exactly those calls.
 With `--direct`, the demo server itself is counted the same way (the work a call costs the downstream, for scale).
+With `--parts`, this checkout is also counted without each part of the allow path named (bench/without.py: the
+ledger's writes, the whole record, redaction, the result's check, the argument hash, the observers): what a part
+costs is the count with it less the count without it, a profile by part that does not move with the machine.
 
 Under valgrind a call takes ~50 times as long, so timed background work (the ledger feed's poll every 50 ms, the
 instance's heartbeat) runs more often per call than it does natively, and how often depends on how fast valgrind
@@ -18,7 +21,7 @@ the trees interleaved: the median is reported with the spread (about +-1 %, agai
 Reported per tree: instructions per call, and the share of each shared object (the Python interpreter, SQLite, the
 C library, each extension module) in the calls' count. What is not counted: the kernel's work (system calls, the
 WAL's writes, waking other processes), and cache misses. Needs valgrind (`apt-get install -y valgrind`).
-Run: `python -m bench.instructions [--calls N] [--direct] [TREE ...]`. Results go to
+Run: `python -m bench.instructions [--calls N] [--direct] [--parts all|PART,...] [TREE ...]`. Results go to
 bench/results/instructions.{json,md}.
 """
 
@@ -38,7 +41,7 @@ from typing import Any
 import anyio
 from mcp import Client, StdioServerParameters
 
-from bench import report
+from bench import report, without
 from bench.configs import NOTE, notes_config, write_notes
 from bench.processes import children
 
@@ -88,14 +91,16 @@ def _name(names: dict[str, str], text: str) -> str:
 
 
 async def count(
-    name: str, tree: Path, calls: int, warmup: int, idle: float, direct: bool, workdir: Path
+    name: str, tree: Path, calls: int, warmup: int, idle: float, direct: bool, workdir: Path, part: str | None = None
 ) -> dict[str, Any]:
-    """Instructions per call of one process: `bastion serve` from `tree`, or (`direct`) the demo server."""
+    """Instructions per call of one process: `bastion serve` from `tree` (without `part`, when given: see
+    bench/without.py), or (`direct`) the demo server."""
     notes = write_notes(workdir / f"{name}-notes.json")
     config = workdir / f"{name}-config"
     notes_config(config, notes)
     out = workdir / f"{name}.cg"
-    target = ["-m", "bastion.demo.notes"] if direct else ["-m", "bastion", "serve", "--config", str(config)]
+    bastion = ["-m", "bench.without", part] if part else ["-m", "bastion"]
+    target = ["-m", "bastion.demo.notes"] if direct else [*bastion, "serve", "--config", str(config)]
     tool = "read_note" if direct else "notes__read_note"
     valgrind = ["--tool=callgrind", "--trace-children=no", f"--callgrind-out-file={out}.%p", sys.executable]
     env = {
@@ -124,6 +129,7 @@ async def count(
         "tree": str(tree),
         "commit": _commit(tree),
         "direct": direct,
+        "part": part,
         "calls": calls,
         "per_call": round((total - background) / calls),
         "background_per_call": round(background / calls),
@@ -155,16 +161,21 @@ async def _dump(pid: int) -> None:
         await anyio.run_process(["callgrind_control", "--dump", str(pid)])
 
 
-async def run(trees: list[Path], calls: int, warmup: int, idle: float, repeat: int, direct: bool) -> dict[str, Any]:
-    targets: list[tuple[str, Path, bool]] = [("direct", REPO, True)] if direct else []
-    targets += [(f"tree{index}", tree, False) for index, tree in enumerate(trees, start=1)]
-    counts: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in targets}
+async def run(
+    trees: list[Path], calls: int, warmup: int, idle: float, repeat: int, direct: bool, parts: list[str]
+) -> dict[str, Any]:
+    targets: list[tuple[str, Path, bool, str | None]] = [("direct", REPO, True, None)] if direct else []
+    targets += [(f"tree{index}", tree, False, None) for index, tree in enumerate(trees, start=1)]
+    targets += [(f"without-{part}", REPO, False, part) for part in parts]
+    counts: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _, _ in targets}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(repeat):
-            for name, tree, is_direct in targets:
-                counts[name].append(await count(f"{name}-{round_}", tree, calls, warmup, idle, is_direct, Path(tmp)))
+            for name, tree, is_direct, part in targets:
+                counts[name].append(
+                    await count(f"{name}-{round_}", tree, calls, warmup, idle, is_direct, Path(tmp), part)
+                )
     results = []
-    for name, _, _ in targets:
+    for name, _, _, _ in targets:
         ordered = sorted(counts[name], key=lambda counted: counted["per_call"])
         median = ordered[len(ordered) // 2]
         results.append({**median, "runs": [counted["per_call"] for counted in counts[name]]})
@@ -184,7 +195,12 @@ def markdown(results: dict[str, Any]) -> str:
         "(shared object: instructions per call, background included) |",
         "|---|---|---|---|---|---|",
     ]
+    whole = next(
+        (r for r in results["results"] if not r["direct"] and not r.get("part") and Path(r["tree"]) == REPO), None
+    )
     for result in results["results"]:
+        if result.get("part"):
+            continue
         process = "demo server (direct)" if result["direct"] else "bastion serve"
         shares = ", ".join(f"{obj}: {cost}" for obj, cost in result["objects"].items())
         runs = " / ".join(str(run) for run in result["runs"])
@@ -192,6 +208,22 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {process} | {result['tree']} ({result['commit']}) | {result['per_call']} | {runs} | "
             f"{result['background_per_call']} | {shares} |"
         )
+    parted = [result for result in results["results"] if result.get("part")]
+    if parted and whole is not None:
+        lines += [
+            "",
+            f"What each part of the allow path costs: the count of `bastion serve` ({whole['tree']}, "
+            f"{whole['commit']}) less its count without the part (bench/without.py), in the same rounds.",
+            "",
+            "| part | what is left out | instructions per call without it | the part's cost per call | share |",
+            "|---|---|---|---|---|",
+        ]
+        for result in parted:
+            cost = whole["per_call"] - result["per_call"]
+            lines.append(
+                f"| {result['part']} | {without.describe(result['part'])} | {result['per_call']} | {cost} | "
+                f"{cost / whole['per_call']:.1%} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -203,11 +235,22 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=3.0, help="seconds counted idle, for the background (default 3)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per tree, interleaved (default 3)")
     parser.add_argument("--direct", action="store_true", help="also count the demo server called directly")
+    parser.add_argument(
+        "--parts",
+        default="",
+        help=f"also count this checkout without the parts named (comma-separated) or `all`: {', '.join(without.PARTS)}",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         sys.exit(MISSING)
     trees = [tree.resolve() for tree in args.trees] or [REPO]
-    results = anyio.run(run, trees, args.calls, args.warmup, args.idle, args.repeat, args.direct)
+    parts = list(without.PARTS) if args.parts == "all" else [part for part in args.parts.split(",") if part]
+    unknown = sorted(set(parts) - without.PARTS.keys())
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(without.PARTS)}")
+    if parts and REPO not in trees:
+        parser.error("--parts measures this checkout: pass it among the trees (or none)")
+    results = anyio.run(run, trees, args.calls, args.warmup, args.idle, args.repeat, args.direct, parts)
     report.write("instructions", results, markdown(results))
 
 
