@@ -138,3 +138,16 @@ async def test_a_write_cancelled_after_its_transaction_keeps_its_outcome_and_is_
         await task
     assert seen == ["written"]
     assert await stored(db) == ["written"]
+
+
+@pytest.mark.anyio
+async def test_a_read_on_the_writer_does_not_split_the_writes_of_its_turn(db: SqliteDatabase) -> None:
+    """A read on the writer (the change feed's poll) takes the writer within its own step: writes queued meanwhile
+    still share one transaction (they once each took one, queued behind the read's hold of the writer)."""
+    before = db.uncheckpointed
+    loop = asyncio.get_running_loop()
+    reading = loop.create_task(db.data_version())
+    writes = [loop.create_task(db.write(insert(value), may_wait=True)) for value in "abc"]
+    await asyncio.gather(reading, *writes)
+    assert db.uncheckpointed == before + 1
+    assert await stored(db) == ["a", "b", "c"]

@@ -87,8 +87,9 @@ class SqliteDatabase:
         """Use `SqliteDatabase.open`; this only wraps already configured connections to a migrated file."""
         self._db = db
         self._writer = writer
-        self._writer_busy = anyio.Lock()
-        """Held while a worker thread uses the writer (waiting for another connection's lock)."""
+        self._writer_busy = anyio.Lock(fast_acquire=True)
+        """Held while a worker thread uses the writer (waiting for another connection's lock), and by the writes
+        queued behind it. Taken without a checkpoint when free: a read on the writer holds it within one step."""
         self._batch: list[_Batched] = []
         """The writes for the transaction the loop begins next (`_commit_batch`)."""
         self.path = path
@@ -215,7 +216,7 @@ class SqliteDatabase:
         """
         started = time.perf_counter()
         try:
-            if not self._writer_busy.locked():
+            if not self._in_worker:
                 done = await self._batched(work, events, started) if may_wait else self._now(work, events, started)
                 if done is not _BUSY:
                     return cast(_T, done)
@@ -279,7 +280,7 @@ class SqliteDatabase:
         if not batch:
             return
         conn = self._writer
-        if self._closed or self._writer_busy.locked():
+        if self._closed or self._in_worker:
             _settle([(batched, _BUSY, None) for batched in batch])
             return
         changes = conn.total_changes
