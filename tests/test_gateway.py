@@ -12,14 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import mcp_types as types
 import pytest
 
+from bastion.actions import WireResult
 from bastion.config import Profile, ToolOverride
 from bastion.connectors.mcp import CORRELATION_META_KEY
 from bastion.errors import InvalidArguments
 from bastion.ledger.sqlite.database import SqliteDatabase
-from bastion.models import CallContext, Invocation
+from bastion.models import CallContext, Invocation, utcnow
+from bastion.pipeline.catalog import new_invocation_id
+from bastion.pipeline.observer import Observers
+from bastion.pipeline.outcomes import Outcomes
 from tests.downstream import FixtureServer
 from tests.harness import harness
 
@@ -295,3 +300,66 @@ async def test_calls_that_start_while_another_runs_record_their_intents_in_one_c
         assert [result.is_error for result in results] == [False, False, False]
         assert sorted(_intents(t) for t in _transactions(statements) if _intents(t)) == [1, 3]
         assert {i.status for i in await h.ledger.invocations.list()} == {"completed"}
+
+
+def _outcomes(transaction: list[str]) -> int:
+    """How many outcomes (`FINISH`, traced with its values) the transaction records."""
+    return sum(
+        statement.lstrip().startswith("UPDATE invocations SET") and statement.rstrip().endswith("status = 'executing'")
+        for statement in transaction
+    )
+
+
+async def test_an_answered_call_records_its_outcome_with_the_next_calls_intent_while_others_run(
+    tmp_path: Path,
+) -> None:
+    """An express call answered while another runs records its outcome off its own task, in the next call's intent
+    transaction: one commit for both (issue 17); a read of this process sees it at once, and a stop waits for it."""
+    async with harness(tmp_path, modes={"fx:sleep": "allow", "fx:echo": "allow"}) as h:
+        statements: list[str] = []
+        database = h.ledger.backend.database
+        assert isinstance(database, SqliteDatabase)
+        await database.read_on_writer(lambda conn: conn.set_trace_callback(statements.append))
+        context = CallContext(session_id="s", local_session=True)
+        delivered: list[WireResult] = []
+
+        async def deliver(result: WireResult) -> None:
+            delivered.append(result)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(h.gateway.call, "fx__sleep", {}, context)
+                await h.fixture.sleep_started.wait()
+                await h.gateway.call_express("fx__echo", {"text": "a"}, context, deliver)
+                assert sum(_outcomes(t) for t in _transactions(statements)) == 0  # answered; its outcome waits
+                await h.gateway.call_express("fx__echo", {"text": "b"}, context, deliver)
+                shared = [t for t in _transactions(statements) if _intents(t) and _outcomes(t)]
+                assert [(_intents(t), _outcomes(t)) for t in shared] == [(1, 1)]  # b's intent and a's outcome
+                await h.gateway.call_express("fx__echo", {"text": "c"}, context, deliver)
+                by_status = sorted(i.status for i in await h.ledger.invocations.list())  # the read commits c's first
+                assert by_status == ["completed", "completed", "completed", "executing"]
+                h.fixture.release.set()
+        assert [result.data.get("isError") for result in delivered] == [False, False, False]
+        assert {i.status for i in await h.ledger.invocations.list()} == {"completed"}
+
+
+async def test_an_outcome_handed_over_is_recorded_when_its_recorder_is_stopped_at_once(tmp_path: Path) -> None:
+    """`Outcomes.run` cancelled right after an outcome was handed over (waiting for the next call's commit): the stop
+    waits for it, and the outcome is committed, not left `executing`."""
+    async with harness(tmp_path, modes={}) as h:
+        outcomes = Outcomes(h.ledger.invocations, Observers())
+        now = utcnow()
+        invocation = Invocation(
+            id=new_invocation_id(), status="executing", policy_key="fx:echo", tool="fx__echo", source_id="fx",
+            action_id="echo", risk="read", mode="allow", mode_source="inferred", session_id="s", args={},
+            args_hash="", owner=h.gateway.instance_id, created_at=now, updated_at=now,
+        )  # fmt: skip
+        await outcomes.start(invocation)
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(outcomes.run)
+                await anyio.lowlevel.checkpoint()  # `run` is running
+                await outcomes.finish(invocation, "completed", result=WireResult({"content": []}), may_defer=True)
+                tg.cancel_scope.cancel()
+        stored = await h.ledger.invocations.get(invocation.id)
+    assert stored is not None and (stored.status, stored.result) == ("completed", {"content": []})

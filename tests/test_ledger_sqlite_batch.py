@@ -1,5 +1,7 @@
 """Writes that may wait (a call's outcome) share the event loop's next turn's SQLite transaction, and a write that
-does not wait takes them along in its own (bastion.ledger.sqlite.database).
+does not wait takes them along in its own (bastion.ledger.sqlite.database). A write that may be deferred (the outcome
+of a call answered while others run) waits longer, for a write that may not (the next call's intent), or a moment;
+a read, or closing, commits it first.
 
 Each write keeps its own outcome: one that fails is rolled back alone, one cancelled before the transaction began
 writes nothing, one cancelled after it keeps its write and is cancelled at its next await. The turns are those of
@@ -138,6 +140,50 @@ async def test_a_write_cancelled_after_its_transaction_keeps_its_outcome_and_is_
         await task
     assert seen == ["written"]
     assert await stored(db) == ["written"]
+
+
+@pytest.mark.anyio
+async def test_a_deferred_write_waits_past_the_turn_for_a_write_that_may_not_and_shares_its_commit(
+    db: SqliteDatabase,
+) -> None:
+    before = db.uncheckpointed
+    deferred = asyncio.get_running_loop().create_task(db.write(insert("a"), may_defer=True))
+    for _ in range(3):  # turns go by: it waits on
+        await anyio.lowlevel.checkpoint()
+    assert not deferred.done() and db.uncheckpointed == before
+    assert await db.write(insert("b"), may_wait=True) == "b"  # the next turn's transaction takes it along
+    assert await deferred == "a"
+    assert db.uncheckpointed == before + 1
+    assert await stored(db) == ["a", "b"]
+
+
+@pytest.mark.anyio
+async def test_a_deferred_write_alone_commits_by_itself_soon(db: SqliteDatabase) -> None:
+    before = db.uncheckpointed
+    with anyio.fail_after(5):
+        assert await db.write(insert("a"), may_defer=True) == "a"
+    assert db.uncheckpointed == before + 1
+    assert await stored(db) == ["a"]
+
+
+@pytest.mark.anyio
+async def test_a_read_commits_the_deferred_writes_first(db: SqliteDatabase) -> None:
+    deferred = asyncio.get_running_loop().create_task(db.write(insert("a"), may_defer=True))
+    await anyio.lowlevel.checkpoint()  # queued
+    assert await stored(db) == ["a"]
+    assert deferred.done() and deferred.result() == "a"
+
+
+@pytest.mark.anyio
+async def test_closing_commits_the_deferred_writes(tmp_path: Path) -> None:
+    database = await SqliteDatabase.open(tmp_path / "ledger.db")
+    await database.write(lambda conn: conn.execute("CREATE TABLE scratch (value TEXT UNIQUE)"), events=False)
+    deferred = asyncio.get_running_loop().create_task(database.write(insert("a"), may_defer=True))
+    await anyio.lowlevel.checkpoint()  # queued
+    await database.close()
+    assert deferred.done() and deferred.result() == "a"
+    with sqlite3.connect(tmp_path / "ledger.db") as ledger:
+        assert ledger.execute("SELECT value FROM scratch").fetchall() == [("a",)]
 
 
 @pytest.mark.anyio

@@ -119,8 +119,11 @@ class InvocationBackend(Protocol):
         result: Scrubbed | None,
         error_class: str | None,
         error_message: str | None,
+        may_defer: bool = False,
     ) -> bool:
-        """executing -> `to` with the outcome and its event; False when it was no longer executing."""
+        """executing -> `to` with the outcome and its event; False when it was no longer executing. `may_defer`: the
+        call ended while others run, so the write may wait for the next write that commits (a backend that commits
+        each write on its own ignores it)."""
         ...
 
     async def transition(

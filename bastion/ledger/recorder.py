@@ -82,15 +82,17 @@ class Recorder:
         result: Any = None,
         error_class: str | None = None,
         error_message: str | None = None,
+        may_defer: bool = False,
     ) -> bool:
         """executing -> `to` with the call's result and error, and the event; False when it was no longer
-        executing."""
+        executing. `may_defer`: the call ended while others run; the write may wait for the next one that commits."""
         return await self._backend.finish(
             invocation_id,
             to,
             result=self._json(result),
             error_class=error_class,
             error_message=self._text(error_message),
+            may_defer=may_defer,
         )
 
     async def transition(

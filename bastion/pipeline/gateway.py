@@ -539,8 +539,13 @@ class Gateway:
         try:
             await deliver(result)
         finally:
+            # Answered: with other calls running (this one's own scope is among them), the outcome is recorded off
+            # this task, in the next call's commit (issue 17); alone, at the loop's next turn, here.
+            others_run = len(self._running) > 1
             with anyio.CancelScope(shield=True):
-                await self._outcomes.finish(invocation, "failed" if error else "completed", result=result, error=error)
+                await self._outcomes.finish(
+                    invocation, "failed" if error else "completed", result=result, error=error, may_defer=others_run
+                )
         return result
 
     async def _invocation_status(self, arguments: dict[str, Any], context: CallContext) -> types.CallToolResult:

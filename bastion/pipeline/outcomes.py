@@ -3,6 +3,10 @@
 Once a call may have left Bastion its host gets its answer, so recording the outcome must never fail the call:
 a result that cannot be stored is recorded without it, saying why, and an outcome the ledger refuses (a full
 disk, say) is kept and offered again until it takes, so no call that ran stays `executing`.
+
+The outcome of a call answered while other calls run is recorded off the call's task (`may_defer`): its host has its
+answer already, the task (an HTTP request's, whose connection waits for it) ends at once, and the store may commit the
+outcome with the next call's intent, one commit for both (issue 17). Stopping waits for those records.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import Any, Final, NoReturn
 
 import anyio
 import mcp_types as types
+from anyio.abc import TaskGroup
 
 from bastion.actions import WireResult
 from bastion.errors import BastionError
@@ -36,6 +41,8 @@ class Outcomes:
         self._unrecorded: dict[str, tuple[Invocation, dict[str, Any]]] = {}
         """Outcomes of calls that ran which the store refused; `run` retries them."""
         self._late = anyio.Event()
+        self._background: TaskGroup | None = None
+        """Where outcomes handed over by `finish(may_defer=True)` are recorded, while `run` runs."""
 
     async def start(
         self,
@@ -84,16 +91,34 @@ class Outcomes:
         *,
         result: types.CallToolResult | WireResult | None = None,
         error: BastionError | None = None,
+        may_defer: bool = False,
     ) -> None:
-        """Record the outcome of a call that was sent, and tell the observers. Never raises."""
+        """Record the outcome of a call that was sent, and tell the observers. Never raises. `may_defer`: the host has
+        its answer and other calls run: the outcome is recorded off this task (while `run` runs; else here), and may
+        share the next call's commit; on return its write is queued in the store."""
         outcome = {
             "status": status,
             "result": _dumped(result),
             "error_class": error.error_class if error is not None else None,
             "error_message": error.message if error is not None else None,
         }
+        if may_defer and self._background is not None:
+            self._background.start_soon(self._recorded_shielded, invocation, outcome)
+            # One turn of the loop: the record's first step (up to the store's write, queued) runs before this caller
+            # goes on, so a read that follows finds the write queued (a read commits what is queued first).
+            await anyio.lowlevel.checkpoint()
+        else:
+            await self._recorded(invocation, outcome)
+
+    async def _recorded_shielded(self, invocation: Invocation, outcome: dict[str, Any]) -> None:
+        """An outcome handed over, recorded even while `run` is cancelled (a stop waits for it)."""
+        with anyio.CancelScope(shield=True):
+            await self._recorded(invocation, outcome, may_defer=True)
+
+    async def _recorded(self, invocation: Invocation, outcome: dict[str, Any], *, may_defer: bool = False) -> None:
+        status = outcome["status"]
         try:
-            finished = await self._record(invocation.id, outcome)
+            finished = await self._record(invocation.id, outcome, may_defer=may_defer)
         except BastionError as exc:
             logger.error(
                 "the outcome (%s) of invocation %s could not be recorded (%s); retrying",
@@ -108,7 +133,16 @@ class Outcomes:
             await self._observers.finished(invocation.model_copy(update=outcome))
 
     async def run(self) -> None:
-        """Until cancelled: offer the refused outcomes to the store again until each takes."""
+        """Until cancelled: record the outcomes handed over by `finish(may_defer=True)`, and offer the refused ones to
+        the store again until each takes. Cancelled, it returns once the outcomes handed over are recorded."""
+        async with anyio.create_task_group() as background:
+            self._background = background
+            try:
+                await self._retry_late()
+            finally:
+                self._background = None  # (what comes now is recorded by its caller; the group waits for the rest)
+
+    async def _retry_late(self) -> None:
         while True:
             await self._late.wait()
             self._late = anyio.Event()
@@ -124,13 +158,18 @@ class Outcomes:
                     if finished:
                         await self._observers.finished(invocation.model_copy(update=outcome))
 
-    async def _record(self, invocation_id: str, outcome: dict[str, Any]) -> bool:
+    async def _record(self, invocation_id: str, outcome: dict[str, Any], *, may_defer: bool = False) -> bool:
         """executing -> the outcome; False (logged) when it was no longer executing. A result the store cannot
         take is left out, saying why, so the outcome itself is never lost."""
         status, error_class, error_message = outcome["status"], outcome["error_class"], outcome["error_message"]
         try:
             finished = await self._store.finish(
-                invocation_id, status, result=outcome["result"], error_class=error_class, error_message=error_message
+                invocation_id,
+                status,
+                result=outcome["result"],
+                error_class=error_class,
+                error_message=error_message,
+                may_defer=may_defer,
             )
         except BastionError:
             raise

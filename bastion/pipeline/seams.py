@@ -303,9 +303,11 @@ class InvocationStore(Protocol):
         result: Any = None,
         error_class: str | None = None,
         error_message: str | None = None,
+        may_defer: bool = False,
     ) -> bool:
         """executing -> `to` with the call's result and error, and the event; False when it was no longer
-        executing."""
+        executing. `may_defer`: the call ended while others run, and the write may wait for the next one that
+        commits (durable then, or at the latest a moment later; reads of this process see it at once)."""
         ...
 
     async def transition(

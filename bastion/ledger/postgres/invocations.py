@@ -291,9 +291,11 @@ class PostgresInvocations:
         result: Scrubbed | None,
         error_class: str | None,
         error_message: str | None,
+        may_defer: bool = False,
     ) -> bool:
         """Record the outcome of a call that ran: executing -> `to`, with its result and error, and the event, in
-        one statement. False when it was no longer executing (recovery marked it unknown meanwhile)."""
+        one statement. False when it was no longer executing (recovery marked it unknown meanwhile). Each write
+        commits on its own connection here: `may_defer` changes nothing."""
         params = {
             "id": invocation_id,
             "to": to,

@@ -9,10 +9,13 @@ event loop while nobody else holds the write lock (a transaction of a tool call 
 work, less than the thread hand-off it saves), and in a worker thread that waits for the lock when another
 connection or process holds it. A write that may wait (a call's outcome) waits for the loop's next turn, and the
 writes of that turn share one transaction, each in a savepoint of its own: one commit, and the pages they share
-written once; any other write runs at once and takes the waiting ones along. Nothing on the event loop ever waits
-for a lock or an fsync: the writer never waits (busy_timeout 0 on the loop), and it leaves checkpoints (the fsyncs)
-to `SqliteFeed.run`. The change feed reads a commit made on the loop back once the committing task yields (a tool
-call: once its request has left for the downstream).
+written once; any other write runs at once and takes the waiting ones along. A write that may be deferred (the
+outcome of a call that ended while others run) waits longer: for the next write that may not wait (the next call's
+intent, typically), at most `DEFER_SECONDS`; a read on this process, and closing, commit it first.
+
+Nothing on the event loop ever waits for a lock or an fsync: the writer never waits (busy_timeout 0 on the loop), and
+it leaves checkpoints (the fsyncs) to `SqliteFeed.run`. The change feed reads a commit made on the loop back once the
+committing task yields (a tool call: once its request has left for the downstream).
 
 SQLite failures of a running ledger (a full disk, an I/O error, a lock held for too long) surface as
 `LedgerUnavailable`, a retriable Bastion error, never as a raw `sqlite3` error.
@@ -46,6 +49,8 @@ _BUSY_TIMEOUT_MS: Final = 5000
 CHECKPOINT_AFTER: Final = 200
 """The WAL is checkpointed (off the event loop) once the writer has committed this many transactions: a tool
 call commits twice, about 8 pages each, so the WAL stays near 6 MiB."""
+DEFER_SECONDS: Final = 0.02
+"""How long a deferred write waits at most for a write that commits sooner to take it along (see `write`)."""
 _WRITER_AUTOCHECKPOINT: Final = 10_000
 """WAL pages after which the writer checkpoints by itself: a bound for processes that never run the feed."""
 _MIN_SQLITE: Final = (3, 35, 0)
@@ -92,6 +97,8 @@ class SqliteDatabase:
         queued behind it. Taken without a checkpoint when free: a read on the writer holds it within one step."""
         self._batch: list[_Batched] = []
         """The writes for the transaction the loop begins next (`_commit_batch`)."""
+        self._deferred: asyncio.TimerHandle | None = None
+        """The commit of a batch of deferred writes only, due once the first has waited `DEFER_SECONDS`."""
         self.path = path
         self.uncheckpointed = 0
         self.checkpoint_due = anyio.Event()
@@ -138,6 +145,7 @@ class SqliteDatabase:
     async def close(self) -> None:
         """Close both connections, even when cancelled, and safe to call twice. The last one out checkpoints."""
         with anyio.CancelScope(shield=True):
+            self.commit_deferred()
             async with self._writer_busy:
                 self._closed = True
                 self._writer.close()
@@ -153,7 +161,8 @@ class SqliteDatabase:
     # -- reads ---------------------------------------------------------------------------------------------
 
     async def fetchall(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> builtins.list[Any]:
-        """All rows of one read, on aiosqlite's thread."""
+        """All rows of one read, on aiosqlite's thread (after the deferred writes are committed)."""
+        self.commit_deferred()
         try:
             return builtins.list(await self._db.execute_fetchall(sql, params))
         except sqlite3.Error as exc:
@@ -166,6 +175,7 @@ class SqliteDatabase:
     async def data_version(self) -> int:
         """The writer's view of `data_version`: it changes with every commit by another connection. The
         query reads shared memory and takes no lock, so it runs on the loop unless a worker has the writer."""
+        self.commit_deferred()
         async with self._writer_busy:
             try:
                 return int(self._writer.execute("PRAGMA data_version").fetchone()[0])
@@ -173,7 +183,9 @@ class SqliteDatabase:
                 raise _unavailable(self.path, exc) from exc
 
     async def read_on_writer(self, read: Callable[[sqlite3.Connection], _T]) -> _T:
-        """A short read on the writer connection, on the loop (it sees every commit, its own included)."""
+        """A short read on the writer connection, on the loop (it sees every commit, its own included, and the
+        deferred writes, committed first)."""
+        self.commit_deferred()
         async with self._writer_busy:
             try:
                 return read(self._writer)
@@ -194,7 +206,12 @@ class SqliteDatabase:
     # -- writes --------------------------------------------------------------------------------------------
 
     async def write(
-        self, work: Callable[[sqlite3.Connection], _T], *, events: bool = True, may_wait: bool = False
+        self,
+        work: Callable[[sqlite3.Connection], _T],
+        *,
+        events: bool = True,
+        may_wait: bool = False,
+        may_defer: bool = False,
     ) -> _T:
         """Run `work` in one `BEGIN IMMEDIATE` transaction on the writer; if it changed anything, tell the
         commit listeners (the change feed).
@@ -207,7 +224,10 @@ class SqliteDatabase:
         write had run in its own step. When the lock is taken (SQLITE_BUSY)
         the transaction, rolled back if it had begun, runs again in a worker thread that waits for the lock
         up to busy_timeout; writes arriving meanwhile queue behind it, and each runs on the loop again once the
-        writer is its own, in a thread only if the other connection still holds the lock. `work` touches nothing but the
+        writer is its own, in a thread only if the other connection still holds the lock. `may_defer` (implies
+        `may_wait`): the write waits past the loop's turn, for the next write that may not wait, at most `DEFER_SECONDS`
+        (the outcome of a call that ended while others run: it commits with the next call's intent, one commit for
+        both); reads on this process and `close` commit it first. `work` touches nothing but the
         connection, so running it twice is safe. A cancelled caller cannot leave a transaction half-open:
         the worker's run is shielded, and the caller is cancelled at its next checkpoint.
 
@@ -217,7 +237,10 @@ class SqliteDatabase:
         started = time.perf_counter()
         try:
             if not self._in_worker:
-                done = await self._batched(work, events, started) if may_wait else self._now(work, events, started)
+                if may_wait or may_defer:
+                    done = await self._batched(work, events, started, may_defer)
+                else:
+                    done = self._now(work, events, started)
                 if done is not _BUSY:
                     return cast(_T, done)
             async with self._writer_busy:
@@ -242,11 +265,22 @@ class SqliteDatabase:
         except sqlite3.Error as exc:
             raise _unavailable(self.path, exc) from exc
 
-    async def _batched(self, work: Callable[[sqlite3.Connection], _T], events: bool, started: float) -> _T | object:
-        """`work` in the loop's next transaction (`_commit_batch`), or `_BUSY` when that could not begin."""
+    async def _batched(
+        self, work: Callable[[sqlite3.Connection], _T], events: bool, started: float, deferred: bool
+    ) -> _T | object:
+        """`work` in the loop's next transaction (`_commit_batch`), or `_BUSY` when that could not begin. A `deferred`
+        write that finds no transaction due opens a batch due in `DEFER_SECONDS`; a write that may not be deferred
+        makes a deferred batch due at the loop's next turn."""
         loop = asyncio.get_running_loop()
         batched = _Batched(work, events, started, loop.create_future())
         if not self._batch:
+            if deferred:
+                self._deferred = loop.call_later(DEFER_SECONDS, self._commit_batch)
+            else:
+                loop.call_soon(self._commit_batch)
+        elif not deferred and self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
             loop.call_soon(self._commit_batch)
         self._batch.append(batched)
         try:
@@ -275,6 +309,9 @@ class SqliteDatabase:
         """Run the waiting writes in one transaction, each in a savepoint when there are several, and hand each its
         outcome. When the transaction cannot begin here (a worker thread has the writer, or another connection the
         write lock) each gets `_BUSY` and takes the queue to the writer."""
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
         batch = [batched for batched in self._batch if not batched.done.cancelled()]
         self._batch = []
         if not batch:
@@ -327,6 +364,11 @@ class SqliteDatabase:
             if self._committed(changes, any(batched.events for batched in stored)):
                 self._tell_soon()
         _settle(outcomes)
+
+    def commit_deferred(self) -> None:
+        """Commit the deferred writes now, if any wait (a read that follows sees them)."""
+        if self._deferred is not None:
+            self._commit_batch()
 
     def _on_loop(self, work: Callable[[sqlite3.Connection], _T], events: bool, started: float) -> _T | object:
         """`work` in a transaction right here, unless another connection holds the write lock (`_BUSY`: nothing

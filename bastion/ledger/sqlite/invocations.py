@@ -315,9 +315,12 @@ class SqliteInvocations:
         result: Scrubbed | None,
         error_class: str | None,
         error_message: str | None,
+        may_defer: bool = False,
     ) -> bool:
         """Record the outcome of a call that ran: executing -> `to`, with its result and error, and the event,
-        in one transaction. False when it was no longer executing (recovery marked it unknown meanwhile)."""
+        in one transaction. False when it was no longer executing (recovery marked it unknown meanwhile). The call
+        is over, so the write shares the loop's next commit; `may_defer` (other calls run): the next call's, see
+        `SqliteDatabase.write`."""
         now = timestamp(utcnow())
         params = {
             "id": invocation_id,
@@ -335,7 +338,7 @@ class SqliteInvocations:
             append_events(conn, [event])
             return True
 
-        return await self._db.write(work, may_wait=True)  # (the call is over: it may share the next turn's commit)
+        return await self._db.write(work, may_wait=True, may_defer=may_defer)
 
     async def decide(
         self, invocation_id: str, *, approve: bool, detail: Scrubbed, error_message: str | None, now: datetime
