@@ -26,7 +26,7 @@ from bastion.pipeline.catalog import new_invocation_id
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.outcomes import Outcomes
 from tests.downstream import FixtureServer
-from tests.harness import harness
+from tests.harness import Harness, harness
 
 pytestmark = pytest.mark.anyio
 
@@ -264,6 +264,15 @@ async def test_an_outcome_the_ledger_refuses_is_kept_and_recorded_once_the_ledge
         assert [i.status for i in finished] == ["completed"]
 
 
+async def _traced_writes(h: Harness) -> list[str]:
+    """The statements the ledger's writer runs from now on, as SQLite traces them (with their values)."""
+    statements: list[str] = []
+    database = h.ledger.backend.database
+    assert isinstance(database, SqliteDatabase)
+    await database.read_on_writer(lambda conn: conn.set_trace_callback(statements.append))
+    return statements
+
+
 def _transactions(statements: list[str]) -> list[list[str]]:
     """The writer's statements grouped by transaction (BEGIN IMMEDIATE to COMMIT)."""
     transactions: list[list[str]] = []
@@ -283,10 +292,7 @@ async def test_calls_that_start_while_another_runs_record_their_intents_in_one_c
     """A call alone commits its intent at once; calls that start while another is in flight may wait for the loop's
     next turn to share one commit (issue 17: fewer commits under concurrency), each still durable before it runs."""
     async with harness(tmp_path, modes={"fx:sleep": "allow", "fx:echo": "allow"}) as h:
-        statements: list[str] = []
-        database = h.ledger.backend.database
-        assert isinstance(database, SqliteDatabase)
-        await database.read_on_writer(lambda conn: conn.set_trace_callback(statements.append))
+        statements = await _traced_writes(h)
         context = CallContext(session_id="s", local_session=True)
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
@@ -314,12 +320,9 @@ async def test_an_answered_call_records_its_outcome_with_the_next_calls_intent_w
     tmp_path: Path,
 ) -> None:
     """An express call answered while another runs records its outcome off its own task, in the next call's intent
-    transaction: one commit for both (issue 17); a read of this process sees it at once, and a stop waits for it."""
+    transaction: one commit for both (issue 17); a read of this process sees it at once."""
     async with harness(tmp_path, modes={"fx:sleep": "allow", "fx:echo": "allow"}) as h:
-        statements: list[str] = []
-        database = h.ledger.backend.database
-        assert isinstance(database, SqliteDatabase)
-        await database.read_on_writer(lambda conn: conn.set_trace_callback(statements.append))
+        statements = await _traced_writes(h)
         context = CallContext(session_id="s", local_session=True)
         delivered: list[WireResult] = []
 
