@@ -1,8 +1,10 @@
 """Per-call latency over stdio: direct, through Bastion, a naive relay and FastMCP's proxy (DESIGN.md §11).
 
 The same SDK client code calls `read_note` on the same downstream (the bundled demo notes server,
-one note in its file) seven ways: directly; through `bastion serve` (allow path, ledger on), with its express
-lane and without (`[server] express_lane = false`: the MCP SDK's server and client); through a naive relay
+one note in its file) eight ways: directly; through `bastion serve` (allow path, ledger on), with its express
+lane and without (`[server] express_lane = false`: the MCP SDK's server and client); through the same Bastion
+recording nothing (bench/without.py `records`, a measuring device: what the rest of its path costs without the
+ledger DESIGN.md §6 requires); through a naive relay
 on the mcp SDK's low-level server (bench/naive_relay.py), the floor any SDK-based relay pays; through a
 relay that forwards the bytes and reads nothing (bench/pipe_relay.py), the price of a third process alone; through
 that relay recording each call in a ledger file with Bastion's ledger code and nothing else (bench/ledger_relay.py),
@@ -66,6 +68,9 @@ def routes(workdir: Path, notes_file: Path, with_fastmcp: bool, relay_ledger: Pa
         Route("bastion_sdk", "Bastion, express lane off (the SDK's server and client)", "notes__read_note",
             StdioServerParameters(
                 command=python, args=["-m", "bastion", "serve", "--config", str(workdir / "config-sdk")], env=env)),
+        Route("bastion_unrecorded", "Bastion recording nothing (measuring device, bench/without.py)",
+            "notes__read_note", StdioServerParameters(command=python, args=[
+                "-m", "bench.without", "records", "serve", "--config", str(workdir / "config-unrecorded")], env=env)),
         Route("naive", "naive low-level relay (mcp SDK)", "read_note", StdioServerParameters(
             command=python, args=[str(Path(__file__).with_name("naive_relay.py"))], env=env)),
         Route("pipe", "zero-work relay (bytes forwarded, nothing read)", "read_note", StdioServerParameters(
@@ -121,6 +126,7 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
             "bastion_sdk": notes_config(workdir / "config-sdk", notes_file, express_lane=False),
             "ledger_relay": workdir / "ledger-relay.db",
         }
+        notes_config(workdir / "config-unrecorded", notes_file)  # its ledger stays empty: nothing to count
         with_fastmcp = importlib.util.find_spec("fastmcp") is not None
         measured = routes(workdir, notes_file, with_fastmcp, ledgers["ledger_relay"])
         async with AsyncExitStack() as stack:
@@ -166,16 +172,16 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
             q: report.ratio(results["paths"]["bastion"][f"{q}_ms"], results["paths"][other][f"{q}_ms"])
             for q in ("p50", "p95", "mean")
         }
-        for other in ("direct", "bastion_sdk", "naive", "pipe", "ledger_relay", "fastmcp")
+        for other in ("direct", "bastion_sdk", "bastion_unrecorded", "naive", "pipe", "ledger_relay", "fastmcp")
         if other in results["paths"]
     }
     results["round_ratios"] = {
         f"bastion/{other}": _spread(by_name["bastion"].round_p50s, by_name[other].round_p50s)
-        for other in ("direct", "ledger_relay", "naive")
+        for other in ("direct", "ledger_relay", "bastion_unrecorded", "naive")
     }
     results["relay_floor"] = {
         f"{relay}/direct {q}": report.ratio(results["paths"][relay][f"{q}_ms"], results["paths"]["direct"][f"{q}_ms"])
-        for relay in ("pipe", "ledger_relay")
+        for relay in ("pipe", "ledger_relay", "bastion_unrecorded")
         for q in ("p50", "p95")
     }
     if not with_fastmcp:
@@ -245,7 +251,11 @@ def markdown(results: dict[str, Any]) -> str:
         "recording relay (bench/ledger_relay.py) is that relay recording each call through Bastion's own ledger code "
         "(intent durable before the line goes on, outcome after the answer) and doing nothing else: "
         f"{results['relay_floor']['ledger_relay/direct p50']}x direct at p50; what Bastion costs beyond it is the "
-        "rest of its path (catalog, policy, redaction, argument and result checks, the MCP messages).",
+        "rest of its path (catalog, policy, redaction, argument and result checks, the MCP messages). Bastion "
+        "recording nothing (`python -m bench.without records`: the recorder scrubs and stores nothing, a measuring "
+        "device, never a way to run Bastion) is that rest by itself: "
+        f"{results['relay_floor']['bastion_unrecorded/direct p50']}x direct at p50; bastion/bastion_unrecorded is "
+        "what the records cost on Bastion's path.",
         "",
         "Ledgers: "
         + "; ".join(

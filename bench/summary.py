@@ -197,6 +197,12 @@ def markdown(summary: dict[str, Any]) -> str:
             f"(bench/ledger_relay.py): {floor['ledger_relay/direct p50']}x at p50, "
             f"{floor['ledger_relay/direct p95']}x at p95: what the records cost by themselves.",
         ]
+        if "bastion_unrecorded/direct p50" in floor:
+            lines[-1] += (
+                " Bastion recording nothing (a measuring device, bench/without.py `records`): "
+                f"{floor['bastion_unrecorded/direct p50']}x at p50, {floor['bastion_unrecorded/direct p95']}x at p95: "
+                "the rest of Bastion's path without the ledger DESIGN.md §6 requires."
+            )
     if "round_ratios" in summary:
         spread = summary["round_ratios"]["bastion/direct"]
         lines += [
