@@ -69,6 +69,26 @@ class OpenLedger:
     key_path: Path
     """The file of the key of its argument hashes (every instance on one PostgreSQL ledger needs the same)."""
 
+    @classmethod
+    def of(
+        cls, backend: SqliteBackend | PostgresBackend, *, url: str, redactor: Redactor, key: bytes, key_path: Path
+    ) -> OpenLedger:
+        """The ledger of an open backend: its stores, its invocations behind the recorder (which redacts what is
+        stored and hashes arguments with `key`)."""
+        return cls(
+            url=url,
+            invocations=Recorder(backend.invocations, redactor, key),
+            pins=backend.pins,
+            tokens=backend.tokens,
+            changes=backend.changes,
+            instances=backend.instances,
+            limits=backend.limits,
+            outbox=backend.outbox,
+            audit=backend.audit,
+            backend=backend,
+            key_path=key_path,
+        )
+
     @property
     def commits(self) -> CommitTimes:
         """How long its writes take to commit (the server's `/metrics` listens)."""
@@ -133,19 +153,8 @@ async def open_ledger(url: str | Path, *, redactor: Redactor, key_path: Path | N
     key_path = key_path or key_path_for(path)
     key = load_or_create_key(key_path)
     backend = await SqliteBackend.open(path)
-    return OpenLedger(
-        url=url if isinstance(url, str) else SQLITE_PREFIX + str(path),
-        invocations=Recorder(backend.invocations, redactor, key),
-        pins=backend.pins,
-        tokens=backend.tokens,
-        changes=backend.changes,
-        instances=backend.instances,
-        limits=backend.limits,
-        outbox=backend.outbox,
-        audit=backend.audit,
-        backend=backend,
-        key_path=key_path,
-    )
+    opened = url if isinstance(url, str) else SQLITE_PREFIX + str(path)
+    return OpenLedger.of(backend, url=opened, redactor=redactor, key=key, key_path=key_path)
 
 
 async def _open_postgres(url: str, redactor: Redactor, key_path: Path) -> OpenLedger:
@@ -156,19 +165,7 @@ async def _open_postgres(url: str, redactor: Redactor, key_path: Path) -> OpenLe
     except BaseException:
         await backend.close()
         raise
-    return OpenLedger(
-        url=url,
-        invocations=Recorder(backend.invocations, redactor, key),
-        pins=backend.pins,
-        tokens=backend.tokens,
-        changes=backend.changes,
-        instances=backend.instances,
-        limits=backend.limits,
-        outbox=backend.outbox,
-        audit=backend.audit,
-        backend=backend,
-        key_path=key_path,
-    )
+    return OpenLedger.of(backend, url=url, redactor=redactor, key=key, key_path=key_path)
 
 
 async def _shared_key(backend: PostgresBackend, key_path: Path, where: str) -> bytes:
