@@ -73,6 +73,18 @@ async def running(connector: McpConnector, changes: Changes) -> AsyncIterator[an
             tg.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def ready_connector(era: str) -> AsyncIterator[tuple[FixtureServer, McpConnector, Changes]]:
+    """A connector of the default configuration on a fresh fixture reached the way `era` names, running and ready:
+    the fixture, the connector and its recorded changes."""
+    fixture, target = fixture_link(era)
+    connector = McpConnector(config(), target=target)
+    changes = Changes()
+    async with running(connector, changes):
+        await changes.until(ready(connector))
+        yield fixture, connector, changes
+
+
 def config(**fields: Any) -> ConnectorConfig:
     return ConnectorConfig.model_validate({"id": "fx", **fields})
 
@@ -92,11 +104,7 @@ def down(connector: McpConnector) -> Callable[[], bool]:
 @pytest.mark.anyio
 @pytest.mark.parametrize("era", ERAS)
 async def test_lists_tools_and_forwards_calls(era: str) -> None:
-    _, target = fixture_link(era)
-    connector = McpConnector(config(), target=target)
-    changes = Changes()
-    async with running(connector, changes):
-        await changes.until(ready(connector))
+    async with ready_connector(era) as (_, connector, changes):
         assert changes.sources == ["fx"]
         assert [t.name for t in connector.tools()] == [t.name for t in default_tools()]
         assert connector.status.tools == len(default_tools())
@@ -113,22 +121,14 @@ async def test_lists_tools_and_forwards_calls(era: str) -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("era", ERAS)
 async def test_annotations_and_schemas_pass_through_verbatim(era: str) -> None:
-    fixture, target = fixture_link(era)
-    connector = McpConnector(config(), target=target)
-    changes = Changes()
-    async with running(connector, changes):
-        await changes.until(ready(connector))
+    async with ready_connector(era) as (fixture, connector, _):
         assert [dump(t) for t in connector.tools()] == [dump(t) for t in fixture.tools]
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("era", ERAS)
 async def test_correlation_id_reaches_the_downstream(era: str) -> None:
-    fixture, target = fixture_link(era)
-    connector = McpConnector(config(), target=target)
-    changes = Changes()
-    async with running(connector, changes):
-        await changes.until(ready(connector))
+    async with ready_connector(era) as (fixture, connector, _):
         await connector.call("echo", {"text": "x"}, correlation_id="corr-42", timeout=WAIT)
     assert fixture.calls[-1].meta[CORRELATION_META_KEY] == "corr-42"
 
@@ -136,11 +136,7 @@ async def test_correlation_id_reaches_the_downstream(era: str) -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("era", ERAS)
 async def test_list_changed_relists_the_source_and_calls_on_change(era: str) -> None:
-    fixture, target = fixture_link(era)
-    connector = McpConnector(config(), target=target)
-    changes = Changes()
-    async with running(connector, changes):
-        await changes.until(ready(connector))
+    async with ready_connector(era) as (fixture, connector, changes):
         added = types.Tool(name="added", description="New.", input_schema={"type": "object"})
         await fixture.set_tools([*fixture.tools[:2], added])
         await changes.until(lambda: [t.name for t in connector.tools()] == ["echo", "sleep", "added"])
@@ -163,11 +159,7 @@ async def test_every_page_of_the_listing_is_collected() -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("era", ERAS)
 async def test_a_call_past_its_timeout_raises_call_timeout(era: str) -> None:
-    fixture, target = fixture_link(era)
-    connector = McpConnector(config(), target=target)
-    changes = Changes()
-    async with running(connector, changes):
-        await changes.until(ready(connector))
+    async with ready_connector(era) as (fixture, connector, _):
         with pytest.raises(CallTimeout):
             await connector.call("sleep", {}, correlation_id="c", timeout=0.05)
         fixture.release.set()
@@ -177,11 +169,7 @@ async def test_a_call_past_its_timeout_raises_call_timeout(era: str) -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("era", ERAS)
 async def test_an_error_response_raises_upstream_error(era: str) -> None:
-    _, target = fixture_link(era)
-    connector = McpConnector(config(), target=target)
-    changes = Changes()
-    async with running(connector, changes):
-        await changes.until(ready(connector))
+    async with ready_connector(era) as (_, connector, _):
         with pytest.raises(UpstreamError) as caught:
             await connector.call("fail", {}, correlation_id="c", timeout=WAIT)
         assert str(FAILURE_CODE) in caught.value.message
@@ -192,11 +180,7 @@ async def test_an_error_response_raises_upstream_error(era: str) -> None:
 @pytest.mark.parametrize("era", ERAS)
 async def test_a_result_off_its_output_schema_is_an_upstream_error_not_a_connector_unavailable(era: str) -> None:
     """The SDK checks structured content against the tool's output schema after the tool ran: never "nothing sent"."""
-    fixture, target = fixture_link(era)
-    connector = McpConnector(config(), target=target)
-    changes = Changes()
-    async with running(connector, changes):
-        await changes.until(ready(connector))
+    async with ready_connector(era) as (fixture, connector, _):
         fixture.shapes_output = {"area": -1}
         with pytest.raises(UpstreamError) as caught:
             await connector.call("shapes", {"at": [1, 2]}, correlation_id="c", timeout=WAIT)
