@@ -6,7 +6,6 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-import aiosqlite
 import psycopg
 import pytest
 
@@ -14,26 +13,16 @@ from bastion.ledger import Redactor, open_ledger
 from bastion.ledger.postgres import schema as postgres_schema
 from bastion.ledger.sqlite import schema as sqlite_schema
 from tests.ledger_contract.samples import make_invocation
+from tests.old_ledgers import OLD_ROW, OLD_SQLITE_ROW, sqlite_ledger_at
 from tests.postgres import PostgresServer
 
 pytestmark = pytest.mark.anyio
 
-OLD_ROW = (
-    "INSERT INTO invocations (id, status, policy_key, tool, source_id, action_id, risk, mode, mode_source,"
-    " session_id, args_hash, created_at, updated_at{extra}) VALUES ('old-1', 'completed', 'fs:read', 'fs__read',"
-    " 'fs', 'read', 'read', 'allow', 'org', 'session-a', '', '2026-11-21T10:00:00.000000+00:00',"
-    " '2026-11-21T10:00:01.000000+00:00'{values})"
-)
-
 
 async def test_a_version_9_sqlite_file_upgrades_keeping_its_rows_without_a_risk_source(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
-    async with aiosqlite.connect(path, isolation_level=None) as version_9:
-        await sqlite_schema.register_functions_async(version_9)  # migration 9 chains events with it
-        await sqlite_schema.migrate(version_9, to_version=9)
-    with sqlite3.connect(path, isolation_level=None) as db:
-        db.execute(OLD_ROW.format(extra="", values=""))
-    db.close()
+    async with sqlite_ledger_at(path, 9) as db:
+        db.execute(OLD_SQLITE_ROW)
 
     async with await open_ledger(path, redactor=Redactor()) as ledger:
         old = await ledger.invocations.get("old-1")

@@ -5,28 +5,20 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-import aiosqlite
 import pytest
 
 from bastion.ledger import Redactor, open_ledger
-from bastion.ledger.sqlite.schema import SCHEMA_VERSION, migrate
+from bastion.ledger.sqlite.schema import SCHEMA_VERSION
 from tests.ledger_contract.samples import make_invocation
+from tests.old_ledgers import OLD_SQLITE_ROW, sqlite_ledger_at
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_a_version_6_file_upgrades_keeping_its_rows_without_a_parent(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
-    async with aiosqlite.connect(path, isolation_level=None) as version_6:
-        await migrate(version_6, to_version=6)
-    with sqlite3.connect(path, isolation_level=None) as db:
-        db.execute(
-            "INSERT INTO invocations (id, status, policy_key, tool, source_id, action_id, risk, mode, mode_source,"
-            " session_id, args_hash, created_at, updated_at) VALUES ('old-1', 'completed', 'fs:read', 'fs__read',"
-            " 'fs', 'read', 'read', 'allow', 'org', 'session-a', '', '2026-11-21T10:00:00.000000+00:00',"
-            " '2026-11-21T10:00:01.000000+00:00')"
-        )
-    db.close()
+    async with sqlite_ledger_at(path, 6) as db:
+        db.execute(OLD_SQLITE_ROW)
 
     async with await open_ledger(path, redactor=Redactor()) as ledger:
         old = await ledger.invocations.get("old-1")

@@ -35,6 +35,7 @@ from bastion.ledger.sqlite.schema import SCHEMA_VERSION, migrate
 from bastion.models import Pin, Principal
 from bastion.policies import canonical_json
 from tests.ledger_contract.samples import CANARY, T0, add_pending, make_invocation, observation
+from tests.old_ledgers import OLD_ROW, sqlite_ledger_at
 
 
 @pytest.fixture
@@ -197,26 +198,18 @@ async def test_the_events_table_is_append_only(ledger: OpenLedger) -> None:
     assert [event.kind for event in await ledger.invocations.events("inv-0001")] == ["planned"]
 
 
+_OLD_ROW_WITH_ARGS = OLD_ROW.format(extra=", args", values=', \'{"path":"/x"}\'')
+
+
 @pytest.mark.anyio
 async def test_a_version_1_file_upgrades_to_version_2_keeping_its_rows(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
-    db = await aiosqlite.connect(path, isolation_level=None)
-    try:
-        await migrate(db, to_version=1)
-        await db.execute(
-            "INSERT INTO invocations (id, status, policy_key, tool, source_id, action_id, risk, mode, mode_source,"
-            " session_id, args, args_hash, created_at, updated_at)"
-            " VALUES ('old-1', 'completed', 'fs:read', 'fs__read', 'fs', 'read', 'read', 'allow', 'org',"
-            " 'session-a', '{\"path\":\"/x\"}', ?, '2026-11-21T10:00:00.000000+00:00',"
-            " '2026-11-21T10:00:01.000000+00:00')",
-            ("0" * 64,),
-        )
-        await db.execute(
+    async with sqlite_ledger_at(path, 1) as db:
+        db.execute(_OLD_ROW_WITH_ARGS)
+        db.execute(
             "INSERT INTO events (invocation_id, seq, kind, at) VALUES ('old-1', 1, 'planned', ?)",
             ("2026-11-21T10:00:00.000000+00:00",),
         )
-    finally:
-        await db.close()
     assert read_pragma(path, "user_version") == 1
 
     async with await open_ledger(path, redactor=Redactor()) as ledger:
@@ -232,21 +225,10 @@ async def test_a_version_1_file_upgrades_to_version_2_keeping_its_rows(tmp_path:
 @pytest.mark.anyio
 async def test_a_version_2_file_upgrades_keeping_its_rows_and_gains_tokens(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
-    db = await aiosqlite.connect(path, isolation_level=None)
-    try:
-        await migrate(db, to_version=2)
-        await db.execute(
-            "INSERT INTO invocations (id, status, policy_key, tool, source_id, action_id, risk, mode, mode_source,"
-            " session_id, args, args_hash, created_at, updated_at)"
-            " VALUES ('old-1', 'completed', 'fs:read', 'fs__read', 'fs', 'read', 'read', 'allow', 'org',"
-            " 'session-a', '{\"path\":\"/x\"}', ?, '2026-11-21T10:00:00.000000+00:00',"
-            " '2026-11-21T10:00:01.000000+00:00')",
-            ("0" * 64,),
-        )
-        tables = {row[0] for row in await db.execute_fetchall("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert "tokens" not in tables
-    finally:
-        await db.close()
+    async with sqlite_ledger_at(path, 2) as db:
+        db.execute(_OLD_ROW_WITH_ARGS)
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "tokens" not in tables
 
     async with await open_ledger(path, redactor=Redactor()) as ledger:
         old = await ledger.invocations.get("old-1")
@@ -256,20 +238,13 @@ async def test_a_version_2_file_upgrades_keeping_its_rows_and_gains_tokens(tmp_p
         secret = await ledger.tokens.create_token("ci-agent", role="agent", profile=None, now=T0)
         assert await ledger.tokens.authenticate(secret) == Principal(name="ci-agent", role="agent")
 
-    db = await aiosqlite.connect(path, isolation_level=None)
-    try:
-        rows = list(await db.execute_fetchall("PRAGMA user_version"))
-    finally:
-        await db.close()
-    assert rows[0][0] == SCHEMA_VERSION
+    assert read_pragma(path, "user_version") == SCHEMA_VERSION
 
 
 @pytest.mark.anyio
 async def test_a_version_3_file_upgrades_its_events_to_one_history_keeping_them(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
-    async with aiosqlite.connect(path, isolation_level=None) as old:
-        await migrate(old, to_version=3)
-    with sqlite3.connect(path, isolation_level=None) as db:
+    async with sqlite_ledger_at(path, 3) as db:
         db.executemany(
             "INSERT INTO invocations (id, status, policy_key, tool, source_id, action_id, risk, mode, mode_source,"
             " session_id, args_hash, created_at, updated_at) VALUES (?, ?, 'fs:read', 'fs__read',"
@@ -285,7 +260,6 @@ async def test_a_version_3_file_upgrades_its_events_to_one_history_keeping_them(
                 ("old-1", 2, "completed", "2026-11-21T10:00:01.000000+00:00", '{"n":1}'),
             ],
         )
-    db.close()
 
     async with await open_ledger(path, redactor=Redactor()) as ledger:
         kept = await ledger.invocations.events("old-1")
