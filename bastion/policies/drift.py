@@ -46,6 +46,10 @@ class NestingTooDeep(ValueError):
     """A value nests containers too deeply for `canonical_json`: the JSON encoder recurses once per level."""
 
 
+_CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+"""`json.dumps` with these options builds an encoder on every call; this one is built once."""
+
+
 def canonical_json(value: Any) -> bytes:
     """JSON with sorted keys, no whitespace, UTF-8: equal values always give equal bytes.
 
@@ -55,7 +59,7 @@ def canonical_json(value: Any) -> bytes:
     message nested deeper than 200 levels.
     """
     try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        text = _CANONICAL.encode(value)
     except RecursionError as exc:
         raise NestingTooDeep("the value nests objects and arrays too deeply to encode") from exc
     # surrogatepass: upstream JSON may carry lone surrogates; hashing them must not crash the catalog.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TypeGuard
 
@@ -78,17 +79,20 @@ def _first_match(
         verdict = True if rule is None else judge(rule) if judge is not None else None
         if verdict is False:
             continue
-        own = (
-            ModeDecision(mode=value, source=source)
-            if is_mode(value)
-            else ModeDecision(mode="deny", source=f"unknown_mode:{value}")
-        )
+        own = _decision(value, source) if is_mode(value) else _decision("deny", f"unknown_mode:{value}")
         if verdict is True:
             return own
         assert rule is not None
         rest = _first_match(candidates, i + 1, risk, judge, undecided)
         return ModeDecision(mode=stricter(own.mode, rest.mode), source=f"{undecided}:{rule.key}")
-    return ModeDecision(mode=_INFERRED[risk], source="inferred")
+    return _decision(_INFERRED[risk], "inferred")
+
+
+@functools.lru_cache(maxsize=256)
+def _decision(mode: Mode, source: str) -> ModeDecision:
+    """One decision per mode and source, shared (it is frozen): building the model costs a call more than looking it
+    up (issue 17)."""
+    return ModeDecision(mode=mode, source=source)
 
 
 def compose_mode(
