@@ -406,17 +406,9 @@ def test_redaction_is_idempotent(value: Any) -> None:
     assert redactor.redact(once) == once
 
 
-@st.composite
-def with_canary(draw: st.DrawFn) -> tuple[Any, str, str]:
-    """A JSON value with a GitHub token placed somewhere in it; returns (value, canary, text without it)."""
-    canary = "ghp_" + draw(st.text(alphabet=ALNUM, min_size=36, max_size=36))
-    prefix, suffix, key = draw(st.text(max_size=10)), draw(st.text(max_size=10)), draw(st.text(max_size=10))
-    carrier = draw(st.sampled_from(["bare", "in_text", "in_json_text"]))
-    leaf: str = {
-        "bare": canary,
-        "in_text": prefix + canary + suffix,
-        "in_json_text": json.dumps({key: [prefix + canary + suffix]}),
-    }[carrier]
+def placed(draw: st.DrawFn, value: Any, key: str, leaf: str, *, in_text: bool = False) -> Any:
+    """`value` with `leaf` placed somewhere in it, drawn: under `key` in an object, in an array, inside a string
+    (`in_text`), or beside the value in a new array."""
 
     def place(value: Any) -> Any:
         if isinstance(value, dict) and value and draw(st.booleans()):
@@ -430,13 +422,32 @@ def with_canary(draw: st.DrawFn) -> tuple[Any, str, str]:
         if isinstance(value, list):
             index = draw(st.integers(min_value=0, max_value=len(value)))
             return [*value[:index], leaf, *value[index:]]
-        if isinstance(value, str) and draw(st.booleans()):
+        if in_text and isinstance(value, str) and draw(st.booleans()):
             cut = draw(st.integers(min_value=0, max_value=len(value)))
             return value[:cut] + leaf + value[cut:]
         return [value, leaf]
 
+    return place(value)
+
+
+@st.composite
+def with_canary(draw: st.DrawFn) -> tuple[Any, str, str]:
+    """A JSON value with a GitHub token placed somewhere in it; returns (value, canary, text without it)."""
+    canary = "ghp_" + draw(st.text(alphabet=ALNUM, min_size=36, max_size=36))
+    prefix, suffix, key = draw(st.text(max_size=10)), draw(st.text(max_size=10)), draw(st.text(max_size=10))
+    carrier = draw(st.sampled_from(["bare", "in_text", "in_json_text"]))
+    leaf: str = {
+        "bare": canary,
+        "in_text": prefix + canary + suffix,
+        "in_json_text": json.dumps({key: [prefix + canary + suffix]}),
+    }[carrier]
+
     base = draw(json_values)
-    return place(base), canary, json.dumps([base, prefix, suffix, key], ensure_ascii=False)
+    return (
+        placed(draw, base, key, leaf, in_text=True),
+        canary,
+        json.dumps([base, prefix, suffix, key], ensure_ascii=False),
+    )
 
 
 @settings(deadline=None)
@@ -574,22 +585,8 @@ def placed_secrets(draw: st.DrawFn) -> tuple[Any, list[str], str]:
     leaf, cores, surrounding = draw(carried_credentials() | secret_pairs())
     key = draw(st.text(max_size=10))
 
-    def place(value: Any) -> Any:
-        if isinstance(value, dict) and value and draw(st.booleans()):
-            chosen = draw(st.sampled_from(sorted(value)))
-            return {**value, chosen: place(value[chosen])}
-        if isinstance(value, list) and value and draw(st.booleans()):
-            index = draw(st.integers(min_value=0, max_value=len(value) - 1))
-            return [*value[:index], place(value[index]), *value[index + 1 :]]
-        if isinstance(value, dict):
-            return {**value, key: leaf}
-        if isinstance(value, list):
-            index = draw(st.integers(min_value=0, max_value=len(value)))
-            return [*value[:index], leaf, *value[index:]]
-        return [value, leaf]
-
     base = draw(json_values)
-    return place(base), cores, json.dumps([base, key, *surrounding], ensure_ascii=False)
+    return placed(draw, base, key, leaf), cores, json.dumps([base, key, *surrounding], ensure_ascii=False)
 
 
 @settings(deadline=None, max_examples=500)
