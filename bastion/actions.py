@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import mcp_types as types
+from mcp_types import methods
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from bastion.models import Risk
 
@@ -29,19 +32,82 @@ Reconciliation = Literal["manual", "lookup"]
 LookedUpOutcome = Literal["completed", "failed"]
 
 
+class Unshapeable(ValueError):
+    """A tool result that a host of some protocol version cannot receive; the message says why."""
+
+
 @dataclass(frozen=True, slots=True)
 class WireResult:
     """A tool result as the JSON object its downstream sent, already checked (its protocol version's shape, the
     tool's output schema) and without the downstream's protocol-internal `_meta` keys: the express lane forwards
-    it to the host without modelling it again (issue 17)."""
+    it to the host without modelling it again."""
 
     data: dict[str, Any]
     checked_at: str | None = None
-    """The protocol version whose result shape `data` was checked against (None: a model's dump, valid at all)."""
+    """The protocol version whose result shape `data` was checked against (None: not checked at any)."""
 
     @property
     def is_error(self) -> bool:
         return self.data.get("isError") is True
+
+    def for_host(self, version: str) -> WireResult:
+        """This result as a host speaking `version` must receive it (`shaped_result`); itself when it was checked at
+        that version already. Raises Unshapeable."""
+        if self.checked_at == version:
+            return self
+        return WireResult(shaped_result(self.data, version), checked_at=version)
+
+
+def shaped_result(data: Mapping[str, Any], version: str) -> dict[str, Any]:
+    """A tool result of either protocol era (a downstream's, or one Bastion built) as a host speaking `version` must
+    receive it: the one place a tool result is fitted to its host.
+
+    Downstreams and hosts of both eras meet here. A 2025-era result has no `resultType`, which 2026-07-28 requires
+    (its absence means `complete`), so it is added; then the result is sieved through the version's own result
+    shape, as the SDK's server sieves a handler's result. What that shape cannot carry (a 2026-07-28
+    `structuredContent` that is not an object, for a 2025-era host) raises Unshapeable, saying what: the result is
+    then withheld, never sent broken."""
+    if version in MODERN_PROTOCOL_VERSIONS:
+        result_type = data.get("resultType")
+        if result_type is None:
+            data = {**data, "resultType": "complete"}
+        elif result_type != "complete":
+            raise Unshapeable(f"it is a {result_type!r} result, not a tool result")
+    structured = data.get("structuredContent")
+    if version not in MODERN_PROTOCOL_VERSIONS and structured is not None and not isinstance(structured, dict):
+        raise Unshapeable(
+            f"its structuredContent is a JSON {_json_type(structured)}, and MCP {version} carries only an object there"
+        )
+    try:
+        shaped = methods.serialize_server_result("tools/call", version, data)
+    except ValidationError as exc:
+        raise Unshapeable(_problems(exc)) from None
+    except (KeyError, ValueError) as exc:  # a version the SDK's shapes do not know
+        raise Unshapeable(f"MCP {version} is a protocol version Bastion cannot shape results for ({exc})") from None
+    if "content" not in shaped:  # at 2026-07-28, what is no tool result may pass as the union's input request
+        raise Unshapeable("it has no valid content list, so it is not a tool result")
+    return shaped
+
+
+def _problems(exc: ValidationError) -> str:
+    """What a result lacks for its shape, without echoing the result (it may hold what must not reach a log)."""
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    # At 2026-07-28 the shape is a union of a tool result and an input request: only the tool result's problems count.
+    ours = [error for error in errors if not (error["loc"] and error["loc"][0] == "InputRequiredResult")] or errors
+    said = [f"{'.'.join(str(p) for p in error['loc'] if p != 'CallToolResult') or 'the result'}: {error['msg']}"
+            for error in ours[:3]]  # fmt: skip
+    more = f" (and {len(ours) - 3} more)" if len(ours) > 3 else ""
+    return "; ".join(said) + more
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    return "number"
 
 
 @dataclass(frozen=True, slots=True)

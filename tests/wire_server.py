@@ -1,7 +1,8 @@
 """A stdio downstream for the express lane's tests (`python -m tests.wire_server`): the content fixture's tools
 (tests/downstream.py: echo, progress, fail, shapes, chatty, sample, ask, sleep) and a few whose answers are hard to
-forward: a result nested deeply, one off its own output schema, one with an integer beyond
-64 bits. Run by Bastion as a real child process, so its calls go over the wire path (bastion.connectors.wire)."""
+forward: a result nested deeply, one off its own output schema, one with an integer beyond 64 bits, one whose
+structured content is an array. Run by Bastion as a real child process, so its calls go over the wire path
+(bastion.connectors.wire)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ class WireFixture(ContentFixture):
                 input_schema=no_arguments,
             ),
             types.Tool(
+                name="listed",
+                description="Structured content that is an array (2026-07-28 allows it; 2025-era hosts take objects).",
+                input_schema=no_arguments,
+            ),
+            types.Tool(
                 name="huge",
                 description="An integer beyond 64 bits, and the arguments.",
                 input_schema={"type": "object"},
@@ -70,6 +76,8 @@ class WireFixture(ContentFixture):
                 meta: dict[str, Any] = dict(params.meta or {})
                 context = {key: meta[key] for key in ("traceparent", "tracestate") if key in meta}
                 return types.CallToolResult(content=[text], structured_content=context)
+            case "listed":
+                return types.CallToolResult(content=[text], structured_content=[1, 2, 3])
             case "huge":
                 return types.CallToolResult(
                     content=[text], structured_content={"huge": HUGE, "arguments": params.arguments or {}}

@@ -24,7 +24,7 @@ import anyio
 import mcp_types as types
 
 from bastion import tracing
-from bastion.actions import WireResult
+from bastion.actions import Unshapeable, WireResult
 from bastion.config import Config, config_hint
 from bastion.config.approved import ApprovedModes
 from bastion.config.conditions import Conditions
@@ -531,13 +531,13 @@ class Gateway:
                 await self._outcomes.finish(invocation, "unknown", error=UnknownOutcome("the call was interrupted"))
             raise
         error = UpstreamError(_error_text(result)) if result.is_error else None
+        answer = await self._answer(entry, invocation, result, relay)
         if deliver is None:
             await self._outcomes.finish(invocation, "failed" if error else "completed", result=result, error=error)
             return result
-        if not isinstance(result, WireResult):
-            result = WireResult(result.model_dump(by_alias=True, mode="json", exclude_none=True))
+        delivered = answer or _as_wire(result)
         try:
-            await deliver(result)
+            await deliver(delivered)
         finally:
             # Answered: with other calls running (this one's own scope is among them), the outcome is recorded off
             # this task, in the next call's commit (issue 17); alone, at the loop's next turn, here.
@@ -545,8 +545,33 @@ class Gateway:
             with anyio.CancelScope(shield=True):
                 await self._outcomes.finish(
                     invocation, "failed" if error else "completed", result=result, error=error, may_defer=others_run
-                )
-        return result
+                )  # the result as its source sent it (the host's copy may be shaped for its version)
+        return delivered
+
+    async def _answer(
+        self,
+        entry: CatalogEntry,
+        invocation: Invocation,
+        result: types.CallToolResult | WireResult,
+        relay: Relay | None,
+    ) -> WireResult | None:
+        """The result shaped for the host that waits for it (its relay's protocol version); None when no host waits
+        (a composite's step answers its composite, not a host). A result the host cannot receive is withheld: the call
+        is recorded `failed` with the reason, and the host is told the downstream acted."""
+        if relay is None or invocation.parent_id is not None:
+            return None
+        version = relay.protocol_version
+        try:
+            return _as_wire(result).for_host(version)
+        except Unshapeable as exc:
+            withheld = UpstreamError(
+                f"{entry.key} ran (the downstream acted), but its result cannot be passed on to a host speaking MCP "
+                f"{version}: {exc}. The result is withheld (the ledger keeps it); the call is not safe to repeat "
+                "blindly",
+                invocation_id=invocation.id,
+            )
+            await self._outcomes.finish(invocation, "failed", result=result, error=withheld)
+            raise withheld from exc
 
     async def _invocation_status(self, arguments: dict[str, Any], context: CallContext) -> types.CallToolResult:
         """`bastion__invocation`: an invocation's status and redacted result, for the agent that made it."""
@@ -582,6 +607,12 @@ def _answers_wire(source: ActionSource) -> bool:
     if known is None:
         known = _WIRE_TYPES[kind] = isinstance(source, WireSource)
     return known
+
+
+def _as_wire(result: types.CallToolResult | WireResult) -> WireResult:
+    if isinstance(result, WireResult):
+        return result
+    return WireResult(result.model_dump(by_alias=True, mode="json", exclude_none=True))
 
 
 def _rate_limited(admission: Admission, wait: float) -> RateLimited:

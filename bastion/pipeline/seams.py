@@ -72,6 +72,12 @@ class Relay(Protocol):
         """Whether the host may answer the downstream's questions (sampling, elicitation) during this call."""
         ...
 
+    @property
+    def protocol_version(self) -> str:
+        """The MCP version the host speaks in this request: the call's result is shaped for it (and withheld,
+        recorded `failed`, when it cannot be) before the call's outcome is recorded."""
+        ...
+
     async def log(self, params: types.LoggingMessageNotificationParams) -> None:
         """Relay one downstream log message (dropped when below `log_level`)."""
         ...

@@ -123,7 +123,7 @@ class ApproverEndpoint:
             principal = self._principal(ctx)
             answer = await self._answer(principal, params.name, params.arguments or {})
         except BastionError as exc:
-            return tool_result(exc)
+            return types.CallToolResult.model_validate(tool_result(exc, version=ctx.protocol_version), by_name=False)
         except Exception:  # the MCP boundary translator: a bug still answers with an error result
             logger.exception("approver tool %s failed unexpectedly", params.name)
             return types.CallToolResult(

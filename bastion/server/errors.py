@@ -13,9 +13,9 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final
 
-import mcp_types as types
 from starlette.responses import JSONResponse
 
+from bastion.actions import shaped_result
 from bastion.errors import ERROR_CLASSES, BastionError, RateLimited
 
 ERROR_META_KEY: Final = "io.bastion/error"
@@ -36,20 +36,23 @@ def error_detail(exc: BastionError) -> dict[str, Any]:
     return detail
 
 
-def tool_result(exc: BastionError, *, output_schema: bool = False) -> types.CallToolResult:
-    """A refusal as the host sees it: `isError`, a one-line text naming the class, and the error's details.
+def tool_result(exc: BastionError, *, version: str, output_schema: bool = False) -> dict[str, Any]:
+    """A refusal as a host speaking MCP `version` receives it (`shaped_result`): `isError`, a one-line text naming
+    the class, and the error's details.
 
     The details go in `structuredContent` (`{"error": {...}}`) and in `_meta["io.bastion/error"]`. For a tool
     that declares an `outputSchema` they go in `_meta` only: hosts check `structuredContent` against that
     schema, error results included (the TypeScript SDK does), and would show a schema error instead of why.
     """
     detail = error_detail(exc)
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=f"{exc.error_class}: {exc.message}")],
-        structured_content=None if output_schema else {"error": detail},
-        is_error=True,
-        _meta={ERROR_META_KEY: detail},
-    )
+    result: dict[str, Any] = {
+        "content": [{"type": "text", "text": f"{exc.error_class}: {exc.message}"}],
+        "isError": True,
+        "_meta": {ERROR_META_KEY: detail},
+    }
+    if not output_schema:
+        result["structuredContent"] = {"error": detail}
+    return shaped_result(result, version)
 
 
 def error_body(error_class: str, message: str, invocation_id: str | None = None) -> dict[str, Any]:

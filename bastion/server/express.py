@@ -38,7 +38,7 @@ import mcp_types as types
 import orjson
 from mcp.server.connection import Connection
 from mcp.shared.inbound import InboundLadderRejection, classify_inbound_request
-from mcp_types import INTERNAL_ERROR, PROTOCOL_VERSION_META_KEY, SERVER_INFO_META_KEY, methods
+from mcp_types import PROTOCOL_VERSION_META_KEY, SERVER_INFO_META_KEY, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
@@ -257,6 +257,10 @@ class LaneRelay:
         return log_level_of(self._call.protocol_version, self._call.meta, self._call.connection_state)
 
     @property
+    def protocol_version(self) -> str:
+        return self._call.protocol_version
+
+    @property
     def answers(self) -> bool:
         capabilities = self._call.capabilities
         return capabilities is not None and (capabilities.sampling is not None or capabilities.elicitation is not None)
@@ -381,28 +385,18 @@ class Lane:
 
     def _refusal(self, call: ExpressCall, error: BastionError) -> dict[str, Any]:
         """The response to a call refused or failed with `error`: the tool result the SDK path gives."""
-        return self._response(call, _dumped(tool_result(error, output_schema=self.front.declares_output(call.name))))
+        version = call.protocol_version
+        refusal = tool_result(error, version=version, output_schema=self.front.declares_output(call.name))
+        return self._response(call, WireResult(refusal, checked_at=version))
 
     def _response(self, call: ExpressCall, result: WireResult) -> dict[str, Any]:
-        """The JSON-RPC response, its result shaped for the host's version as the SDK's server shapes it: a result
-        already checked at that version as it is, any other sieved through the version's result shape."""
-        shaped = result.data
-        if result.checked_at != call.protocol_version:
-            try:
-                shaped = methods.serialize_server_result("tools/call", call.protocol_version, shaped)
-            except ValidationError:
-                logger.exception("the result of tools/call %s is not valid at %s", call.name, call.protocol_version)
-                error = {"code": INTERNAL_ERROR, "message": "Handler returned an invalid result"}
-                return {"jsonrpc": "2.0", "id": call.id, "error": error}
+        """The JSON-RPC response: the result shaped for the host's version (the gateway shaped a call's result before
+        recording its outcome, so this finds it done), and at 2026-07-28 Bastion's `serverInfo` stamp, as the SDK's
+        server stamps it."""
+        shaped = result.for_host(call.protocol_version).data
         if call.modern:
             meta = shaped.get("_meta")
-            stamp = meta is None or (isinstance(meta, dict) and meta.get(SERVER_INFO_META_KEY) is None)
-            if stamp or shaped.get("resultType") is None:
-                shaped = {"resultType": "complete", **shaped}  # a copy: the ledger's record keeps the result as sent
-                if stamp:
-                    shaped["_meta"] = {**(meta or {}), SERVER_INFO_META_KEY: self._server_info}
+            if meta is None or (isinstance(meta, dict) and meta.get(SERVER_INFO_META_KEY) is None):
+                # a copy: the ledger's record keeps the result as sent
+                shaped = {**shaped, "_meta": {**(meta or {}), SERVER_INFO_META_KEY: self._server_info}}
         return {"jsonrpc": "2.0", "id": call.id, "result": shaped}
-
-
-def _dumped(result: types.CallToolResult) -> WireResult:
-    return WireResult(result.model_dump(by_alias=True, mode="json", exclude_none=True))

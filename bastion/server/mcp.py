@@ -229,10 +229,11 @@ class FrontDoor:
                 return tasks.created(waiting.invocation)
             return inline.input_required(waiting.invocation, arguments)
         except BastionError as exc:
-            return tool_result(exc, output_schema=self.declares_output(params.name))
+            return tool_result(exc, version=ctx.protocol_version, output_schema=self.declares_output(params.name))
         except Exception as exc:  # the MCP boundary translator: a bug must still answer the host
             logger.exception("tools/call %s failed unexpectedly", params.name)
-            return tool_result(BastionError(f"internal error: {exc}"), output_schema=self.declares_output(params.name))
+            internal = BastionError(f"internal error: {exc}")
+            return tool_result(internal, version=ctx.protocol_version, output_schema=self.declares_output(params.name))
 
     def declares_output(self, name: str) -> bool:
         """Whether the tool the host called declares an outputSchema (its error results must then not carry

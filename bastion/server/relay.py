@@ -139,6 +139,10 @@ class HostRelay:
         return host_log_level(self._ctx)
 
     @property
+    def protocol_version(self) -> str:
+        return self._ctx.protocol_version
+
+    @property
     def answers(self) -> bool:
         """A 2025-era host that declares sampling or elicitation (a 2026-07-28 host is asked by a `ParkedCall`)."""
         return self._ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS and (
@@ -228,6 +232,10 @@ class ParkedCall:
     @property
     def log_level(self) -> types.LoggingLevel | None:
         return host_log_level(self._ctx)
+
+    @property
+    def protocol_version(self) -> str:
+        return self._ctx.protocol_version
 
     @property
     def answers(self) -> bool:

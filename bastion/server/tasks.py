@@ -34,7 +34,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CLIENT_CAPABILITIES_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from bastion.errors import ERROR_CLASSES, ApprovalDenied, ApprovalExpired, BastionError, UnknownOutcome
+from bastion.actions import Unshapeable, shaped_result
+from bastion.errors import ERROR_CLASSES, ApprovalDenied, ApprovalExpired, BastionError, UnknownOutcome, UpstreamError
 from bastion.models import CallContext, Invocation, Status
 from bastion.pipeline.authority import was_withdrawn, withdraw
 from bastion.pipeline.seams import Ledger
@@ -107,7 +108,7 @@ class TasksExtension(Extension):
             return _task(invocation, "working", WORKING[invocation.status])
         if invocation.status == "denied" and was_withdrawn(await self._ledger.invocations.events(invocation.id)):
             return _task(invocation, "cancelled", invocation.error_message)
-        result = self._result(invocation)
+        result = self._result(invocation, ctx.protocol_version)
         done = _task(invocation, "completed", invocation.error_message or f"the call {invocation.status}")
         return {**done, "result": result}
 
@@ -129,13 +130,21 @@ class TasksExtension(Extension):
             raise MCPError(code=types.INVALID_PARAMS, message=f"task {task_id!r} not found")
         return invocation
 
-    def _result(self, invocation: Invocation) -> dict[str, Any]:
-        """What the blocking call would have returned, from the ledger: the tool's result, or the refusal."""
-        if isinstance(invocation.result, dict) and invocation.status in ("completed", "failed"):
-            return cast(dict[str, Any], invocation.result)
+    def _result(self, invocation: Invocation, version: str) -> dict[str, Any]:
+        """What the blocking call would have returned, from the ledger and shaped for the host's `version`: the
+        tool's result, or the refusal (also when the ledger's copy, cut to the ledger's size limit, is no longer a
+        tool result the host can receive)."""
         error = _error_of(invocation)
-        refusal = tool_result(error, output_schema=self._declares_output(invocation.tool))
-        return refusal.model_dump(by_alias=True, mode="json", exclude_none=True)
+        if isinstance(invocation.result, dict) and invocation.status in ("completed", "failed"):
+            try:
+                return shaped_result(cast(dict[str, Any], invocation.result), version)
+            except Unshapeable as exc:
+                error = UpstreamError(
+                    f"invocation {invocation.id} {invocation.status}, but its result as the ledger keeps it cannot be "
+                    f"passed on ({exc}); `bastion invocations show {invocation.id}` shows it",
+                    invocation_id=invocation.id,
+                )
+        return tool_result(error, version=version, output_schema=self._declares_output(invocation.tool))
 
 
 def install(server: Server[Any], extension: Extension) -> None:
