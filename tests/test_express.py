@@ -414,6 +414,36 @@ async def test_a_call_past_its_timeout_or_given_up_is_cancelled_at_the_downstrea
     assert sent[3] == {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": given_up}}
 
 
+async def test_a_call_answered_after_a_log_message_returns_once_the_log_message_was_relayed() -> None:
+    """A log message the process writes during a call goes to the SDK's session, the answer after it straight to
+    the call: the call returns only once the session has relayed the message (`heard_log`), so its host hears it
+    before the result (a TypeScript server writes both at once, and the message was lost)."""
+    wire = WireCalls()
+    sent: list[dict[str, Any]] = []
+
+    async def send(line: bytes) -> None:
+        sent.append(json.loads(line))
+
+    wire.attach(send)
+    returned = anyio.Event()
+
+    async def call() -> None:
+        await wire.request("tools/call", {"name": "x"}, timeout=60)
+        returned.set()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await anyio.wait_all_tasks_blocked()
+            log = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "hi"}}
+            assert not wire.claims(json.dumps(log).encode())  # the session's, to relay
+            assert wire.claims(json.dumps({"jsonrpc": "2.0", "id": sent[0]["id"], "result": {}}).encode())
+            await anyio.wait_all_tasks_blocked()
+            assert not returned.is_set()
+            wire.heard_log()
+            await returned.wait()
+
+
 async def test_a_line_that_answers_no_call_of_the_wire_is_left_to_the_sdks_session() -> None:
     wire = WireCalls()
     assert not wire.claims(b'{"jsonrpc":"2.0","id":"bastion-1","result":{}}')  # nothing waits for it

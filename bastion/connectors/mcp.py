@@ -230,6 +230,14 @@ class McpConnector:
             ) from exc
         return strip_protocol_meta(result)
 
+    async def _log(self, params: types.LoggingMessageNotificationParams) -> None:
+        """The client's logging callback: relayed to the call in flight, and the express wire told (`heard_log`)."""
+        try:
+            await self._calls.log(params)
+        finally:
+            if self._child is not None:
+                self._child.wire.heard_log()
+
     async def call_wire(
         self,
         action_id: str,
@@ -343,7 +351,7 @@ class McpConnector:
             message_handler=link.on_message,
             sampling_callback=self._calls.sample,
             elicitation_callback=self._calls.elicit,
-            logging_callback=self._calls.log,
+            logging_callback=self._log,
         )
         with anyio.CancelScope() as attempt:
             async with anyio.create_task_group() as guard:

@@ -39,6 +39,9 @@ _LEADING_ID: Final = re.compile(rb'\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s
 """The id of a JSON-RPC answer whose first members are `jsonrpc` and `id` (or `id`), found without parsing it."""
 _ENVELOPE_KEYS: Final = (PROTOCOL_VERSION_META_KEY, CLIENT_INFO_META_KEY, CLIENT_CAPABILITIES_META_KEY)
 _CANCEL_TIMEOUT: Final = 1.0
+_LOG_MARK: Final = b'"notifications/message"'
+_LOGS_TIMEOUT: Final = 1.0
+"""The longest an answered call waits for the log messages read before its answer to reach their host."""
 
 PROTOCOL_META_PREFIX: Final = "io.modelcontextprotocol/"
 """Protocol-internal `_meta` keys of the downstream, stripped from forwarded results. On 2026-07-28 a downstream
@@ -68,7 +71,7 @@ class WireError(Exception):
 
 
 class _Call:
-    __slots__ = ("answered", "closed", "error", "expired", "result", "unreadable")
+    __slots__ = ("answered", "closed", "error", "expired", "logs_before", "result", "unreadable")
 
     def __init__(self) -> None:
         self.answered = asyncio.Event()  # the loop's own: anyio's wraps it in a per-call object more (issue 17)
@@ -77,6 +80,8 @@ class _Call:
         self.closed = False
         self.unreadable = False
         self.expired = False
+        self.logs_before = 0
+        """How many log messages the process wrote before this call's answer (see `WireCalls.heard_log`)."""
 
     def expire(self) -> None:
         """Its timeout came before its answer (a timer of the loop calls this)."""
@@ -95,6 +100,9 @@ class WireCalls:
         self.envelope: dict[str, Any] | None = None
         """The 2026-07-28 `_meta` envelope of the SDK client's requests on this connection (None until one is seen,
         and on a 2025-era connection)."""
+        self._logs_passed = 0
+        self._logs_heard = 0
+        self._log_heard = asyncio.Event()
 
     @property
     def open(self) -> bool:
@@ -122,15 +130,15 @@ class WireCalls:
     def claims(self, line: bytes) -> bool:
         """Take `line` if it answers one of the calls waiting here; False leaves it to the SDK's session."""
         if not self._calls or _ID_MARK not in line:
-            return False
+            return self._passed(line)
         try:
             message = loads(line)
         except (ValueError, RecursionError):  # e.g. nested beyond every parser's depth
-            return self._unreadable(line)
+            return self._unreadable(line) or self._passed(line)
         request_id = message.get("id") if isinstance(message, dict) else None
         call = self._calls.get(request_id) if isinstance(request_id, str) else None
         if call is None or call.answered.is_set():
-            return False
+            return self._passed(line)
         result, error = message.get("result"), message.get("error")
         if isinstance(result, dict):
             call.result = result
@@ -138,9 +146,37 @@ class WireCalls:
             code, text = error.get("code"), error.get("message")
             call.error = WireError(code if isinstance(code, int) else 0, str(text), error.get("data"))
         else:
-            return False
+            return self._passed(line)
+        call.logs_before = self._logs_passed
         call.answered.set()
         return True
+
+    def _passed(self, line: bytes) -> bool:
+        """Leave `line` to the SDK's session (False), counting it if it is a log message."""
+        if _LOG_MARK in line:
+            self._logs_passed += 1
+        return False
+
+    def heard_log(self) -> None:
+        """The SDK's session has handed one log message of the process to its host (the connector's logging callback).
+
+        A log message the process writes during a call, before the call's answer, goes to the SDK's session, which
+        relays it to the call's host; the answer is taken here at once. So that the host hears the message before
+        the answer (and while the call is still in flight, which is how the message finds its host), an answered
+        call waits until the session has relayed the log messages written before its answer."""
+        self._logs_heard += 1
+        self._log_heard.set()
+        self._log_heard = asyncio.Event()
+
+    async def _logs_relayed(self, call: _Call) -> None:
+        """Wait (at most `_LOGS_TIMEOUT`) until the log messages written before `call`'s answer were relayed; after
+        that, count any the session dropped as relayed, so no later call waits for them."""
+        if self._logs_heard >= call.logs_before:
+            return
+        with anyio.move_on_after(_LOGS_TIMEOUT):
+            while self._logs_heard < call.logs_before:
+                await self._log_heard.wait()
+        self._logs_heard = max(self._logs_heard, call.logs_before)
 
     def _unreadable(self, line: bytes) -> bool:
         """Take an answer that does not parse, when it opens with one of the ids waiting here: its call learns at
@@ -183,6 +219,7 @@ class WireCalls:
             if call.expired:
                 await self._cancel_shielded(request_id)
                 raise TimeoutError(f"no answer within {timeout:g}s")
+            await self._logs_relayed(call)
         finally:
             del self._calls[request_id]
         if call.closed:
