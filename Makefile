@@ -11,7 +11,7 @@ BENCH_HTTP_STACKS := httptools uvloop hypercorn granian
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
-.PHONY: run test tools lint format bench bench-instructions conformance clean
+.PHONY: run test tools lint format bench bench-instructions conformance interop clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,8 @@ WORKERS ?= auto --maxprocesses 4
 test: lint tools
 	$(BIN)/pytest -q -n $(WORKERS)
 
-## tools: Node 22, the MCP conformance suite and the MCP Inspector into .tools/ at pinned versions (tests/tools.py)
+## tools: Node 22, the MCP conformance suite, the MCP Inspector, the npm MCP servers of the interop matrix, Claude Code
+## and Codex into .tools/ at pinned versions (tests/tools.py)
 tools: $(VENV)/.installed
 	$(BIN)/python -m tests.tools
 
@@ -74,6 +75,12 @@ bench: $(BENCH_VENV)/.installed
 ## PARTS=ledger-writes,redaction: those; bench/without.py), what each costs. Needs valgrind. ~1 min per count.
 bench-instructions: $(BENCH_VENV)/.installed
 	$(BENCH_BIN)/python -m bench.instructions --direct $(if $(PARTS),--parts $(PARTS)) $(TREES)
+
+## interop: the interop matrix alone (real MCP servers from npm and PyPI behind Bastion; hosts of every transport and
+## protocol version in front; express lane on and off; tests/interop/), then its table. `make test` runs it too.
+interop: $(VENV)/.installed-dev tools
+	$(BIN)/pytest -q -n $(WORKERS) tests/test_interop.py
+	$(BIN)/python -m tests.interop.table
 
 ## conformance: the official MCP conformance suite through Bastion (Node 22 + suite in .tools/; tests/conformance/)
 conformance: $(VENV)/.installed
