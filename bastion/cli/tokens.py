@@ -67,7 +67,8 @@ def tokens_create(
 ) -> None:
     """Create a token and print its secret, once: it cannot be shown again.
 
-    Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN).
+    Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN). The first token
+    changes what hosts over HTTP need: from then on they connect with an agent token (it says how).
     """
     try:
         validate_token_name(name)
@@ -83,31 +84,55 @@ def tokens_create(
             raise Exit.of(exc) from exc
     now = utcnow()
 
-    async def run() -> str:
+    async def run() -> tuple[str, bool]:
         async with open_ledger(config) as ledger:
             await _approver_only(ledger, config, approver_token)
+            first = not await ledger.tokens.has_tokens()
             try:
-                return await ledger.tokens.create_token(name, role=role, profile=profile, now=now)
+                return await ledger.tokens.create_token(name, role=role, profile=profile, now=now), first
             except Conflict as exc:
                 raise Conflict(
                     f"a token named {name!r} is already active; revoke it first "
                     f"(`bastion tokens revoke {shlex.quote(name)}{config_hint(config)}`) or pick another name"
                 ) from exc
 
-    secret = run_async(run)
+    secret, first = run_async(run)
     token = TokenInfo(name=name, role=role, profile=profile, created_at=now)
     if as_json:
-        emit_json(token_json(token) | {"token": secret})
+        emit_json(token_json(token) | {"token": secret, "first_token": first})
         return
     bound = f", profile {profile}" if profile is not None else ""
-    for line in (
+    lines = [
         f"created token {name} (role {role}{bound})",
         secret,
         "Store it now: it cannot be shown again (a lost token can only be revoked and replaced).",
         "Use it as the HTTP header `Authorization: Bearer <token>`; "
         "from the command line with --token or $BASTION_TOKEN.",
-    ):
+    ]
+    if first:
+        lines += ["", *first_token_notice(role)]
+    for line in lines:
         out.print(line, markup=False, highlight=False)
+
+
+def first_token_notice(role: Role) -> list[str]:
+    """What the first token changes for hosts, and how each reconnects (hosts over stdio are not affected)."""
+    which = (
+        "this token (or another agent token)"
+        if role == "agent"
+        else "an agent token (`bastion tokens create NAME --role agent`), never this one"
+    )
+    url = "http://127.0.0.1:8765/mcp"
+    return [
+        "This is the first token: from now on Bastion refuses hosts that connect over HTTP without one (/mcp, /sse, "
+        "/messages/; a running `bastion serve` within a second, and it logs the change). Hosts over stdio are not "
+        f"affected. Reconnect each HTTP host with {which}, at your server's address (here {url}):",
+        f'  Claude Code: claude mcp add --transport http bastion {url} --header "Authorization: Bearer <token>"',
+        f'  Codex:       [mcp_servers.bastion] url = "{url}" and bearer_token_env_var = "BASTION_AGENT_TOKEN" in '
+        "~/.codex/config.toml, the token exported in that variable",
+        f"  Inspector:   npx @modelcontextprotocol/inspector --cli {url} --transport http "
+        '--header "Authorization: Bearer <token>" --method tools/list',
+    ]
 
 
 @tokens_app.command("list")

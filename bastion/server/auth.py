@@ -14,11 +14,13 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+import anyio
+from anyio.abc import TaskStatus
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from bastion.errors import Unauthenticated
+from bastion.errors import LedgerUnavailable, NotFound, Unauthenticated
 from bastion.models import Principal
 from bastion.pipeline.seams import TokenStore
 from bastion.server.errors import error_body, http_response
@@ -41,6 +43,17 @@ token is always checked at once, so a revocation takes effect immediately."""
 _INVALID_TOKEN: Final = 'Bearer realm="bastion", error="invalid_token"'
 _NO_TOKEN: Final = 'Bearer realm="bastion"'
 
+OAUTH_PATHS: Final = frozenset({"/register", "/authorize", "/token"})
+"""Where an OAuth client that was refused looks for an authorization server (besides `/.well-known/`): Bastion has
+none, and says so there, so the host shows how to connect instead of an OAuth failure."""
+
+HOST_TOKEN_FIX: Final = (
+    "create an agent token with `bastion tokens create NAME --role agent` and reconnect the host with the header "
+    '`Authorization: Bearer <token>` (Claude Code: `claude mcp add --transport http NAME URL --header "Authorization: '
+    'Bearer <token>"`; Codex: `bearer_token_env_var` in its [mcp_servers] entry; MCP Inspector: `--header`)'
+)
+"""How a host refused for want of a token gets in: said in the refusal, by `tokens create` and in the log."""
+
 
 def principal_of(scope: Scope) -> Principal | None:
     """The principal `BearerAuth` authenticated for this request; None when the caller is anonymous."""
@@ -50,8 +63,13 @@ def principal_of(scope: Scope) -> Principal | None:
 
 
 def _token_hint(is_api: bool) -> str:
-    role = "admin" if is_api else "agent"
-    return f"create one with `bastion tokens create NAME --role {role}` and send it as `Authorization: Bearer <token>`"
+    if not is_api:
+        return HOST_TOKEN_FIX
+    return "create one with `bastion tokens create NAME --role admin` and send it as `Authorization: Bearer <token>`"
+
+
+def _is_oauth_discovery(path: str) -> bool:
+    return path in OAUTH_PATHS or path.startswith("/.well-known/")
 
 
 class BearerAuth:
@@ -92,13 +110,19 @@ class BearerAuth:
             )
             return
         if refusal is not None:
-            await http_response(refusal, headers={"WWW-Authenticate": challenge})(scope, receive, send)
+            headers = {"WWW-Authenticate": challenge} if isinstance(refusal, Unauthenticated) else None
+            await http_response(refusal, headers=headers)(scope, receive, send)
             return
         scope.setdefault("state", {})[PRINCIPAL_KEY] = principal
         await self.app(scope, receive, send)
 
-    async def _check(self, path: str, header: str | None) -> tuple[Principal | None, Unauthenticated | None, str]:
+    async def _check(
+        self, path: str, header: str | None
+    ) -> tuple[Principal | None, Unauthenticated | NotFound | None, str]:
         """The caller's principal, or why it is refused and the `WWW-Authenticate` challenge to send."""
+        if _is_oauth_discovery(path):
+            message = "Bastion has no OAuth authorization server: hosts authenticate with a bearer token; "
+            return None, NotFound(message + HOST_TOKEN_FIX), _NO_TOKEN
         if path in OPEN_PATHS or (header is None and (path == INBOX_PREFIX or path.startswith(INBOX_PREFIX + "/"))):
             return None, None, _NO_TOKEN  # the inbox authenticates by its own session cookie
         is_api = path == API_PREFIX or path.startswith(API_PREFIX + "/")
@@ -119,13 +143,38 @@ class BearerAuth:
         return None
 
     async def _tokens_exist(self) -> bool:
-        """Whether the ledger holds an active token, asked at most once per `recheck_seconds`."""
+        """Whether the ledger holds an active token, asked at most once per `recheck_seconds`; a change is logged."""
         now = self._clock()
         if self._tokens_seen is not None and now - self._tokens_seen[0] < self.recheck_seconds:
             return self._tokens_seen[1]
         exists = await self.tokens.has_tokens()
+        if self._tokens_seen is not None and exists != self._tokens_seen[1] and not self.tokens_required:
+            if exists:
+                # Not HOST_TOKEN_FIX: its `Bearer <token>` would read as a credential to the log's redaction.
+                logger.warning(
+                    "a token now exists: hosts without one are refused on /mcp, /sse and /messages/ from now on; "
+                    "reconnect each with an agent token (`bastion tokens create NAME --role agent`) sent in its "
+                    "Authorization header (Claude Code and the Inspector: --header; Codex: bearer_token_env_var)"
+                )
+            else:
+                logger.warning("no token is active any more: local hosts may connect without one again")
         self._tokens_seen = (now, exists)
         return exists
+
+    async def watch_tokens(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Until cancelled, look whether tokens exist every `recheck_seconds`, so the change is logged when it
+        happens (and anonymous requests find the answer fresh). Started (`task_group.start`) once it has looked. A
+        ledger that cannot be read for a while is looked at again later (requests meanwhile are answered 500)."""
+        started = False
+        while True:
+            try:
+                await self._tokens_exist()
+            except LedgerUnavailable as exc:
+                logger.debug("whether tokens exist could not be read: %s", exc.message)
+            if not started:
+                task_status.started()
+                started = True
+            await anyio.sleep(self.recheck_seconds)
 
     async def _principal(self, header: str) -> Principal | None:
         """The principal of an `Authorization: Bearer <secret>` header; None for any other header."""

@@ -240,8 +240,10 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with manager.run(), approver.running():
+        async with manager.run(), approver.running(), anyio.create_task_group() as watching:
+            await watching.start(auth.watch_tokens)
             yield
+            watching.cancel_scope.cancel()
 
     app = Starlette(
         routes=[
@@ -262,7 +264,8 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
     if front.gateway.config.settings.server.express_lane:
         # In front of the routing: a call the lane answers costs no Starlette request, route or middleware.
         served = HttpLane(app, front, manager, express, path="/mcp")
-    return HostOriginGuard(BearerAuth(served, front.gateway.ledger.tokens, tokens_required=non_loopback), allowed_hosts)
+    auth = BearerAuth(served, front.gateway.ledger.tokens, tokens_required=non_loopback)  # its watch runs in `lifespan`
+    return HostOriginGuard(auth, allowed_hosts)
 
 
 def allowed_hosts_for(bind_host: str, extra: Iterable[str] = ()) -> AllowedHosts:
