@@ -78,12 +78,13 @@ class Bastion:
                 changed = anyio.Event()
 
 
-def config_for(directory: Path, modes: dict[str, str]) -> Config:
+def config_for(directory: Path | None, modes: dict[str, str], rules: list[dict[str, str]] | None = None) -> Config:
+    """`directory` None: the embedded default's way, a configuration of no directory (its ledger in `tmp_path`)."""
     return Config(
         directory=directory,
         settings=Settings(),
         connectors=[ConnectorConfig(id="fx", command="unused")],
-        policy=PolicyConfig.model_validate({"modes": modes}),
+        policy=PolicyConfig.model_validate({"modes": modes, "rules": rules or []}),
         ledger_url=f"sqlite:///{directory}/ledger.db",
     )
 
@@ -100,16 +101,26 @@ class Ticks:
 
 @asynccontextmanager
 async def live(
-    tmp_path: Path, modes: dict[str, str] | None = None, *, clock: Ticks | None = None
+    tmp_path: Path,
+    modes: dict[str, str] | None = None,
+    *,
+    clock: Ticks | None = None,
+    rules: list[dict[str, str]] | None = None,
+    embedded: bool = False,
 ) -> AsyncIterator[Bastion]:
     """A running Bastion whose configuration directory holds the operator's policy file. Two of them on one
-    `tmp_path` share the directory and the ledger (two instances). `clock` paces its checks of the approved file."""
+    `tmp_path` share the directory and the ledger (two instances). `clock` paces its checks of the approved file.
+    `embedded`: it runs as on the embedded default, with no configuration directory to write approvals to."""
     directory = tmp_path / "config"
     (directory / "policies").mkdir(parents=True, exist_ok=True)
     (directory / "policies" / "default.toml").write_text(OPERATOR_POLICY)
     fixture = FixtureServer()
-    config = config_for(directory, {"fx:echo": "require_approval"} if modes is None else modes)
+    config = config_for(
+        None if embedded else directory, {"fx:echo": "require_approval"} if modes is None else modes, rules
+    )
     approved = None if clock is None else ApprovedModes(directory, clock=clock)
+    if embedded:
+        approved = ApprovedModes(None)
     async with await open_ledger(directory / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(
             config, ledger, [McpConnector(config.connectors[0], target=lambda: fixture.server)], approved=approved

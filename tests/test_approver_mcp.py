@@ -101,7 +101,7 @@ async def test_always_writes_an_org_entry_that_the_next_call_resolves_and_a_drif
             again = await client.call_tool("fx__echo", {"text": "again"})
         assert not again.is_error
         (latest, *_) = await bastion.ledger.invocations.list()
-        assert (latest.status, latest.mode, latest.mode_source) == ("completed", "allow", "org")
+        assert (latest.status, latest.mode, latest.mode_source) == ("completed", "allow", "always")
 
         changed = types.Tool(
             name="echo",
@@ -146,7 +146,7 @@ async def test_an_always_approval_and_its_revocation_reach_another_running_insta
             async with two.client(agent) as client:
                 assert not (await client.call_tool("fx__echo", {"text": "on the other instance"})).is_error
         (latest, *_) = await two.ledger.invocations.list()
-        assert (latest.status, latest.mode, latest.mode_source) == ("completed", "allow", "org")
+        assert (latest.status, latest.mode, latest.mode_source) == ("completed", "allow", "always")
 
         one.gateway.grants.revoke("fx", "echo")  # as a drift of fx:echo seen by the first instance does
         assert two.gateway.mode_of(echo, elsewhere).mode == "allow"
@@ -178,3 +178,75 @@ async def test_a_session_approval_allows_that_session_only(tmp_path: Path) -> No
                 assert held.session_id != waiting.session_id
                 async with bastion.client(admin, APPROVER) as approver:
                     await approver.call_tool("deny", {"invocation_id": held.id})
+
+
+async def test_a_session_approval_keeps_the_operators_rules_on_arguments(tmp_path: Path) -> None:
+    """The operator allows fx:echo but holds any echo of a secret: approving one such call "for this session" does
+    not let the session's next secret through (it used to: a session grant lifted every hold of its key)."""
+    secret = {"key": "fx:echo", "when": 'args.text.contains("secret")', "mode": "require_approval"}
+    async with live(tmp_path, {"fx:echo": "allow"}, rules=[secret]) as bastion:
+        agent = await bastion.token("ci-agent", "agent")
+        admin = await bastion.token("alice", "admin")
+        with anyio.fail_after(WAIT):
+            async with bastion.client(agent) as session, bastion.client(admin, APPROVER) as approver:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(session.call_tool, "fx__echo", {"text": "secret one"})
+                    (first,) = await bastion.pending(1)
+                    await approver.call_tool("approve", {"invocation_id": first.id, "scope": "session"})
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(session.call_tool, "fx__echo", {"text": "secret two"})
+                    (second,) = await bastion.pending(1)
+                    await approver.call_tool("deny", {"invocation_id": second.id, "reason": "no"})
+        assert second.session_id == first.session_id
+        assert second.mode_source == "org_rule"
+
+
+async def test_an_always_approval_never_lets_through_a_call_that_an_operators_wildcard_rule_denies(
+    tmp_path: Path,
+) -> None:
+    """The operator holds fx:echo and denies, on every fx action, arguments with `..`; an approver approves one
+    harmless echo "always": later harmless echoes run (mode source `always`), and one with `..` still does not."""
+    dots = {"key": "fx:*", "when": 'args.text.contains("..")', "mode": "deny"}
+    async with live(tmp_path, rules=[dots]) as bastion:
+        agent = await bastion.token("ci-agent", "agent")
+        admin = await bastion.token("alice", "admin")
+        results: list[types.CallToolResult] = []
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_call_in_background, bastion, agent, results)
+                (waiting,) = await bastion.pending(1)
+                async with bastion.client(admin, APPROVER) as approver:
+                    await approver.call_tool("approve", {"invocation_id": waiting.id, "scope": "always"})
+            async with bastion.client(agent) as client:
+                assert not (await client.call_tool("fx__echo", {"text": "harmless"})).is_error
+                (latest, *_) = await bastion.ledger.invocations.list()
+                assert (latest.status, latest.mode_source) == ("completed", "always")
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(client.call_tool, "fx__echo", {"text": "../../etc/passwd"})
+                    (dotted,) = await bastion.pending(1)  # held for an approver, as without the grant
+                    async with bastion.client(admin, APPROVER) as approver:
+                        await approver.call_tool("deny", {"invocation_id": dotted.id, "reason": "no"})
+        assert "../../etc/passwd" in str(dotted.args)
+        assert dotted.mode_source == "org"
+
+
+async def test_an_always_approval_that_cannot_be_recorded_is_refused_before_anything_is_decided(
+    tmp_path: Path,
+) -> None:
+    """On the embedded default there is no policy file to write an "always" approval to: the approver is told so,
+    and the call stays pending (it used to be approved anyway, the approver seeing only the error)."""
+    async with live(tmp_path, embedded=True) as bastion:
+        agent = await bastion.token("ci-agent", "agent")
+        admin = await bastion.token("alice", "admin")
+        results: list[types.CallToolResult] = []
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_call_in_background, bastion, agent, results)
+                (waiting,) = await bastion.pending(1)
+                async with bastion.client(admin, APPROVER) as approver:
+                    refused = await approver.call_tool("approve", {"invocation_id": waiting.id, "scope": "always"})
+                    assert refused.is_error and structured(refused)["error"]["class"] == "config_error"
+                    still = await bastion.ledger.invocations.get(waiting.id)
+                    assert still is not None and still.status == "pending"
+                    await approver.call_tool("deny", {"invocation_id": waiting.id, "reason": "cleanup"})
+        assert results[0].is_error

@@ -161,7 +161,7 @@ async def test_approving_always_in_the_inbox_form_writes_the_owned_policy_file_a
         await agent_calls("second")
         assert not results[1].is_error
         (latest, *_) = await bastion.ledger.invocations.list()
-        assert (latest.status, latest.mode, latest.mode_source) == ("completed", "allow", "org")
+        assert (latest.status, latest.mode, latest.mode_source) == ("completed", "allow", "always")
 
 
 async def test_history_filters_by_status_and_source_and_refuses_an_unknown_status(tmp_path: Path) -> None:

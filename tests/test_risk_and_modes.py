@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bastion.models import MODES, RISKS, Mode, ModeDecision, Risk, RiskDecision
+from bastion.models import MODES, RISKS, Mode, ModeDecision, PolicyRule, Risk, RiskDecision
 from bastion.policies.modes import MODE_STRICTNESS, is_mode, resolve_mode, stricter
 from bastion.policies.risk import derive_risk, normalize_risk
 
@@ -164,3 +164,104 @@ def test_an_unknown_mode_value_never_yields_allow(
     if decision.source.startswith("unknown_mode:"):
         assert decision.mode == "deny"
         assert not is_mode(decision.source.removeprefix("unknown_mode:"))
+
+
+# -- standing grants beside the operator's rules
+
+policy_rules = st.lists(
+    st.builds(
+        PolicyRule,
+        key=st.sampled_from(["fs:write_file", "fs:*", "fs:other"]),
+        when=st.sampled_from(["a", "b", "c"]),
+        mode=st.one_of(modes, st.just("ALLOW")),
+    ),
+    max_size=4,
+)
+verdicts = st.dictionaries(st.sampled_from(["a", "b", "c"]), st.one_of(st.none(), st.booleans()))
+
+
+@given(
+    profile=st.one_of(st.none(), policy_maps),
+    org=policy_maps,
+    profile_rules=policy_rules,
+    org_rules=policy_rules,
+    held=verdicts,
+    risk=risks,
+    grant=st.sampled_from([None, "session", "always"]),
+)
+def test_no_grant_makes_a_call_run_that_an_operator_entry_denies_and_it_only_ever_lifts_a_hold(
+    profile: dict[str, str] | None,
+    org: dict[str, str],
+    profile_rules: list[PolicyRule],
+    org_rules: list[PolicyRule],
+    held: dict[str, bool | None],
+    risk: Risk,
+    grant: str | None,
+) -> None:
+    def resolve(grant: str | None) -> ModeDecision:
+        return resolve_mode(
+            source_id="fs",
+            action_id="write_file",
+            risk=risk,
+            profile_modes=profile,
+            org_modes=org,
+            profile_rules=profile_rules,
+            org_rules=org_rules,
+            judge=lambda rule: held.get(rule.when),
+            grant=grant,
+        )
+
+    operator, granted = resolve(None), resolve(grant)
+    if granted != operator:
+        assert (operator.mode, granted.mode, granted.source) == ("require_approval", "allow", grant)
+        matching = [*(profile or {}).items(), *org.items()]
+        denying = [v for k, v in matching if k in ("fs:write_file", "fs:*") and (not is_mode(v) or v == "deny")]
+        denying += [
+            r.mode
+            for r in [*profile_rules, *org_rules]
+            if r.key in ("fs:write_file", "fs:*") and held.get(r.when) is not False and r.mode != "allow"
+            and r.mode != "require_approval"
+        ]  # fmt: skip
+        assert not denying  # no matching operator entry says deny, even one the first match shadows
+
+
+def test_an_always_grant_lifts_the_org_hold_but_not_a_wildcard_rule_that_denies_the_arguments() -> None:
+    dots = PolicyRule(key="fs:*", when="dots", mode="deny")
+    org = {"fs:write_file": "require_approval"}
+
+    def resolve(has_dots: bool) -> ModeDecision:
+        return resolve_mode(
+            source_id="fs",
+            action_id="write_file",
+            risk="write",
+            profile_modes=None,
+            org_modes=org,
+            org_rules=[dots],
+            judge=lambda rule: has_dots,
+            grant="always",
+        )
+
+    assert resolve(False) == ModeDecision(mode="allow", source="always")
+    assert resolve(True) == ModeDecision(mode="require_approval", source="org")  # the operator's first match
+
+
+def test_an_always_grant_leaves_a_profiles_hold_and_a_rules_hold_where_a_session_grant_lifts_only_the_first() -> None:
+    on_etc = PolicyRule(key="fs:write_file", when="etc", mode="require_approval")
+
+    def resolve(grant: str, *, profile: dict[str, str] | None, rules: list[PolicyRule]) -> ModeDecision:
+        return resolve_mode(
+            source_id="fs",
+            action_id="write_file",
+            risk="write",
+            profile_modes=profile,
+            org_modes={},
+            org_rules=rules,
+            judge=lambda rule: True,
+            grant=grant,
+        )
+
+    profile = {"fs:*": "require_approval"}
+    assert resolve("always", profile=profile, rules=[]).source == "profile"
+    assert resolve("session", profile=profile, rules=[]) == ModeDecision(mode="allow", source="session")
+    assert resolve("session", profile=None, rules=[on_etc]).source == "org_rule"
+    assert resolve("always", profile=None, rules=[on_etc]).source == "org_rule"

@@ -101,8 +101,8 @@ class ApprovedModes:
             return
         self.modes = _approvals(document)
 
-    def add(self, key: str, *, by: str, invocation_id: str, at: datetime) -> None:
-        """Approve `key` (`source:action`) always: write `"key" = "allow"` with who, which call and when."""
+    def check(self, key: str) -> None:
+        """Raise ConfigError when `key` cannot be approved always here (see `add`), saying why and what to do."""
         if self.path is None:
             raise ConfigError(
                 'an "always" approval is written to policies/bastion-approved.toml of the configuration directory, '
@@ -110,7 +110,15 @@ class ApprovedModes:
                 'approve "once" or "for this session"'
             )
         if not _KEY.match(key):
-            raise ConfigError(f"{key!r} is not the policy key of one action (source:action)")
+            raise ConfigError(
+                f"{key!r} cannot be approved always: a policy entry names one action as source:action, without spaces "
+                'or "*"; approve "once" or "for this session"'
+            )
+
+    def add(self, key: str, *, by: str, invocation_id: str, at: datetime) -> None:
+        """Approve `key` (`source:action`) always: write `"key" = "allow"` with who, which call and when."""
+        self.check(key)
+        assert self.path is not None
         with self._changing():
             document = self._document()
             modes = document.get("modes")

@@ -92,6 +92,8 @@ async def decide(
             f"{principal.name} made this call and may not decide it; ask another approver",
             invocation_id=invocation_id,
         )
+    if grants is not None and scope != "once":
+        grants.check(invocation, scope)  # before the decision: an approval never holds without its grant
     decided = await ledger.invocations.decide(
         invocation_id, approve=approve, principal=principal.name, note=note, now=now
     )

@@ -229,18 +229,18 @@ class Gateway:
         policy = self.config.policy
         profile = policy.profiles.get(context.profile) if context.profile else None
         judge = None if arguments is None else partial(self.conditions.holds, arguments=arguments)
-        decision = resolve_mode(
+        return resolve_mode(
             source_id=entry.source_id,
             action_id=entry.action_id,
             risk=risk,
             profile_modes=profile.modes if profile else None,
-            org_modes=self.grants.org_modes(policy.modes),
+            org_modes=policy.modes,
             profile_rules=profile.rules if profile else (),
             org_rules=policy.rules,
             judge=judge,
             undecided="conditional" if arguments is None else "condition_failed",
+            grant=self.grants.scope_of(context.session_id, entry.key),
         )
-        return self.grants.for_session(decision, context.session_id, f"{entry.source_id}:{entry.action_id}")
 
     # -- the call pipeline -------------------------------------------------------------------------
 

@@ -1,11 +1,15 @@
-"""Scoped approvals (issue 14): an approver approves a call "once", "for this session" or "always".
+"""Scoped approvals: an approver approves a call "once", "for this session" or "always".
 
 - `once`: this call only (what every decision did before).
 - `session`: later calls of the same action in the same host session are allowed (mode source `session`). Kept in
   this process's memory: it ends when Bastion stops, and other instances sharing the ledger do not know of it.
-- `always`: an organisation mode entry `"source:action" = "allow"` in the policy file Bastion owns
-  (bastion.config.approved), so the next call resolves `allow` with mode source `org`, in every process that loads
-  the configuration (a running one within a second: it reads the file again when it changes).
+- `always`: an entry `"source:action" = "allow"` in the policy file Bastion owns (bastion.config.approved), so later
+  calls are allowed (mode source `always`) in every process that loads the configuration (a running one within a
+  second: it reads the file again when it changes).
+
+A grant sits beside the operator's rules, never among them: the operator's rules decide first, and a grant only
+lifts the `require_approval` of a key's plain mode or of the risk's default (`bastion.policies.granted_mode`). No
+grant undoes a deny, and a call that a rule on its arguments holds stays held.
 
 Both are revoked when the action's definition drifts from its pin: what was approved is another definition. Drift
 tightens `allow` anyway (DESIGN.md §5); revoking means accepting the drift does not silently bring them back.
@@ -14,19 +18,16 @@ tightens `allow` anyway (DESIGN.md §5); revoking means accepting the drift does
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from datetime import datetime
 from typing import Final, Literal, get_args
 
 from bastion.config.approved import ApprovedModes
-from bastion.models import Invocation, ModeDecision
+from bastion.models import Invocation
 
 logger = logging.getLogger(__name__)
 
 Scope = Literal["once", "session", "always"]
 SCOPES: Final[tuple[Scope, ...]] = get_args(Scope)
-SESSION_SOURCE: Final = "session"
-"""The mode source of a call allowed by a "for this session" approval."""
 
 
 class Grants:
@@ -36,22 +37,19 @@ class Grants:
         self.approved = approved
         self._sessions: set[tuple[str, str]] = set()
 
-    def org_modes(self, modes: Mapping[str, str]) -> Mapping[str, str]:
-        """The organisation map with the "always" approvals laid over it (never over a `deny`)."""
-        approved = self.approved.current()
-        if not approved:
-            return modes
-        merged = dict(modes)
-        for key, mode in approved.items():
-            if merged.get(key) != "deny":
-                merged[key] = mode
-        return merged
+    def scope_of(self, session_id: str, key: str) -> Scope | None:
+        """The standing grant that covers `key` (`source:action`) in this session: "session", "always" or None."""
+        if (session_id, key) in self._sessions:
+            return "session"
+        if self.approved.current().get(key) == "allow":
+            return "always"
+        return None
 
-    def for_session(self, decision: ModeDecision, session_id: str, key: str) -> ModeDecision:
-        """`decision`, or `allow` when it asks for approval and the session holds a "for this session" approval."""
-        if decision.mode == "require_approval" and (session_id, key) in self._sessions:
-            return ModeDecision(mode="allow", source=SESSION_SOURCE)
-        return decision
+    def check(self, invocation: Invocation, scope: Scope) -> None:
+        """Raise (ConfigError) when an approval of `invocation` with `scope` could not be recorded: checked before
+        the decision, so an approval never holds without the grant it was given with."""
+        if scope == "always":
+            self.approved.check(invocation.policy_key)
 
     def grant(self, invocation: Invocation, scope: Scope, *, by: str, now: datetime) -> None:
         """Record the scope of an approval of `invocation` (nothing more for "once")."""

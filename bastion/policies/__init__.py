@@ -13,7 +13,15 @@ from bastion.policies.drift import (
     is_drifted,
     structural_fingerprint,
 )
-from bastion.policies.modes import MODE_STRICTNESS, compose_mode, is_mode, resolve_mode, stricter, strictness
+from bastion.policies.modes import (
+    GRANT_LIFTS,
+    MODE_STRICTNESS,
+    compose_mode,
+    is_mode,
+    resolve_mode,
+    stricter,
+    strictness,
+)
 from bastion.policies.naming import (
     MAX_TOOL_NAME,
     NameAssignment,
@@ -26,6 +34,7 @@ from bastion.policies.risk import RiskSetting, derive_risk, normalize_risk
 
 __all__ = [
     "FINGERPRINT_FIELDS",
+    "GRANT_LIFTS",
     "MAX_TOOL_NAME",
     "MODE_STRICTNESS",
     "Fingerprints",

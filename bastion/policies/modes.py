@@ -13,6 +13,14 @@ MODE_STRICTNESS: Final[dict[Mode, int]] = {"allow": 0, "require_approval": 1, "d
 
 _INFERRED: Final[dict[Risk, Mode]] = {"read": "allow", "write": "require_approval", "danger": "deny"}
 
+GRANT_LIFTS: Final[dict[str, frozenset[str]]] = {
+    "session": frozenset({"profile", "org", "inferred"}),
+    "always": frozenset({"org", "inferred"}),
+}
+"""For each scope of a standing grant, the mode sources of a `require_approval` it lifts: a key's plain mode (an
+"always" grant, made for every session, not a profile's, which its sessions chose to be stricter) or the risk's
+default. A call held by a rule on its arguments, an undecided condition, drift or a declared floor stays held."""
+
 
 def is_mode(value: object) -> TypeGuard[Mode]:
     """Whether `value` is exactly one of `allow`, `require_approval`, `deny`."""
@@ -46,6 +54,7 @@ def resolve_mode(
     org_rules: Sequence[PolicyRule] = (),
     judge: RuleJudge | None = None,
     undecided: str = "condition_failed",
+    grant: str | None = None,
 ) -> ModeDecision:
     """The mode of one action, first match wins: profile `source:action`, profile `source:*`, org (same keys),
     then inferred from risk. For each key, its rules (conditional modes) are tried first, in order: the first whose
@@ -56,6 +65,13 @@ def resolve_mode(
     file must never open a door. A rule whose condition is undecided (`judge` gives None, or there is no `judge`)
     gives the stricter of its own mode and what resolution gives without it (source `<undecided>:<key>`): a
     condition that fails never relaxes.
+
+    `grant` is the scope of the approvers' standing grant that covers this call (`session`, `always`), if any. It
+    sits beside the operator's rules, never among them: they decide first, and the grant then turns a
+    `require_approval` it lifts (`GRANT_LIFTS`: a key's plain mode, or the risk's default) into `allow`, with the
+    grant's scope as mode source, unless any operator entry that matches the call says `deny` (a wildcard, a
+    profile's, a rule whose condition holds or is undecided, a value that is not a mode), even one the first match
+    shadows. No grant undoes a deny, and none lifts what a rule on the arguments holds.
     """
     keys = (policy_key(source_id, action_id), policy_key(source_id, "*"))
     candidates: list[tuple[str, str, PolicyRule | None]] = []
@@ -64,7 +80,19 @@ def resolve_mode(
             candidates.extend((f"{source}_rule", rule.mode, rule) for rule in rules if rule.key == key)
             if key in modes:
                 candidates.append((source, modes[key], None))
-    return _first_match(candidates, 0, risk, judge, undecided)
+    decision = _first_match(candidates, 0, risk, judge, undecided)
+    if grant is None or decision.mode != "require_approval" or decision.source not in GRANT_LIFTS.get(grant, ()):
+        return decision
+    if any(_may_deny(value, rule, judge) for _, value, rule in candidates):
+        return decision
+    return _decision("allow", grant)
+
+
+def _may_deny(value: str, rule: PolicyRule | None, judge: RuleJudge | None) -> bool:
+    """Whether an operator entry denies the call being resolved (a rule: unless its condition surely fails)."""
+    if is_mode(value) and value != "deny":
+        return False
+    return rule is None or judge is None or judge(rule) is not False
 
 
 def _first_match(
