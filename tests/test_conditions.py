@@ -3,6 +3,7 @@ file and line), judged on each call's arguments with a cost limit, and never rel
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from mcp import Client
 
 from bastion.config import Config, load_config
-from bastion.config.conditions import COST_LIMIT, Conditions, compile_condition
+from bastion.config.conditions import COST_LIMIT, Conditions, compile_condition, normpath
 from bastion.ledger import Redactor, open_ledger
 from bastion.models import MODES, RISKS, CallContext, Mode, ModeDecision, PolicyRule, Risk
 from bastion.pipeline.gateway import Gateway
@@ -245,3 +246,69 @@ def test_without_arguments_the_mode_shown_is_the_strictest_any_call_could_get(
     shown = resolve(None)
     for holds in (True, False):
         assert _strictness(shown) >= _strictness(resolve(lambda _rule, holds=holds: holds))
+
+
+def _readme_policy() -> str:
+    """The README's example policy with rules (its `# policies/default.toml` block)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    blocks = re.findall(r"```toml\n(# policies/default.toml\n.*?)```", readme, flags=re.DOTALL)
+    (block,) = [str(block) for block in blocks if "[[rules]]" in block]
+    return block
+
+
+@pytest.mark.parametrize(
+    ("path", "mode"),
+    [
+        ("/srv/public/notes.txt", "allow"),
+        ("/srv/public/a/./b//c.txt", "allow"),
+        ("/srv/public/../../etc/passwd", "require_approval"),
+        ("/srv/public/..//..//etc/shadow", "require_approval"),
+        ("/srv/public/.env", "deny"),
+        ("/srv/public/x/../.env", "deny"),
+        ("../outside.txt", "deny"),
+        ("/etc/passwd", "require_approval"),
+    ],
+)
+def test_the_readme_example_never_allows_a_path_that_walks_out_of_its_prefix(
+    tmp_path: Path, path: str, mode: Mode
+) -> None:
+    config = load_config(write_policy(tmp_path, _readme_policy()))
+    assert not config.issues, config.issues
+    conditions = Conditions(config.policy.rules)
+    decision = resolve_mode(
+        source_id="fs",
+        action_id="write_file",
+        risk="danger",
+        profile_modes=None,
+        org_modes=config.policy.modes,
+        org_rules=config.policy.rules,
+        judge=lambda rule: conditions.holds(rule, {"path": path, "content": "x"}),
+    )
+    assert decision.mode == mode
+
+
+def test_a_rule_testing_a_raw_prefix_of_a_path_is_reported_with_the_fix(tmp_path: Path) -> None:
+    text = """
+    [[rules]]
+    key = "fs:write_file"
+    when = 'args.path.startsWith("/srv/public/") || args.target_dir.startsWith("/tmp/")'
+    mode = "allow"
+    """
+    config = load_config(write_policy(tmp_path, text))
+    messages = [issue.message for issue in config.issues]
+    assert len(messages) == 2 and all("normpath(args." in message for message in messages)
+    assert all(issue.line == 4 for issue in config.issues)
+    clean = "[[rules]]\nkey = 'fs:write_file'\nwhen = 'normpath(args.path).startsWith(\"/srv/\")'\nmode = 'allow'\n"
+    assert not load_config(write_policy(tmp_path / "clean", clean)).issues
+
+
+@given(st.lists(st.sampled_from(["a", "b", ".", "..", "", "/", "//", ".env"]), max_size=8))
+def test_a_normalised_path_has_no_dot_segments_or_repeated_slashes_but_a_leading_climb(parts: list[str]) -> None:
+    path = "/".join(parts)
+    normal = normpath(path)
+    assert "//" not in normal
+    segments = normal.split("/")
+    assert "." not in segments or normal == "."
+    climbing = [i for i, segment in enumerate(segments) if segment == ".."]
+    assert climbing == list(range(len(climbing)))  # `..` only at the start of a relative path
+    assert not (normal.startswith("/") and climbing)

@@ -7,11 +7,16 @@ comprehensions (`all`, `exists`, `exists_one`, `map`, `filter`); that estimate i
 and a condition over the limit is not evaluated. A condition that does not compile, costs too much, fails (a
 missing key, a wrong type) or does not give a boolean is *undecided*, which resolution turns into the stricter
 mode (see `bastion.policies.resolve_mode`).
+
+Beside CEL's own functions a condition may call `normpath(path)`: the path with repeated slashes, `.` and `..`
+resolved (`normpath("/srv/public/../../etc/x") == "/etc/x"`), so a prefix test cannot be walked out of. A rule that
+tests a raw prefix of a path-like argument (`args.path.startsWith(...)`) is reported as a problem naming that fix.
 """
 
 from __future__ import annotations
 
 import logging
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +36,25 @@ comprehensions)."""
 _EVALUATION_ERRORS: Final = (LookupError, ArithmeticError, TypeError, ValueError, RuntimeError)
 """What the evaluator raises for a condition that fails on a call (a missing key, a wrong type, a division by 0)."""
 _COMPREHENSION: Final = re.compile(r"\.\s*(?:all|exists_one|exists|map|filter)\s*\(")
+_RAW_PATH_PREFIX: Final = re.compile(
+    r"\bargs\.(\w*(?:path|file|dir|directory|folder|destination|source|target|cwd|root)\w*)\s*\.\s*startsWith\s*\(",
+    re.IGNORECASE,
+)
+"""A prefix test of a path-like argument as sent: `/srv/public/../../etc/passwd` starts with `/srv/public/`."""
+_SLASHES: Final = re.compile(r"/{2,}")
+
+
+def normpath(path: object) -> str:
+    """The `normpath` of conditions: `path` with repeated slashes, `.` and `..` resolved; an absolute path never
+    climbs above `/`, a relative one keeps the `..` it starts with (`normpath("a/../../b") == "../b"`)."""
+    if not isinstance(path, str):
+        raise TypeError(f"normpath takes a string, not {type(path).__name__}")
+    if not path:
+        return path
+    return posixpath.normpath(_SLASHES.sub("/", path))
+
+
+_FUNCTIONS: Final = {"normpath": normpath}
 
 
 class ConditionError(ValueError):
@@ -86,6 +110,14 @@ def rule_problems(rule: PolicyRule, known_key: re.Pattern[str], modes: tuple[str
                 "which resolves to the stricter mode)",
             )
         )
+    for name in dict.fromkeys(_RAW_PATH_PREFIX.findall(rule.when)):
+        problems.append(
+            (
+                "when",
+                f"rule condition for {rule.key} tests a raw prefix of args.{name}, which a path with `..` or `//` "
+                f"passes while pointing elsewhere; compare the normalised path: normpath(args.{name}).startsWith(...)",
+            )
+        )
     return problems
 
 
@@ -113,7 +145,7 @@ class Conditions:
             logger.warning("policy condition for %s not evaluated: its cost %d is over %d", rule.key, cost, COST_LIMIT)
             return None
         try:
-            verdict = condition.program.execute({"args": dict(arguments)})
+            verdict = condition.program.execute({"args": dict(arguments), **_FUNCTIONS})
         except _EVALUATION_ERRORS as exc:
             logger.info("policy condition for %s failed on this call: %s", rule.key, exc)
             return None
