@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from bastion.connectors.providers.github import BODY_CHARS
+from bastion.errors import UpstreamError
 from tests.providers import CANARY, ScriptedApi, body_of, call, ok, query_of, running, source
 
 pytestmark = pytest.mark.anyio
@@ -254,3 +255,16 @@ async def test_each_action_declares_its_risk_and_whether_a_retry_is_safe() -> No
         assert spec.tool.annotations is not None
         assert spec.tool.annotations.destructive_hint is (spec.risk == "danger")
         assert spec.tool.annotations.read_only_hint is (spec.risk == "read")
+
+
+@pytest.mark.parametrize(
+    "elsewhere",
+    ["https://evil.example/steal?page=2", "http://api.github.com/repositories/1/issues?page=2", "//evil.example/x"],
+)
+async def test_a_next_page_on_another_origin_is_never_requested_with_the_token(elsewhere: str) -> None:
+    api = ScriptedApi([ok([issue(1)], headers={"link": f'<{elsewhere}>; rel="next"'}), ok([issue(2)])])
+    async with running(source("github", api)) as github:
+        with pytest.raises(UpstreamError, match="another origin"):
+            await call(github, "list_issues", {"owner": "acme", "repo": "app", "limit": 5})
+    (only,) = api.requests  # the second page was never asked for
+    assert only.url.host == "api.github.com"

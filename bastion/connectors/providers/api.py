@@ -135,6 +135,20 @@ class Api:
             where = ".".join(str(part) for part in problem["loc"]) or "(root)"
             raise self.unreadable(f"its answer has an unexpected shape at {where}: {problem['msg']}") from exc
 
+    def _same_origin(self, url: str) -> None:
+        """Refuse a URL the API gave (a next page) that is not on the configured API's origin."""
+        base = self.client.base_url
+        try:
+            target = base.join(url)
+        except httpx2.InvalidURL as exc:
+            raise self.unreadable(f"its next page link is not a URL ({exc})") from exc
+        if _origin(target) != _origin(base):
+            raise UpstreamError(
+                f"{self.name}: the API's next page is on another origin ({target.scheme}://{target.host}), which "
+                f"would receive the token; not followed. If {base.scheme}://{base.host} is right, the API (or a "
+                "proxy in front of it) must link its pages there"
+            )
+
     def unreadable(self, why: str) -> BastionError:
         """A 2xx answer that cannot be read: after a mutation it did act, but what it did is not known."""
         if self.mutated:
@@ -154,7 +168,8 @@ class Api:
 
         Returns the items kept (at most `limit`) and whether more were left behind. `items_key` names the list
         in an object answer (None: the answer is the list); `keep` drops items (GitHub lists pull requests
-        among issues)."""
+        among issues). A next page on another origin than the configured API's is refused, never requested: the
+        request would carry the provider's token there (as a redirect would, were redirects followed)."""
         items: list[Json] = []
         url: str | None = path
         query: Mapping[str, Any] | None = params
@@ -169,7 +184,12 @@ class Api:
             url, query = next_link(response), None  # the next link carries the whole query
             if len(items) >= limit or url is None:
                 break
+            self._same_origin(url)
         return items[:limit], len(items) > limit or url is not None
+
+
+def _origin(url: httpx2.URL) -> tuple[str, str, int | None]:
+    return url.scheme, url.host, url.port
 
 
 def check_status(response: httpx2.Response, name: str, *, mutating: bool) -> None:
