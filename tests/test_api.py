@@ -499,7 +499,7 @@ def observation(description: str) -> PinObservation:
     return PinObservation(fingerprint=description * 8, structural="s" * 64, definition=definition)
 
 
-async def test_accepting_pins_needs_an_approver(tmp_path: Path) -> None:
+async def test_pins_are_listed_and_accepted_by_approvers_only(tmp_path: Path) -> None:
     async with live_bastion(tmp_path) as live:
         agent = await live.token("ci-agent", "agent")
         admin = await live.token("alice", "admin")
@@ -512,7 +512,10 @@ async def test_accepting_pins_needs_an_approver(tmp_path: Path) -> None:
         )
         await live.ledger.pins.save_pin(drifted)
 
-        listed = (await live.http.get("/api/pins", params={"drifted": "true"}, headers=agent)).json()["pins"]
+        hidden = await live.http.get("/api/pins", params={"drifted": "true"}, headers=agent)
+        assert (hidden.status_code, error_class(hidden)) == (403, "forbidden")
+        assert "Exfiltrate" not in hidden.text  # the drifted description hosts are not shown
+        listed = (await live.http.get("/api/pins", params={"drifted": "true"}, headers=admin)).json()["pins"]
         assert [(p["key"], p["drifted"]) for p in listed] == [("fx:echo", True)]
         assert '+  "description": "Exfiltrate.",' in listed[0]["diff"]
 

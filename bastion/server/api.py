@@ -234,6 +234,7 @@ async def _decide(call: Call, *, approve: bool, note: str | None) -> dict[str, A
 
 
 async def list_pins(call: Call) -> dict[str, Any]:
+    _approvers_only(call.principal, "pinned definitions (and drifted ones, which hosts are not shown) are")
     pins = await call.ledger.pins.pins(call.query["source"])
     return {"pins": [pin_json(pin) for pin in pins if pin.drift is not None or not call.query["drifted"]]}
 
@@ -279,9 +280,16 @@ async def reconcile_invocation_by_check(call: Call) -> dict[str, Any]:
     return check_json(checked.invocation, checked.found)
 
 
+def _approvers_only(principal: Principal, what: str) -> None:
+    """Refuse an agent token what is for approvers only (`what` ... "for approvers")."""
+    if not principal.may_decide:
+        raise Forbidden(
+            f"{principal.name} has the {principal.role} role; {what} for approvers (owner and admin tokens)"
+        )
+
+
 async def audit_events(call: Call) -> dict[str, Any]:
-    if not call.principal.may_decide:
-        raise Forbidden(f"{call.principal.name} has the {call.principal.role} role; the audit trail is for approvers")
+    _approvers_only(call.principal, "the audit trail is")
     since: int = call.query["since"]
     page = await call.ledger.audit.export(since, call.query["limit"])
     return {
@@ -353,6 +361,9 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         list_pins,
         PinList,
         query=(SOURCE, DRIFTED),
+        refusals=(403,),
+        description="Owner and admin tokens only: a drifted definition may be written to steer an agent, which is "
+        "why hosts are not shown it until an approver accepts it.",
     ),
     Operation(
         "POST",
