@@ -503,6 +503,29 @@ async def _raw_session(tmp_path: Path, *, express: bool) -> tuple[list[dict[str,
     return sorted(answers, key=lambda a: json.dumps(a, sort_keys=True)), records
 
 
+async def test_a_lone_surrogate_the_lane_reads_is_refused_as_invalid_arguments_and_nothing_is_recorded(
+    tmp_path: Path,
+) -> None:
+    """The lane reads a line orjson refuses with the standard library, which takes a lone surrogate escape: the call
+    is refused as invalid arguments (the answer itself carrying no surrogate), before anything is recorded."""
+    async with stdio_front(tmp_path, express=True) as front:
+        await front.gateway.first_listings()
+        host = _RawHost(front.host_out, front.host_in)
+        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "odd", "version": "1"}}
+        await host.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
+        await host.answer(1)
+        await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        await host.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        await host.answer(2)  # the connection is initialized: the lane takes its calls
+        arguments = b'{"text":"a\\ud800"}'
+        await host.write(b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"fx__echo","arguments":')
+        await host.write(arguments + b"}}\n")
+        answer = await host.answer(5)
+        assert answer["result"]["isError"] is True
+        assert answer["result"]["structuredContent"]["error"]["class"] == "invalid_arguments"
+        assert await front.ledger.invocations.list() == []
+
+
 class _RawHost:
     """A host that writes raw lines and reads JSON-RPC answers (one a line) off Bastion's stdout."""
 

@@ -89,6 +89,20 @@ async def test_invalid_arguments_are_refused_before_anything_is_recorded(tmp_pat
         assert h.fixture.calls == []
 
 
+async def test_text_that_is_not_unicode_is_refused_as_invalid_arguments_before_anything_is_recorded(
+    tmp_path: Path,
+) -> None:
+    """A lone surrogate can be neither stored nor sent: it is refused before any record, never recorded as an
+    outcome to check downstream (an agent could fill the list of unresolved calls with them)."""
+    async with harness(tmp_path, modes={"fx:echo": "allow"}) as h:
+        for arguments in ({"text": "a\ud800b"}, {"text": "ok", "note\udc00": "key"}):
+            with pytest.raises(InvalidArguments, match="lone UTF-16 surrogate") as refused:
+                await h.gateway.call("fx__echo", arguments, CallContext(session_id="s"))
+            assert "\ud800" not in refused.value.message and "\udc00" not in refused.value.message
+        assert await h.ledger.invocations.list() == []
+        assert h.fixture.calls == []
+
+
 async def test_org_wildcard_and_session_profile_decide_the_mode(tmp_path: Path) -> None:
     profiles = {"nightly": Profile(modes={"fx:echo": "deny"})}
     async with harness(tmp_path, modes={"fx:*": "allow"}, profiles=profiles, profile="nightly") as h:

@@ -76,7 +76,7 @@ def keyed_hash(key: bytes, arguments: Any) -> str:
     """HMAC-SHA256 of the canonical JSON of the raw arguments: a copy of the key's HMAC, its key already taken in
     (`hmac.digest` looks the algorithm up in OpenSSL on every call: twice the time, issue 17)."""
     mac = _keyed(key).copy()
-    mac.update(canonical_json(arguments))
+    mac.update(canonical_json(arguments, strict=True))
     return mac.hexdigest()
 
 

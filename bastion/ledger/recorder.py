@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from bastion.errors import InvalidArguments
 from bastion.ledger import keys
 from bastion.ledger.backend import EMPTY_DETAIL, GoneFn, InvocationBackend, Scrubbed
 from bastion.ledger.redaction import Redactor
@@ -30,8 +31,14 @@ class Recorder:
     # -- argument hashes -------------------------------------------------------------------------------
 
     def hash_args(self, arguments: Any) -> str:
-        """The keyed hash of raw arguments that an invocation stores (never shown; see bastion.ledger.keys)."""
-        return keys.keyed_hash(self._key, arguments)
+        """The keyed hash of raw arguments that an invocation stores (never shown; see bastion.ledger.keys).
+
+        Raises InvalidArguments for arguments that can be neither stored nor sent (nested too deeply, or text that
+        is not Unicode): refused before anything is recorded."""
+        try:
+            return keys.keyed_hash(self._key, arguments)
+        except ValueError as exc:
+            raise InvalidArguments(f"invalid arguments: {exc}") from exc
 
     def args_match(self, arguments: Any, stored: str) -> bool:
         """Whether `arguments` are those an invocation was recorded with."""

@@ -312,10 +312,7 @@ class Gateway:
             self.listings.refuse_unknown(name)
         assert entry is not None
         entry.validate_arguments(arguments)
-        try:
-            hashed = self.invocations.hash_args(arguments)
-        except ValueError as exc:  # nested too deep to be hashed (and to be relayed): refused before any record
-            raise InvalidArguments(f"invalid arguments for {name}: {exc}; send arguments nested less deeply") from exc
+        hashed = self.invocations.hash_args(arguments)  # refuses what can be neither stored nor sent
         drift = await self.pins.current_drift(entry.source_id, entry.action_id)
         decision = self.mode_of(entry, context, drifted=drift is not None, arguments=arguments)
         if deliver is not None and decision.mode == "require_approval":

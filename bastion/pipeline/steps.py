@@ -109,8 +109,8 @@ class GatewaySteps:
         entry.validate_arguments(arguments)
         try:
             hashed = self._invocations.hash_args(arguments)
-        except ValueError as exc:
-            raise InvalidArguments(f"invalid arguments for step {step_id!r} ({entry.key}): {exc}") from exc
+        except InvalidArguments as exc:
+            raise InvalidArguments(f"step {step_id!r} ({entry.key}): {exc.message}") from exc
         drift = await self._current_drift(source_id, action_id)
         context = CallContext(session_id=parent.session_id, profile=parent.profile, principal=parent.principal)
         decision = self._mode_of(entry, context, drifted=drift is not None, arguments=arguments)

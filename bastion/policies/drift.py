@@ -46,24 +46,38 @@ class NestingTooDeep(ValueError):
     """A value nests containers too deeply for `canonical_json`: the JSON encoder recurses once per level."""
 
 
+class NotUnicode(ValueError):
+    """A value holds a string that is not Unicode text (a lone UTF-16 surrogate), which `canonical_json(strict=True)`
+    refuses: no UTF-8 can carry it, so it can be neither stored nor sent."""
+
+
 _CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 """`json.dumps` with these options builds an encoder on every call; this one is built once."""
 
 
-def canonical_json(value: Any) -> bytes:
+def canonical_json(value: Any, *, strict: bool = False) -> bytes:
     """JSON with sorted keys, no whitespace, UTF-8: equal values always give equal bytes.
 
     Raises `NestingTooDeep` (a ValueError) for a value nested too deeply to encode (about 900 levels from a
     shallow stack, fewer from a deep one), and TypeError for a value that is not JSON, as `json.dumps` does.
     Values parsed from the wire never nest that deeply: the SDK's JSON parser (pydantic-core) refuses a
-    message nested deeper than 200 levels.
+    message nested deeper than 200 levels. A lone surrogate passes as its UTF-8 bytes (upstream definitions may
+    carry them, and hashing them must not crash the catalog), unless `strict`: then it raises `NotUnicode`.
     """
     try:
         text = _CANONICAL.encode(value)
     except RecursionError as exc:
-        raise NestingTooDeep("the value nests objects and arrays too deeply to encode") from exc
-    # surrogatepass: upstream JSON may carry lone surrogates; hashing them must not crash the catalog.
-    return text.encode("utf-8", "surrogatepass")
+        raise NestingTooDeep(
+            "the value nests objects and arrays too deeply to encode; send arguments nested less deeply"
+        ) from exc
+    try:
+        return text.encode("utf-8", "strict" if strict else "surrogatepass")
+    except UnicodeEncodeError as exc:
+        lone = ", ".join(f"U+{ord(c):04X}" for c in exc.object[exc.start : exc.end])
+        raise NotUnicode(
+            f"a string holds a lone UTF-16 surrogate ({lone}), which is not Unicode text and cannot be stored or "
+            "sent; send valid UTF-8 text"
+        ) from None
 
 
 def _sha256(value: Any) -> str:
