@@ -146,9 +146,12 @@ async def test_the_event_stream_needs_a_token_and_a_numeric_last_event_id(tmp_pa
     async with live_bastion(tmp_path) as live:
         admin = await live.token("alice", "admin")
         assert (await live.http.get("/api/events")).status_code == 401
-        response = await live.http.get("/api/events", headers=admin | {"Last-Event-ID": "abc"})
-        assert response.status_code == 422
-        assert response.json()["error"]["class"] == "invalid_arguments"
+        for refused in ("abc", "-1", "1e3", str(2**63), "9" * 40):  # not an id, or beyond the ledger's ids
+            response = await live.http.get("/api/events", headers=admin | {"Last-Event-ID": refused})
+            assert response.status_code == 422, refused
+            assert response.json()["error"]["class"] == "invalid_arguments"
+        async with live.http.stream("GET", "/api/events", headers=admin | {"Last-Event-ID": str(2**63 - 1)}) as ok:
+            assert ok.status_code == 200  # the largest id an event can have: a stream that resumes after it
 
 
 async def test_the_remote_watch_is_woken_by_the_event_stream(tmp_path: Path) -> None:

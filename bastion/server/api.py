@@ -44,6 +44,7 @@ from bastion.pipeline.views import (
     pending_json,
     pin_json,
 )
+from bastion.server.events import MAX_EVENT_ID, event_id
 from bastion.server.rest import Call, Operation, Query, describe, endpoint, routing_error
 
 logger = logging.getLogger(__name__)
@@ -141,12 +142,6 @@ def _count(text: str) -> int:
     return int(text)
 
 
-def _cursor(text: str) -> int:
-    if not text.isascii() or not text.isdigit():
-        raise ValueError("must be an event id: a whole number, 0 or more")
-    return int(text)
-
-
 def _flag(text: str) -> bool:
     if text not in ("true", "false"):
         raise ValueError("must be true or false")
@@ -172,8 +167,8 @@ SESSION = Query("session", "Only this host session id.", {"type": "string"}, str
 SINCE = Query(
     "since",
     "Only events after this event id (the `next` of the previous page; 0 for the start).",
-    {"type": "integer", "minimum": 0, "default": 0},
-    _cursor,
+    {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_ID, "default": 0},
+    event_id,
     0,
 )
 PAGE = Query(

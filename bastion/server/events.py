@@ -27,6 +27,18 @@ PING_SECONDS: Final = 15
 """A comment line this often keeps proxies from closing a quiet stream."""
 
 
+MAX_EVENT_ID: Final = 2**63 - 1
+"""The largest id a ledger can give an event (SQLite's INTEGER, PostgreSQL's bigint): a larger one names none."""
+
+
+def event_id(text: str) -> int:
+    """An event id a request gives (`Last-Event-ID`, `?since=`): a whole number from 0 to MAX_EVENT_ID; ValueError
+    saying so for anything else (a larger number would overflow the ledger's query)."""
+    if not text.isascii() or not text.isdigit() or len(text) > len(str(MAX_EVENT_ID)) or int(text) > MAX_EVENT_ID:
+        raise ValueError(f"must be an event id: a whole number from 0 to {MAX_EVENT_ID}")
+    return int(text)
+
+
 def resume_point(request: Request) -> int | None:
     """The ledger event id to resume after: `Last-Event-ID` (None: start from now). InvalidArguments if it is not
     an id."""
@@ -34,9 +46,12 @@ def resume_point(request: Request) -> int | None:
     if text is None or not text.strip():
         return None
     text = text.strip()
-    if not text.isascii() or not text.isdigit():
-        raise InvalidArguments(f"Last-Event-ID {text[:32]!r} is not an event id; send the id of the last event seen")
-    return int(text)
+    try:
+        return event_id(text)
+    except ValueError as exc:
+        raise InvalidArguments(
+            f"Last-Event-ID {text[:32]!r} {exc}; send the id of the last event seen, or none to start from now"
+        ) from exc
 
 
 def event_stream(ledger: Ledger, principal: Principal | None, after: int | None) -> EventSourceResponse:
