@@ -5,12 +5,14 @@ Two loops. The filler follows the change feed and adds one outbox item per webho
 resumes after the newest event it had added for each webhook (the outbox refuses an item twice), so the events made
 while Bastion was down (by the CLI, another instance) are added too. A webhook never seen before starts from now.
 The sender claims due items, POSTs them, and marks each delivered, or retries it with exponential backoff, giving up
-after `MAX_ATTEMPTS`. An item sent but not marked (a crash in between) is sent again: receivers dedupe on
-`X-Bastion-Event-Id`, which is the same on every attempt.
+after `MAX_ATTEMPTS`. An item sent but not marked (a crash in between) is sent again, the same on every attempt:
+receivers dedupe on the event's `id` inside the signed body (`X-Bastion-Event-Id` repeats it for routing, but is
+outside the signature, so anyone who can reach the receiver can set it).
 
 A `json` webhook gets the event as JSON with a link to the inbox item, signed: `X-Bastion-Timestamp` (Unix seconds)
 and `X-Bastion-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>" with the webhook's secret>`; receivers
-check it and refuse old timestamps (replays). A `slack` webhook gets a Slack incoming-webhook message. Bodies carry
+check it and refuse old timestamps (replays). A `slack` webhook gets a Slack incoming-webhook message, unsigned
+(Slack's incoming webhooks take no signature; the secret is the URL itself). Bodies carry
 only what the ledger stores (arguments redacted); a webhook's URL (a Slack URL is a secret) is never stored or
 logged: the outbox names it by a hash.
 """
