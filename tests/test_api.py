@@ -668,8 +668,8 @@ async def test_the_audit_trail_read_page_by_page_from_a_cursor_equals_it_read_wh
 
         refused = await live.http.get("/api/audit/events", headers=agent)
         assert refused.status_code == 403
-        for refused in ("-1", str(2**63), "9" * 40):
-            answer = await live.http.get("/api/audit/events", params={"since": refused}, headers=admin)
-            assert answer.status_code == 422, refused
+        for cursor in ("-1", str(2**63), "9" * 40):
+            answer = await live.http.get("/api/audit/events", params={"since": cursor}, headers=admin)
+            assert answer.status_code == 422, cursor
         largest = await live.http.get("/api/audit/events", params={"since": str(2**63 - 1)}, headers=admin)
         assert (largest.status_code, largest.json()["events"]) == (200, [])
