@@ -118,6 +118,13 @@ class UnknownOutcome(BastionError):
     http_status = 502
 
 
+class RequestTooLarge(BastionError):
+    """An HTTP request body over the limit of its path, refused as it arrived (nothing of it was acted on)."""
+
+    error_class = "request_too_large"
+    http_status = 413
+
+
 class Conflict(BastionError):
     error_class = "conflict"
     http_status = 409

@@ -6,6 +6,7 @@ ledger; the end-to-end test adds a real gateway with an in-process downstream an
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -336,6 +337,48 @@ async def test_a_running_server_logs_when_the_first_token_is_created_and_when_no
     finally:
         logging.getLogger("bastion.server.auth").removeHandler(handler)
     assert len(heard) == 2  # each change once
+
+
+async def _posted_raw(url: str, path: str, headers: dict[str, str], size: int, *, declared: bool = False) -> bytes:
+    """POST a body of `size` bytes over a raw connection, chunked (its size unknown ahead) or `declared` in its
+    Content-Length (and never sent), reading the answer while sending: the head of the answer (its status line)."""
+    host, port = url.removeprefix("http://").split(":")
+    framing = f"Content-Length: {size}" if declared else "Transfer-Encoding: chunked"
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    chunk = b"x" * 8192
+    async with await anyio.connect_tcp(host, int(port)) as raw, anyio.create_task_group() as tg:
+
+        async def send_body() -> None:
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                for _ in range(0 if declared else size // len(chunk)):
+                    await raw.send(b"2000\r\n" + chunk + b"\r\n")
+
+        await raw.send(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}{framing}\r\n\r\n".encode())
+        tg.start_soon(send_body)
+        with anyio.fail_after(WAIT):
+            answer = await raw.receive()
+        tg.cancel_scope.cancel()
+    return answer
+
+
+async def test_a_body_over_its_paths_limit_is_refused_as_it_arrives_before_any_of_it_is_acted_on(
+    tmp_path: Path,
+) -> None:
+    """The inbox's login form takes no token, and any token reaches /api: neither reads a body whole any more. A
+    body that says it is too long is refused unread; one that turns out too long, as soon as it passes the limit."""
+    async with live_bastion(tmp_path) as live:
+        admin = await live.token("alice", "admin")
+        await seed(live.ledger, invocation(1))
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        for size, declared in ((256 * 1024, False), (150 * 1024 * 1024, True)):
+            answer = await _posted_raw(live.url, "/inbox/login", form, size, declared=declared)
+            assert answer.startswith(b"HTTP/1.1 413 ") and b"request_too_large" in answer, answer[:200]
+        approve = "/api/approvals/inv-0001/approve"
+        answer = await _posted_raw(live.url, approve, admin | {"Content-Type": "application/json"}, 5 * 1024 * 1024)
+        assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+        assert (await live.ledger.invocations.get("inv-0001")).status == "pending"  # type: ignore[union-attr]
+        within = await live.http.post(approve, json={"note": "ok"}, headers=admin)
+        assert within.status_code == 200
 
 
 async def test_a_failing_ledger_is_answered_500_internal_and_logged(

@@ -46,6 +46,7 @@ from bastion.server.events import events_endpoint
 from bastion.server.express import LaneCounts
 from bastion.server.express_http import HttpLane
 from bastion.server.inbox import Inbox
+from bastion.server.limits import BodyLimits
 from bastion.server.mcp import FrontDoor
 from bastion.server.metrics import METRICS_PATH, Metrics
 from bastion.server.rest import routing_error
@@ -265,7 +266,7 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
         # In front of the routing: a call the lane answers costs no Starlette request, route or middleware.
         served = HttpLane(app, front, manager, express, path="/mcp")
     auth = BearerAuth(served, front.gateway.ledger.tokens, tokens_required=non_loopback)  # its watch runs in `lifespan`
-    return HostOriginGuard(auth, allowed_hosts)
+    return HostOriginGuard(BodyLimits(auth), allowed_hosts)
 
 
 def allowed_hosts_for(bind_host: str, extra: Iterable[str] = ()) -> AllowedHosts:
