@@ -312,3 +312,98 @@ def test_a_normalised_path_has_no_dot_segments_or_repeated_slashes_but_a_leading
     climbing = [i for i, segment in enumerate(segments) if segment == ".."]
     assert climbing == list(range(len(climbing)))  # `..` only at the start of a relative path
     assert not (normal.startswith("/") and climbing)
+
+
+json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**53), 2**53), st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=5),
+)  # fmt: skip
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return type(value).__name__
+
+
+def _same_kinds(a: object, b: object) -> bool:
+    """Whether two JSON values have one type all the way down (where an equality would look)."""
+    if _kind(a) != _kind(b):
+        return False
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) != len(b) or all(_same_kinds(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() != b.keys() or all(_same_kinds(a[k], b[k]) for k in a)
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=json_values, b=json_values, operator=st.sampled_from(["==", "!="]))
+def test_equality_across_json_types_is_undecided_and_within_one_type_is_json_equality(
+    a: object, b: object, operator: str
+) -> None:
+    rule = PolicyRule(key="fx:echo", when=f"args.a {operator} args.b", mode="deny")
+    verdict = Conditions([rule]).holds(rule, {"a": a, "b": b})
+    if not _same_kinds(a, b):
+        assert verdict is None  # undecided: the stricter mode applies
+    else:
+        assert verdict is ((a == b) if operator == "==" else (a != b))
+
+
+@settings(max_examples=200, deadline=None)
+@given(item=json_scalars, container=st.one_of(st.lists(json_scalars, max_size=4), json_scalars))
+def test_membership_needs_every_element_of_the_items_type(item: object, container: object) -> None:
+    rule = PolicyRule(key="fx:echo", when="args.item in args.container", mode="deny")
+    verdict = Conditions([rule]).holds(rule, {"item": item, "container": container})
+    if isinstance(container, list) and all(_kind(element) == _kind(item) for element in container):
+        assert verdict is (item in container)
+    else:
+        assert verdict is None
+
+
+@pytest.mark.parametrize(
+    ("when", "sent", "mode"),
+    [
+        ("args.n == 5", {"n": "5"}, "deny"),  # deny rule: undecided is the stricter mode, deny
+        ('args.env == "prod"', {"env": ["prod"]}, "deny"),
+        ("args.force == true", {"force": "true"}, "deny"),
+        ('args.env in ["prod", "staging"]', {"env": ["prod"]}, "deny"),
+    ],
+)
+def test_a_deny_rule_comparing_across_types_still_denies(when: str, sent: dict[str, object], mode: str) -> None:
+    rule = PolicyRule(key="fx:echo", when=when, mode="deny")
+    conditions = Conditions([rule])
+    decision = resolve_mode(
+        source_id="fx",
+        action_id="echo",
+        risk="write",
+        profile_modes=None,
+        org_modes={},
+        org_rules=[rule],
+        judge=lambda r: conditions.holds(r, sent),
+    )
+    assert decision.mode == mode
+
+
+def test_an_allow_rule_with_unequal_across_types_does_not_open_a_write_tool() -> None:
+    rule = PolicyRule(key="fx:write", when='args.env != "prod"', mode="allow")
+    conditions = Conditions([rule])
+    decision = resolve_mode(
+        source_id="fx",
+        action_id="write",
+        risk="write",
+        profile_modes=None,
+        org_modes={},
+        org_rules=[rule],
+        judge=lambda r: conditions.holds(r, {"env": ["prod"]}),
+    )
+    assert decision.mode == "require_approval"  # CEL says true: the allow would open it

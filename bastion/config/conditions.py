@@ -6,7 +6,9 @@ condition can cost is bounded by its size and the size of the arguments, raised 
 comprehensions (`all`, `exists`, `exists_one`, `map`, `filter`); that estimate is checked before each evaluation,
 and a condition over the limit is not evaluated. A condition that does not compile, costs too much, fails (a
 missing key, a wrong type) or does not give a boolean is *undecided*, which resolution turns into the stricter
-mode (see `bastion.policies.resolve_mode`).
+mode (see `bastion.policies.resolve_mode`). So is one that compares values of different JSON types with `==`, `!=`
+or `in` (`args.n == 5` with `"5"`), where CEL would say false (or true, for `!=`): a departure from the spec, on
+purpose (bastion.config.strict_cel).
 
 Beside CEL's own functions a condition may call `normpath(path)`: the path with repeated slashes, `.` and `..`
 resolved (`normpath("/srv/public/../../etc/x") == "/etc/x"`), so a prefix test cannot be walked out of. A rule that
@@ -24,6 +26,8 @@ from typing import Any, Final
 
 import cel
 
+from bastion.config.strict_cel import FUNCTIONS as STRICT_COMPARISONS
+from bastion.config.strict_cel import UncheckedSyntax, strict_comparisons
 from bastion.models import PolicyRule
 
 logger = logging.getLogger(__name__)
@@ -54,7 +58,7 @@ def normpath(path: object) -> str:
     return posixpath.normpath(_SLASHES.sub("/", path))
 
 
-_FUNCTIONS: Final = {"normpath": normpath}
+_FUNCTIONS: Final = {"normpath": normpath, **STRICT_COMPARISONS}
 
 
 class ConditionError(ValueError):
@@ -81,9 +85,16 @@ def compile_condition(text: str) -> Condition:
     if not text.strip():
         raise ConditionError("the condition is empty; write a CEL expression over args, e.g. 'args.n < 10'")
     try:
-        program = cel.compile(text)
+        cel.compile(text)
     except ValueError as exc:  # the parser's message: position and what it expected
         raise ConditionError(f"not a valid CEL expression: {str(exc).strip()}") from exc
+    try:
+        program = cel.compile(strict_comparisons(text))
+    except (UncheckedSyntax, ValueError) as exc:
+        raise ConditionError(
+            f"{exc}: Bastion checks that every comparison is between values of one JSON type, and cannot here; "
+            "write the condition without it"
+        ) from exc
     return Condition(text=text, program=program, comprehensions=len(_COMPREHENSION.findall(text)))
 
 
