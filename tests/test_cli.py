@@ -66,6 +66,22 @@ def test_usage_errors_exit_2_and_name_the_fix(tmp_path: Path) -> None:
     assert "bastion init" in missing_dir.stderr
 
 
+def test_an_unset_ledger_variable_stops_every_command_with_one_line_naming_it(tmp_path: Path) -> None:
+    """Commands used to warn and switch to the default ledger (`approvals list` answered "0 pending")."""
+    env = bastion_env(tmp_path / "home")
+    config = write_config(tmp_path / "config", notes_file=tmp_path / "notes.json", time_server=False)
+    (config / "bastion.toml").write_text('[server]\nledger = "${env:BASTION_TEST_LEDGER}"\n')
+    for command in (["approvals", "list"], ["invocations", "list"], ["doctor"], ["serve"]):
+        stopped = run_cli(*command, "--config", str(config), env=env)
+        assert stopped.returncode == 2, command
+        (line,) = stopped.stderr.strip().splitlines()
+        assert "BASTION_TEST_LEDGER" in line and "bastion.toml:2" in line
+        assert stopped.stdout == ""
+    scripted = run_cli("invocations", "list", "--json", "--config", str(config), env=env)
+    assert scripted.returncode == 2
+    assert json.loads(scripted.stdout)["error"]["class"] == "config_error"  # --json: the error as JSON
+
+
 def test_a_missing_invocation_is_a_refusal_exit_1(tmp_path: Path) -> None:
     env = bastion_env(tmp_path / "home")
     config = write_config(tmp_path / "config", notes_file=tmp_path / "notes.json", time_server=False)

@@ -16,6 +16,7 @@ from bastion.config import (
     STARTER_FILES,
     Config,
     ConfigIssue,
+    LimitSettings,
     config_option,
     find_config_dir,
     init_config_dir,
@@ -191,6 +192,64 @@ def test_an_unset_env_variable_skips_the_file_and_points_at_its_line(root: Path)
     [(line, message)] = issues_of(config, path)
     assert line == 4
     assert "FS_TOKEN" in message
+
+
+def test_an_unset_env_variable_in_bastion_toml_leaves_out_only_what_uses_it(root: Path) -> None:
+    """The ledger, the limits and the other webhook stay: only the webhook, the setting and the plugin variable whose
+    variable is unset are left out, each reported at its line (the whole file used to be dropped, ledger and all)."""
+    path = write(
+        root,
+        "bastion.toml",
+        """
+        [server]
+        ledger = "sqlite:///elsewhere/ledger.db"
+        [limits]
+        invocations_per_minute = 7
+        call_timeout_seconds = "${env:TIMEOUT}"
+        [[notify.webhook]]
+        url = "${env:SLACK_WEBHOOK_URL}"
+        format = "slack"
+        [[notify.webhook]]
+        url = "https://hooks.example.com/bastion"
+        secret = "s3cret"
+        [plugins]
+        env = { KEPT = "a", GONE = "${env:PLUGIN_TOKEN}" }
+        [providers.github]
+        token = "${env:GITHUB_TOKEN}"
+        [providers.linear]
+        token = "lin_x"
+        base_url = "${env:LINEAR_URL}"
+        """,
+    )
+    config = load(root)
+    assert config.ledger_url == f"sqlite:///{root}/elsewhere/ledger.db"
+    assert config.settings.limits.invocations_per_minute == 7
+    assert config.settings.limits.call_timeout_seconds == LimitSettings().call_timeout_seconds
+    assert [str(hook.url) for hook in config.settings.notify.webhook] == ["https://hooks.example.com/bastion"]
+    assert set(config.settings.plugins.env) == {"KEPT"}
+    assert "github" in config.unbound and "linear" not in config.providers  # unbound; left out
+    assert [line for line, _ in issues_of(config, path)] == [5, 7, 13, 18]
+    assert all("is not set" in message for _, message in issues_of(config, path))
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [("server", "ledger", '"sqlite:///${env:LEDGER_DIR}/l.db"'), ("ledger", "key_file", '"${env:KEY_FILE}"')],
+)
+def test_an_unset_env_variable_where_data_lives_or_how_it_is_protected_stops_everything(
+    root: Path, section: str, key: str, value: str
+) -> None:
+    write(root, "bastion.toml", f"[limits]\ninvocations_per_minute = 7\n[{section}]\n{key} = {value}\n")
+    with pytest.raises(ConfigError, match=r"bastion.toml:4: environment variable \w+ is not set") as stopped:
+        load(root)
+    assert f"[{section}] {key}" in stopped.value.message
+
+
+def test_a_policy_file_with_an_unset_variable_denies_rather_than_falling_back_to_defaults(root: Path) -> None:
+    path = write(root, "policies/strict.toml", '[modes]\n"fs:*" = "${env:FS_MODE}"\n')
+    config = load(root)
+    assert config.unreadable_policies == ["policies/strict.toml:2"]  # every call is denied while it stands
+    assert [line for line, _ in issues_of(config, path)] == [2]
 
 
 def test_a_malformed_env_reference_is_an_issue(root: Path) -> None:

@@ -181,9 +181,9 @@ def load(config_dir: Path | None, *, report: bool = True) -> Config:
     """Find and load the configuration as `serve` does; warn about skipped parts when `report`."""
     try:
         directory = find_config_dir(config_dir, env=os.environ, cwd=Path.cwd(), home=Path.home())
+        config = load_config(directory)
     except ConfigError as exc:
         raise Exit.of(exc) from exc
-    config = load_config(directory)
     if report:
         for issue in config.issues:
             err.print(f"warning: {issue}", markup=False, highlight=False)  # each says what holds until it is fixed

@@ -110,9 +110,9 @@ def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None
     anything), and declare the ledger's guarantee level; every problem with file:line, exit 2 if any."""
     try:
         directory = find_config_dir(config_dir, env=os.environ, cwd=Path.cwd(), home=Path.home())
+        config = load_config(directory)
     except ConfigError as exc:
         raise Exit.of(exc) from exc
-    config = load_config(directory)
     manifests, issues = load_actions(config)
     checks, problems = examine(config, manifests, issues, os.environ, Path.cwd())
     if as_json:

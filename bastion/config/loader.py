@@ -85,7 +85,8 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
     """Load a configuration directory, or the embedded default when `directory` is None.
 
     Problems in the files never raise: they are collected in `Config.issues`. Only a directory that
-    does not exist raises `ConfigError`. `env` (default `os.environ`) feeds `${env:NAME}`; `home` is
+    does not exist, or a setting that decides where data lives or how it is protected whose `${env:NAME}` is not
+    set (`PROTECTIVE`), raises `ConfigError`. `env` (default `os.environ`) feeds `${env:NAME}`; `home` is
     used only by the embedded default.
     """
     environ = os.environ if env is None else env
@@ -169,11 +170,12 @@ class _Loader:
             return []
         return sorted(p for p in folder.glob("*.toml") if p.is_file() and not p.name.startswith("."))
 
-    def read(self, path: Path, *, credentials: bool = False, until: str = _IGNORED) -> _TomlFile | None:
+    def read(self, path: Path, *, settings: bool = False, until: str = _IGNORED) -> _TomlFile | None:
         """Parse a file and substitute `${env:NAME}`; None (with issues, each ending with `until`: what holds until
         it is fixed) when the file cannot be used.
 
-        With `credentials` (bastion.toml), an unset variable in a provider's `token` only unbinds that provider.
+        With `settings` (bastion.toml) an unset variable disables only what uses it (`_contain`), and stops
+        everything when it decides where data lives or how it is protected.
         """
         try:
             text = path.read_text(encoding="utf-8")
@@ -199,21 +201,48 @@ class _Loader:
         file = _TomlFile(path, text, data, index)
         problems: list[tuple[KeyPath, str | None]] = []
         file.data = _substitute_env(data, self.env, (), problems)
-        if credentials:
-            for key_path, variable in [p for p in problems if p[1] is not None and is_credential(p[0])]:
-                problems.remove((key_path, variable))
-                file.unset_credentials[key_path] = str(variable)
-                del file.data["providers"][key_path[1]]["token"]
+        if settings:
+            self._contain(file, problems)
+            return file
         for key_path, variable in problems:
-            key_line = file.index.line_of(key_path)
-            if variable is None:
-                line = line_containing(text, _ENV_START, key_line)
-                message = f"malformed reference in {dotted_key(key_path)}; write it as ${{env:NAME}}"
-            else:
-                line = line_containing(text, f"${{env:{variable}}}", key_line)
-                message = f"environment variable {variable} is not set; set it or remove the reference"
+            line, message = _unset(file, key_path, variable)
             self.report(path, line, f"{message} ({until})")
         return None if problems else file
+
+    def _contain(self, file: _TomlFile, problems: list[tuple[KeyPath, str | None]]) -> None:
+        """Leave out of bastion.toml only what an unset (or malformed) reference is in: that provider's token (it is
+        then `binding_required`), that provider, that webhook, that setting (its default applies). One in a setting
+        that decides where data lives or how it is protected stops everything (ConfigError): another ledger or
+        key would be used without a word."""
+        webhooks: set[int] = set()
+        for key_path, variable in problems:
+            line, message = _unset(file, key_path, variable)
+            if any(key_path[: len(prefix)] == prefix for prefix in PROTECTIVE):
+                raise ConfigError(
+                    f"{file.path}:{line}: {message}; [{key_path[0]}] {key_path[1]} decides where Bastion's data lives "
+                    "or how it is protected, so nothing runs without it"
+                )
+            if variable is not None and is_credential(key_path):
+                file.unset_credentials[key_path] = variable
+                del file.data["providers"][key_path[1]]["token"]
+                continue
+            if key_path[:1] == ("providers",) and len(key_path) > 2:
+                file.data["providers"].pop(key_path[1], None)
+                outcome = f"provider {key_path[1]} is left out until then"
+            elif key_path[:2] == ("notify", "webhook") and len(key_path) > 2 and isinstance(key_path[2], int):
+                webhooks.add(key_path[2])
+                outcome = "that webhook is left out until then"
+            else:
+                dropped = _drop(file.data, key_path)
+                outcome = (
+                    f"the default of {dotted_key(dropped)} applies until then"
+                    if len(dropped) <= 2
+                    else f"{dotted_key(dropped)} is left out until then"
+                )
+            self.report(file.path, line, f"{message} ({outcome})")
+        listed = file.data.get("notify", {}).get("webhook")
+        if webhooks and isinstance(listed, list):
+            file.data["notify"]["webhook"] = [hook for i, hook in enumerate(listed) if i not in webhooks]
 
     def validate_salvaging(self, file: _TomlFile, model: type[_M], outcome: str) -> _M:
         """Validate, dropping each invalid entry (reported) so that the valid rest of the file applies."""
@@ -235,7 +264,7 @@ class _Loader:
     def settings(self) -> tuple[Settings, _TomlFile | None]:
         """`bastion.toml` without its `[providers]` (which `providers` reads, one provider at a time)."""
         path = self.directory / CONFIG_FILE
-        file = self.read(path, credentials=True) if path.is_file() else None
+        file = self.read(path, settings=True) if path.is_file() else None
         if file is None:
             return Settings(), None
         providers = file.data.pop("providers", None)
@@ -437,6 +466,33 @@ class _Loader:
                 f"profiles.{profile}.inline_approval is {earlier.value} in {self.name(earlier.file)}:{earlier.line} "
                 f"and {here.value} here; it stays off. Set it in one file only",
             )
+
+
+PROTECTIVE: Final[tuple[KeyPath, ...]] = (("server", "ledger"), ("ledger", "key_file"), ("audit",))
+"""Settings of bastion.toml that decide where data lives or how it is protected: one whose `${env:NAME}` is not
+set stops every command, rather than have it run on a default ledger, key or audit setting."""
+
+
+def _unset(file: _TomlFile, key_path: KeyPath, variable: str | None) -> tuple[int, str]:
+    """The line and the message of an unset or malformed `${env:...}` reference at `key_path`."""
+    key_line = file.index.line_of(key_path)
+    if variable is None:
+        line = line_containing(file.text, _ENV_START, key_line)
+        return line, f"malformed reference in {dotted_key(key_path)}; write it as ${{env:NAME}}"
+    line = line_containing(file.text, f"${{env:{variable}}}", key_line)
+    return line, f"environment variable {variable} is not set; set it or remove the reference"
+
+
+def _drop(data: dict[str, Any], key_path: KeyPath) -> KeyPath:
+    """Remove the setting an unset reference is in, so its default applies: the deepest key along `key_path`
+    through tables, never into a list (a list is dropped whole). Returns the path of what was removed."""
+    table: dict[str, Any] = data
+    depth = 1
+    while depth < len(key_path) and isinstance(table.get(str(key_path[depth - 1])), dict):
+        table = table[str(key_path[depth - 1])]
+        depth += 1
+    table.pop(str(key_path[depth - 1]), None)
+    return key_path[:depth]
 
 
 def _substitute_env(
