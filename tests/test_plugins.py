@@ -343,3 +343,31 @@ def test_a_plugin_never_takes_a_manifest_action_name(tmp_path: Path) -> None:
     assert packages == []
     [problem] = problems
     assert problem.file == package / "action.json"
+
+
+LEAKY = """
+import json, os, sys
+call = json.load(sys.stdin)
+print("connecting with", os.environ["DEPLOY_TOKEN"], file=sys.stderr)
+print(json.dumps({"written": 0, "echo": os.environ["DEPLOY_TOKEN"]}))
+sys.exit(3)
+"""
+
+
+async def test_a_failing_steps_bound_credential_never_reaches_the_host_or_the_ledger(tmp_path: Path) -> None:
+    """A step that prints its `[plugins] env` token on stderr and fails: the envelope the host gets, and the
+    ledger's copy of it, carry [REDACTED] where the token was."""
+    token = "dpl_0123456789abcdefSECRET"  # nothing about it looks like a credential to the ledger's redaction
+    config = make_config(tmp_path, modes='"plugins:*" = "allow"', extra="")
+    text = (config / "bastion.toml").read_text().replace("env = {", f'env = {{ DEPLOY_TOKEN = "{token}",', 1)
+    (config / "bastion.toml").write_text(text)
+    package = write_package(config, "leaky", action_json("leaky"))
+    (package / "execute.py").write_text(textwrap.dedent(LEAKY))
+    async with plugin_bastion(config) as (client, gateway):
+        with anyio.fail_after(WAIT):
+            result = await client.call_tool("plugins__leaky", {"path": "docs/readme.txt", "text": "x"})
+        (invocation,) = await gateway.invocations.list()
+    assert result.is_error
+    said = json.dumps(result.model_dump(mode="json")) + json.dumps(invocation.model_dump(mode="json"))
+    assert token not in said
+    assert "connecting with [REDACTED]" in said

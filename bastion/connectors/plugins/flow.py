@@ -17,6 +17,7 @@ from jsonschema.validators import validator_for
 
 from bastion.connectors.plugins.package import PluginPackage, Step, allowed
 from bastion.connectors.plugins.runner import StepRun, run_step
+from bastion.connectors.secrets import scrub
 
 Outcome = Literal["succeeded", "reverted", "failed"]
 TERMINAL_STATUSES: Final = ("succeeded", "reverted", "queued", "rejected", "failed")
@@ -41,8 +42,17 @@ async def run_flow(
     limits: StepLimits,
     state_dir: Path,
 ) -> dict[str, Any]:
-    """Run one call of `package` through its whole flow and return the result envelope. Never raises for what a
-    step does: every failure of a step is in the envelope."""
+    """Run one call of `package` through its whole flow and return the result envelope, scrubbed of the values of
+    `[plugins] env` (a failing step may print its environment on stderr, echo a token in its output). Never raises
+    for what a step does: every failure of a step is in the envelope."""
+    envelope = await _run_flow(package, arguments, correlation_id, limits, state_dir)
+    scrubbed: dict[str, Any] = scrub(envelope, limits.env.values())
+    return scrubbed
+
+
+async def _run_flow(
+    package: PluginPackage, arguments: Mapping[str, Any], correlation_id: str, limits: StepLimits, state_dir: Path
+) -> dict[str, Any]:
     flow = _Flow(package, limits, {
         "action": package.name,
         "input": dict(arguments),

@@ -28,6 +28,7 @@ from bastion import __version__
 from bastion.actions import ActionSpec, Found, Reconciliation
 from bastion.config import ProviderConfig
 from bastion.connectors.providers.api import Api
+from bastion.connectors.secrets import scrub
 from bastion.errors import BastionError, BindingRequired, ConnectorUnavailable, InvalidArguments, UpstreamError
 from bastion.models import Invocation, Risk, SourceStatus
 
@@ -35,7 +36,6 @@ logger = logging.getLogger(__name__)
 
 USER_AGENT: Final = f"bastion/{__version__}"
 CONNECT_TIMEOUT: Final = 10.0
-SCRUBBED: Final = "[REDACTED]"
 
 CLOCK_SKEW: Final = timedelta(minutes=10)
 """A look-up searches what was made from this long before the invocation was recorded (the API's clock may lag)."""
@@ -153,19 +153,6 @@ def arguments_for(api: Api, model: type[M], arguments: Mapping[str, Any]) -> M:
             f"{api.name}: the ledger's copy of the call's arguments lacks what a look-up needs ({where}: "
             f"{problem['msg']}); look for it yourself and settle it by hand with --outcome"
         ) from exc
-
-
-def scrub(value: Any, secret: str) -> Any:
-    """`value` with every occurrence of `secret` in its strings (keys included) replaced."""
-    if not secret:
-        return value
-    if isinstance(value, str):
-        return value.replace(secret, SCRUBBED)
-    if isinstance(value, list):
-        return [scrub(item, secret) for item in value]
-    if isinstance(value, dict):
-        return {scrub(key, secret): scrub(item, secret) for key, item in value.items()}
-    return value
 
 
 class ProviderSource:
