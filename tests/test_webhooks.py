@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import httpx2
@@ -28,7 +28,7 @@ from starlette.routing import Route
 from bastion.config import WebhookSettings
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import utcnow
-from bastion.pipeline.notify import Notifier
+from bastion.pipeline.notify import Notifier, target_of
 from tests.processes import bastion_http
 from tests.test_api import WAIT, invocation, seed, serving
 
@@ -222,3 +222,47 @@ async def test_a_slack_webhook_gets_a_message_linking_to_the_inbox_item(tmp_path
 def test_a_json_webhook_without_a_secret_is_a_config_error_naming_the_fix() -> None:
     with pytest.raises(ValidationError, match="needs a secret"):
         WebhookSettings(url="https://example.com/hook")
+
+
+@asynccontextmanager
+async def stuck_receiver() -> AsyncIterator[tuple[str, anyio.Event]]:
+    """A webhook receiver that takes the connection and the request and never answers; and an event set once a
+    delivery is held open there."""
+    holding = anyio.Event()
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+
+    async def hold(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await stream.receive()
+            holding.set()
+            await anyio.sleep_forever()
+
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, hold)
+        yield f"http://127.0.0.1:{port}/hook", holding
+        tg.cancel_scope.cancel()
+
+
+PROMPT: Final = 5.0
+"""Well under a delivery's SEND_TIMEOUT (10 s): what must not wait for a stuck receiver's delivery to time out."""
+
+
+async def test_a_stuck_receiver_holds_up_only_its_own_messages_and_stopping_does_not_wait_for_it(
+    tmp_path: Path,
+) -> None:
+    async with stuck_receiver() as (stuck_url, holding), receiving() as fast:
+        stuck = WebhookSettings(url=stuck_url, secret=SECRET)  # type: ignore[arg-type]  # pydantic takes the str
+        prompt = WebhookSettings(url=fast.url, secret=SECRET)  # type: ignore[arg-type]
+        async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
+            with anyio.CancelScope() as stopping:
+                async with notifying(ledger, stuck, prompt):
+                    with anyio.fail_after(WAIT):
+                        await seed(ledger, invocation(1), invocation(2))
+                        await holding.wait()  # the stuck receiver holds its first delivery open
+                    with anyio.fail_after(PROMPT):  # the other receiver is not kept waiting behind it
+                        await fast.wait_for(lambda: len(fast.accepted()) == 2)
+                    stopping.deadline = anyio.current_time() + PROMPT  # from here: stop, within PROMPT
+            assert not stopping.cancelled_caught  # stopping cancelled the stuck delivery, never waited it out
+            due = await ledger.outbox.next_due(target_of(stuck))
+            assert due is not None and due <= utcnow()  # still to deliver, due at once for the next start

@@ -1,11 +1,14 @@
 """Webhooks (issue 14): every named event (bastion.pipeline.events) POSTed to each `[[notify.webhook]]`, through an
 outbox in the ledger so that neither a restart nor a receiver that is down loses one.
 
-Two loops. The filler follows the change feed and adds one outbox item per webhook and event; after a restart it
-resumes after the newest event it had added for each webhook (the outbox refuses an item twice), so the events made
-while Bastion was down (by the CLI, another instance) are added too. A webhook never seen before starts from now.
-The sender claims due items, POSTs them, and marks each delivered, or retries it with exponential backoff, giving up
-after `MAX_ATTEMPTS`. An item sent but not marked (a crash in between) is sent again, the same on every attempt:
+The filler follows the change feed and adds one outbox item per webhook and event; after a restart it resumes after
+the newest event it had added for each webhook (the outbox refuses an item twice), so the events made while
+Bastion was down (by the CLI, another instance) are added too. A webhook never seen before starts from now. Each
+webhook has a sender of its own, so a receiver that is slow or stuck holds up only its own messages: it claims
+that webhook's due items, POSTs them one at a time in order, each within `SEND_TIMEOUT` in all (a receiver that
+trickles its answer is cut off there), and marks each delivered, or retries it with exponential backoff, giving up
+after `MAX_ATTEMPTS`. Stopping cancels a send under way, and makes its item due again at once. An item sent
+but not marked (a crash in between) is sent again, the same on every attempt:
 receivers dedupe on the event's `id` inside the signed body (`X-Bastion-Event-Id` repeats it for routing, but is
 outside the signature, so anyone who can reach the receiver can set it).
 
@@ -44,9 +47,11 @@ MAX_BACKOFF: Final = 600.0
 CLAIM_SECONDS: Final = 60.0
 """How long a claimed item is left to its sender before another may send it (longer than a send takes)."""
 POLL_SECONDS: Final = 5.0
-"""How often the sender looks for items due that another instance added (its own wake it at once)."""
+"""How often a sender looks for items due that another instance added (its own wake it at once)."""
 SEND_TIMEOUT: Final = 10.0
-BATCH: Final = 50
+"""The most one delivery may take, from connecting to the end of the answer."""
+BATCH: Final = 10
+"""Items a sender claims at once: sent one after another, all well within CLAIM_SECONDS."""
 
 
 def target_of(webhook: WebhookSettings) -> str:
@@ -82,7 +87,7 @@ class Notifier:
         self.http = http
         self.inbox_url = inbox_url.rstrip("/") if inbox_url else None
         self._clock = clock
-        self._wake = anyio.Event()
+        self._wake = {target: anyio.Event() for target in self.webhooks}
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Until cancelled. Started (`task_status`) once the filler knows where each webhook resumes, so every
@@ -95,46 +100,54 @@ class Notifier:
         resume = {target: now if last is None else last for target, last in starts.items()}
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._fill, resume)
-            tg.start_soon(self._send_due)
+            for target in self.webhooks:
+                tg.start_soon(self._send_due, target, name=f"webhook sender {target}")
             task_status.started()
 
     async def _fill(self, resume: dict[str, int]) -> None:
         async for announcement in announcements(self.ledger, after=min(resume.values())):
             body = json.dumps(announcement.json(), separators=(",", ":"), ensure_ascii=False)
-            added = False
             for target, webhook in self.webhooks.items():
-                if announcement.id > resume[target] and announcement.name in webhook.events:
-                    added |= await self.ledger.outbox.enqueue(target, announcement.id, body, now=self._clock())
-            if added:
-                self._wake.set()
+                wanted = announcement.id > resume[target] and announcement.name in webhook.events
+                if wanted and await self.ledger.outbox.enqueue(target, announcement.id, body, now=self._clock()):
+                    self._wake[target].set()
 
-    async def _send_due(self) -> None:
+    async def _send_due(self, target: str) -> None:
+        """One webhook's sender (see the module docstring)."""
+        outbox = self.ledger.outbox
         while True:
             now = self._clock()
-            items = await self.ledger.outbox.claim(now=now, until=now + timedelta(seconds=CLAIM_SECONDS), limit=BATCH)
+            items = await outbox.claim(target, now=now, until=now + timedelta(seconds=CLAIM_SECONDS), limit=BATCH)
             for item in items:
-                # Shielded (bounded by SEND_TIMEOUT): a stopping Bastion records the outcome of the send under way,
-                # rather than leaving the item claimed, and so held back, for CLAIM_SECONDS.
-                with anyio.CancelScope(shield=True):
-                    await self._deliver(item)
+                await self._deliver(item)
             if items:
                 continue
-            due = await self.ledger.outbox.next_due()
+            due = await outbox.next_due(target)
             wait = POLL_SECONDS if due is None else (due - self._clock()).total_seconds()
             with anyio.move_on_after(max(0.0, min(wait, POLL_SECONDS))):
-                await self._wake.wait()
-            self._wake = anyio.Event()
+                await self._wake[target].wait()
+            self._wake[target] = anyio.Event()
 
     async def _deliver(self, item: OutboxItem) -> None:
         webhook = self.webhooks.get(item.target)
         if webhook is None:  # removed from the configuration since it was added
             await self.ledger.outbox.retry(item.id, at=None, error="this webhook is no longer configured")
             return
+        error: str | None = f"no answer within {SEND_TIMEOUT:g} s"
         try:
-            error = await self._post(webhook, item)
+            with anyio.move_on_after(SEND_TIMEOUT):
+                error = await self._post(webhook, item)
+        except anyio.get_cancelled_exc_class():  # stopping: the item is due again at once, for the next sender
+            with anyio.CancelScope(shield=True):
+                await self.ledger.outbox.retry(item.id, at=self._clock(), error="interrupted: Bastion stopped")
+            raise
         except Exception as exc:  # supervisor of one delivery: whatever failed, the item is retried
             logger.exception("delivering event %d to a webhook failed unexpectedly", item.event_id)
             error = f"{type(exc).__name__}: {exc}"
+        with anyio.CancelScope(shield=True):  # a ledger write: its outcome is recorded even while stopping
+            await self._record(item, error)
+
+    async def _record(self, item: OutboxItem, error: str | None) -> None:
         if error is None:
             await self.ledger.outbox.delivered(item.id, now=self._clock())
             return

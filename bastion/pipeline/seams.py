@@ -492,9 +492,9 @@ class Outbox(Protocol):
         """The newest event id enqueued for `target` (None: none ever was)."""
         ...
 
-    async def claim(self, *, now: datetime, until: datetime, limit: int) -> builtins.list[OutboxItem]:
-        """At most `limit` undelivered items due at `now`, oldest first, each claimed until `until` (due again
-        then, unless `delivered` or `retry` says otherwise)."""
+    async def claim(self, target: str, *, now: datetime, until: datetime, limit: int) -> builtins.list[OutboxItem]:
+        """At most `limit` undelivered items of `target` due at `now`, oldest first, each claimed until `until` (due
+        again then, unless `delivered` or `retry` says otherwise)."""
         ...
 
     async def delivered(self, item_id: int, *, now: datetime) -> None:
@@ -506,8 +506,8 @@ class Outbox(Protocol):
         the outbox, undelivered, with its last error)."""
         ...
 
-    async def next_due(self) -> datetime | None:
-        """When the earliest undelivered item is due (None: none is)."""
+    async def next_due(self, target: str) -> datetime | None:
+        """When the earliest undelivered item of `target` is due (None: none is)."""
         ...
 
 

@@ -20,13 +20,14 @@ _LAST: Final = "SELECT MAX(event_id) FROM outbox WHERE target = ?"
 _CLAIM: Final = """
     UPDATE outbox SET next_at = :until
     WHERE id IN (
-        SELECT id FROM outbox WHERE delivered_at IS NULL AND next_at <= :now ORDER BY id LIMIT :limit
+        SELECT id FROM outbox
+        WHERE target = :target AND delivered_at IS NULL AND next_at <= :now ORDER BY id LIMIT :limit
     )
     RETURNING id, target, event_id, body, attempts
 """
 _DELIVERED: Final = "UPDATE outbox SET delivered_at = ?, next_at = NULL WHERE id = ?"
 _RETRY: Final = "UPDATE outbox SET attempts = attempts + 1, next_at = ?, last_error = ? WHERE id = ?"
-_NEXT_DUE: Final = "SELECT MIN(next_at) FROM outbox WHERE delivered_at IS NULL AND next_at IS NOT NULL"
+_NEXT_DUE: Final = "SELECT MIN(next_at) FROM outbox WHERE target = ? AND delivered_at IS NULL AND next_at IS NOT NULL"
 
 
 class SqliteOutbox:
@@ -45,8 +46,8 @@ class SqliteOutbox:
         row = await self._db.fetchone(_LAST, (target,))
         return None if row is None or row[0] is None else int(row[0])
 
-    async def claim(self, *, now: datetime, until: datetime, limit: int) -> builtins.list[OutboxItem]:
-        params = {"now": timestamp(now), "until": timestamp(until), "limit": limit}
+    async def claim(self, target: str, *, now: datetime, until: datetime, limit: int) -> builtins.list[OutboxItem]:
+        params = {"target": target, "now": timestamp(now), "until": timestamp(until), "limit": limit}
 
         def work(conn: sqlite3.Connection) -> builtins.list[OutboxItem]:
             rows = conn.execute(_CLAIM, params).fetchall()
@@ -67,6 +68,6 @@ class SqliteOutbox:
 
         await self._db.write(work, events=False)
 
-    async def next_due(self) -> datetime | None:
-        row = await self._db.fetchone(_NEXT_DUE)
+    async def next_due(self, target: str) -> datetime | None:
+        row = await self._db.fetchone(_NEXT_DUE, (target,))
         return None if row is None or row[0] is None else datetime.fromisoformat(row[0])
