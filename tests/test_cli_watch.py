@@ -134,11 +134,9 @@ async def test_watch_details_the_selected_call_and_decides_only_after_a_reason_a
             terminal.press(b"j")  # down to the older call
             await terminal.wait_for("in session session-1")
             terminal.press(b"d")
-            await terminal.wait_for(f"deny {older.id} (notes__write_note): reason (required):")
-            terminal.press(b"\r")
-            await terminal.wait_for("a reason is required")
+            await terminal.wait_for(f"deny {older.id} (notes__write_note): reason (optional):")
             terminal.press("not tod\x7fday ☂".encode())
-            await terminal.wait_for("reason (required): not today ☂")
+            await terminal.wait_for("reason (optional): not today ☂")
             terminal.press(b"\r")
             await terminal.wait_for(f'deny {older.id} (notes__write_note) with reason "not today ☂"? [y/n]')
             assert await status_of(config, older.id) == "pending"
@@ -200,7 +198,7 @@ async def test_watch_decides_on_a_remote_bastion_through_its_api(tmp_path: Path)
                 await terminal.wait_for(waiting.id)
                 await terminal.wait_for('"api_token": "[REDACTED]"')
                 terminal.press(b"d")
-                await terminal.wait_for("reason (required)")
+                await terminal.wait_for("reason (optional")
                 terminal.press(b"not from here\r")
                 await terminal.wait_for("[y/n]")
                 terminal.press(b"y")
@@ -280,13 +278,12 @@ def press(view: WatchView, *keys: str) -> list[Decision | str | None]:
     return [view.handle(key) for key in keys]
 
 
-def test_denying_needs_a_reason_then_a_confirmation() -> None:
+def test_denying_takes_an_optional_reason_then_a_confirmation() -> None:
+    """A reason is optional on every surface (the REST API, the inbox, the approver MCP): here too."""
     view = _view()
-    assert press(view, "j", "d", "enter") == [None, None, None]
-    assert view.prompt is not None
-    assert not view.prompt.confirming
-    assert "reason is required" in view.status
-    *_, decision = press(view, "n", "o", "e", "backspace", "enter", "y")
+    *_, decision = press(view, "j", "d", "enter", "y")
+    assert decision == Decision(view.pending[1], approve=False, note=None)
+    *_, decision = press(view, "d", "n", "o", "e", "backspace", "enter", "y")
     assert decision == Decision(view.pending[1], approve=False, note="no")
     assert view.prompt is None
 
@@ -322,7 +319,7 @@ def test_a_small_terminal_shows_the_prompt_on_top_a_window_of_rows_and_whole_ids
     console.print(view.render(utcnow(), width=80, height=24))
     lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
     selected = invocations[6].id
-    assert lines[1] == f"deny {selected} (notes__write_note): reason (required): no"
+    assert lines[1] == f"deny {selected} (notes__write_note): reason (optional): no"
     assert "9 pending" in lines[3]
     assert any(line.startswith(selected) for line in lines)  # its row
     assert any(line.startswith(f"call        {selected}") for line in lines)  # the detail pane

@@ -1,8 +1,8 @@
 """`bastion approvals watch`: a live view of pending invocations, decided with key presses.
 
 The view lists the pending calls and shows the selected one in detail: what it is, who asked, the time left,
-its redacted args and its drift diff. `a` asks for an optional note and `d` for a reason, then each asks for
-confirmation before anything is decided. Locally the view redraws whenever the ledger changes (in any
+its redacted args and its drift diff. `a` asks for an optional note and `d` for an optional reason, then each asks
+for confirmation before anything is decided. Locally the view redraws whenever the ledger changes (in any
 process); with `--url` whenever the remote Bastion's event stream (`/api/events`) announces something; and once a
 second anyway, so the countdowns move.
 Keys are read in cbreak mode; the terminal's mode is restored on every exit.
@@ -174,7 +174,7 @@ class Prompt:
                 else ""
             )
             return f"{verb} {target}{said}? [y/n]"
-        asked = "note (optional)" if self.approve else "reason (required)"
+        asked = "note (optional)" if self.approve else "reason (optional)"
         return f"{verb} {target}: {asked}: {self.text}"
 
 
@@ -234,11 +234,8 @@ class WatchView:
             prompt.text = prompt.text[:-1]
         elif key == "enter":
             prompt.text = prompt.text.strip()
-            if not prompt.approve and not prompt.text:
-                self.status = "a reason is required to deny: the agent is told it (Esc cancels)"
-            else:
-                prompt.confirming = True
-                self.status = ""
+            prompt.confirming = True
+            self.status = ""
         elif len(key) == 1:
             prompt.text += key
 
