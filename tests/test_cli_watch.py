@@ -14,13 +14,17 @@ import subprocess
 import termios
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import anyio
 import pytest
 from rich.console import Console
 
-from bastion.cli.watch import QUIT, Decision, KeyReader, WatchView
+from bastion.cli.app import local_approver
+from bastion.cli.watch import QUIT, Decision, KeyReader, LedgerFeed, WatchView
+from bastion.config import load_config
+from bastion.errors import Unauthenticated
 from bastion.models import InvocationEvent, Status, utcnow
 from tests.processes import bastion_command, bastion_env, bastion_http, run_cli, stop
 from tests.test_cli_approvals import DRIFT, create_token, make_config, make_invocation, open_ledger, record
@@ -326,3 +330,22 @@ def test_a_small_terminal_shows_the_prompt_on_top_a_window_of_rows_and_whole_ids
     assert any(line.strip().endswith("of 9") for line in lines)
     assert invocations[0].id not in "\n".join(lines)  # scrolled out of the window
     assert len(lines) <= 24
+
+
+@pytest.mark.anyio
+async def test_a_local_watch_asks_again_who_decides_before_each_decision(tmp_path: Path) -> None:
+    """Opened while the ledger had no approver token, it decided as the local owner; once a token exists it must
+    be given one: the next decision is refused, and the call stays pending."""
+    config_dir = make_config(tmp_path)
+    await record(config_dir, make_invocation(1), make_invocation(2))
+    config = load_config(config_dir)
+    async with open_ledger(config_dir) as ledger:
+        principal = await local_approver(ledger, config, None)
+        feed = LedgerFeed(ledger, principal, "test", approver=partial(local_approver, ledger, config, None))
+        decided = await feed.decide("inv-0001", approve=False, note=None)
+        assert decided.status == "denied"
+        await ledger.tokens.create_token("alice", role="admin", profile=None, now=utcnow())
+        with pytest.raises(Unauthenticated):
+            await feed.decide("inv-0002", approve=True, note=None)
+        still = await ledger.invocations.get("inv-0002")
+        assert still is not None and still.status == "pending"

@@ -11,6 +11,7 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Final
 
 import anyio
 import httpx2
@@ -117,6 +118,43 @@ async def test_a_revoked_token_ends_its_inbox_session(tmp_path: Path) -> None:
         assert (await http.get("/inbox")).status_code == 200
         await bastion.ledger.tokens.revoke_token("alice", now=utcnow())
         assert (await http.get("/inbox")).status_code == 303
+
+
+STREAM_ENDS: Final = 2.0
+"""An open stream looks at its authority every second: it ends within this of a revocation or a logout."""
+
+
+async def _until_the_stream_ends(response: httpx2.Response) -> None:
+    with anyio.fail_after(STREAM_ENDS):
+        async for _ in response.aiter_bytes():
+            pass  # pings, until the server ends the stream
+
+
+@pytest.mark.parametrize("ended_by", ["logout", "revocation"])
+async def test_an_open_inbox_stream_ends_within_a_second_of_a_logout_or_a_revocation(
+    tmp_path: Path, ended_by: str
+) -> None:
+    async with live(tmp_path) as bastion, browserless(bastion) as http:
+        admin = await bastion.token("alice", "admin")
+        assert (await _log_in(http, admin["Authorization"].removeprefix("Bearer "))).status_code == 303
+        page = await http.get("/inbox")
+        async with http.stream("GET", "/inbox/events") as events:
+            assert events.status_code == 200
+            if ended_by == "logout":
+                assert (await http.post("/inbox/logout", data={"csrf": _csrf(page.text)})).status_code == 303
+            else:
+                await bastion.ledger.tokens.revoke_token("alice", now=utcnow())
+            await _until_the_stream_ends(events)
+
+
+async def test_an_open_api_event_stream_ends_within_a_second_of_its_tokens_revocation(tmp_path: Path) -> None:
+    async with live(tmp_path) as bastion, browserless(bastion) as http:
+        admin = await bastion.token("alice", "admin")
+        await bastion.token("bob", "admin")  # an approver token is left: only alice's stream ends
+        async with http.stream("GET", "/api/events", headers=admin) as events:
+            assert events.status_code == 200
+            await bastion.ledger.tokens.revoke_token("alice", now=utcnow())
+            await _until_the_stream_ends(events)
 
 
 async def test_approving_always_in_the_inbox_form_writes_the_owned_policy_file_and_the_next_call_is_allowed_by_org(

@@ -82,7 +82,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.grants": set(),
     "bastion.pipeline.views": {"pydantic"},
     "bastion.pipeline.listings": {"mcp_types", "anyio"},
-    "bastion.pipeline.events": set(),
+    "bastion.pipeline.events": {"anyio"},
     "bastion.pipeline.notify": {"anyio", "httpx2"},
     "bastion.pipeline.outcomes": {"mcp_types", "anyio"},
     "bastion.pipeline.steps": {"mcp_types"},

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Final, Protocol
 
 import anyio
@@ -336,19 +337,34 @@ class Feed(Protocol):
 
 
 class LedgerFeed:
-    """The local ledger; decisions as the local approver, through the same authority checks as everywhere."""
+    """The local ledger; decisions as the local approver, through the same authority checks as everywhere.
 
-    def __init__(self, ledger: OpenLedger, principal: Principal, where: str, hint: str = "") -> None:
+    The approver is asked again (`approver`) before each decision, not only when the screen opened: a watch opened
+    while the ledger had no approver token must not go on deciding as the local owner once one exists."""
+
+    def __init__(
+        self,
+        ledger: OpenLedger,
+        principal: Principal,
+        where: str,
+        hint: str = "",
+        *,
+        approver: Callable[[], Awaitable[Principal]] | None = None,
+    ) -> None:
         self.ledger = ledger
         self.principal = principal
         self.where = where
         self.hint = hint
         self.actor = principal.name
+        self._approver = approver
 
     async def pending(self) -> list[Invocation]:
         return await pending_invocations(self.ledger.invocations, utcnow())
 
     async def decide(self, invocation_id: str, *, approve: bool, note: str | None) -> Invocation:
+        if self._approver is not None:
+            self.principal = await self._approver()  # raises when this watch may no longer decide
+            self.actor = self.principal.name
         return await authority.decide(
             self.ledger, invocation_id, approve=approve, principal=self.principal, note=note, now=utcnow()
         )
@@ -467,7 +483,13 @@ def approvals_watch(config_dir: ConfigOption = None, url: UrlOption = None, toke
         async def locally() -> None:
             async with open_ledger(config) as ledger:
                 principal = await local_approver(ledger, config, token)  # refused before the screen is taken
-                feed = LedgerFeed(ledger, principal, config.ledger_display, config_hint(config))
+                feed = LedgerFeed(
+                    ledger,
+                    principal,
+                    config.ledger_display,
+                    config_hint(config),
+                    approver=partial(local_approver, ledger, config, token),
+                )
                 await watch_approvals(feed, fd, Console())
 
         run = locally

@@ -9,9 +9,12 @@ process made the change. The event stream, the inbox and the webhooks all read t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
+
+import anyio
 
 from bastion.errors import ChangesLost
 from bastion.models import Change, Invocation, Principal
@@ -65,10 +68,21 @@ def may_hear(principal: Principal | None, invocation: Invocation) -> bool:
     return principal is None or principal.may_decide or invocation.principal == principal.name
 
 
+StillAllowed = Callable[[], Awaitable[bool]]
+"""Whether a reader held open may still hear (its token not revoked, its session not logged out)."""
+RECHECK_SECONDS: Final = 1.0
+"""How often a stream's authority is looked at again while it is quiet."""
+
+
 async def announcements(
-    ledger: Ledger, *, after: int | None, principal: Principal | None = None
+    ledger: Ledger,
+    *,
+    after: int | None,
+    principal: Principal | None = None,
+    still_allowed: StillAllowed | None = None,
 ) -> AsyncIterator[Announcement]:
-    """The announcements after ledger event `after` (None: from now on) that `principal` may hear, forever.
+    """The announcements after ledger event `after` (None: from now on) that `principal` may hear, until
+    `still_allowed` says no (looked at before each batch, and at least every RECHECK_SECONDS): forever without it.
 
     Old events are read from storage first, then the feed is followed; a reader that fell further behind than the
     feed keeps reads storage again, so none is skipped. An `after` beyond every event (another ledger's id) starts
@@ -76,13 +90,16 @@ async def announcements(
     feed = ledger.changes
     cursor = feed.cursor if after is None else after
     while True:
-        try:
-            batch = await feed.next(cursor)
-        except ChangesLost:
-            batch = await feed.since(cursor, limit=CATCH_UP_PAGE)
-            if not batch:
-                cursor = feed.cursor
-                continue
+        if still_allowed is not None and not await still_allowed():
+            return
+        batch: Sequence[Change] = ()
+        with anyio.move_on_after(RECHECK_SECONDS if still_allowed is not None else math.inf):
+            try:
+                batch = await feed.next(cursor)
+            except ChangesLost:
+                batch = await feed.since(cursor, limit=CATCH_UP_PAGE)
+                if not batch:
+                    cursor = feed.cursor
         for change in batch:
             cursor = change.id
             invocation = await ledger.invocations.get(change.invocation_id)

@@ -62,6 +62,12 @@ def principal_of(scope: Scope) -> Principal | None:
     return found if isinstance(found, Principal) else None
 
 
+def bearer_secret(header: str | None) -> str | None:
+    """The secret of an `Authorization: Bearer <secret>` header; None for no header or any other."""
+    scheme, _, secret = (header or "").strip().partition(" ")
+    return secret.strip() if scheme.lower() == "bearer" and secret.strip() else None
+
+
 def _token_hint(is_api: bool) -> str:
     if not is_api:
         return HOST_TOKEN_FIX
@@ -178,7 +184,5 @@ class BearerAuth:
 
     async def _principal(self, header: str) -> Principal | None:
         """The principal of an `Authorization: Bearer <secret>` header; None for any other header."""
-        scheme, _, secret = header.strip().partition(" ")
-        if scheme.lower() != "bearer" or not secret.strip():
-            return None
-        return await self.tokens.authenticate(secret.strip())
+        secret = bearer_secret(header)
+        return None if secret is None else await self.tokens.authenticate(secret)

@@ -18,9 +18,9 @@ from starlette.responses import Response
 
 from bastion.errors import InvalidArguments, Unauthenticated
 from bastion.models import Principal
-from bastion.pipeline.events import announcements
+from bastion.pipeline.events import StillAllowed, announcements
 from bastion.pipeline.seams import Ledger
-from bastion.server.auth import principal_of
+from bastion.server.auth import bearer_secret, principal_of
 from bastion.server.errors import http_response
 
 PING_SECONDS: Final = 15
@@ -54,11 +54,14 @@ def resume_point(request: Request) -> int | None:
         ) from exc
 
 
-def event_stream(ledger: Ledger, principal: Principal | None, after: int | None) -> EventSourceResponse:
-    """The SSE response of the announcements after ledger event `after` that `principal` may hear."""
+def event_stream(
+    ledger: Ledger, principal: Principal | None, after: int | None, *, still_allowed: StillAllowed
+) -> EventSourceResponse:
+    """The SSE response of the announcements after ledger event `after` that `principal` may hear, ended within a
+    second once `still_allowed` says no (its token revoked, its session logged out)."""
 
     async def events() -> AsyncIterator[ServerSentEvent]:
-        async for announcement in announcements(ledger, after=after, principal=principal):
+        async for announcement in announcements(ledger, after=after, principal=principal, still_allowed=still_allowed):
             yield ServerSentEvent(
                 data=json.dumps(announcement.json(), separators=(",", ":")),
                 event=announcement.name,
@@ -79,6 +82,11 @@ def events_endpoint(ledger: Ledger) -> Callable[[Request], Awaitable[Response]]:
             after = resume_point(request)
         except (InvalidArguments, Unauthenticated) as exc:
             return http_response(exc)
-        return event_stream(ledger, principal, after)
+        secret = bearer_secret(request.headers.get("authorization"))
+
+        async def still_allowed() -> bool:  # the token is not revoked (nor its role changed)
+            return secret is not None and await ledger.tokens.authenticate(secret) == principal
+
+        return event_stream(ledger, principal, after, still_allowed=still_allowed)
 
     return endpoint

@@ -119,7 +119,11 @@ class Inbox:
         return endpoint
 
     async def _session(self, request: Request) -> tuple[str, InboxSession, Principal] | None:
-        session_id = request.cookies.get(SESSION_COOKIE, "")
+        return await self._live_session(request.cookies.get(SESSION_COOKIE, ""))
+
+    async def _live_session(self, session_id: str, *, used: bool = True) -> tuple[str, InboxSession, Principal] | None:
+        """The session, if it is still logged in and its token still an approver's (it is forgotten otherwise);
+        `used`: a request of the approver's, which keeps it from idling out (an open stream's checks do not)."""
         session = self._sessions.get(session_id)
         now = self._clock()
         if session is None or now - session.last_used > SESSION_SECONDS:
@@ -127,9 +131,10 @@ class Inbox:
             return None
         principal = await self.gateway.ledger.tokens.authenticate(session.secret)
         if principal is None or not principal.may_decide:  # revoked since
-            del self._sessions[session_id]
+            self._sessions.pop(session_id, None)
             return None
-        session.last_used = now
+        if used:
+            session.last_used = now
         return session_id, session, principal
 
     # -- login ---------------------------------------------------------------------------------------
@@ -202,7 +207,11 @@ class Inbox:
             after = resume_point(request)
         except InvalidArguments as exc:
             return _refused(exc)
-        return event_stream(self.gateway.ledger, principal, after)
+
+        async def still_allowed() -> bool:  # not logged out, its token not revoked
+            return await self._live_session(session_id, used=False) is not None
+
+        return event_stream(self.gateway.ledger, principal, after, still_allowed=still_allowed)
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
