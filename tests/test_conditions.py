@@ -16,6 +16,7 @@ from mcp import Client
 
 from bastion.config import Config, load_config
 from bastion.config.conditions import COST_LIMIT, Conditions, compile_condition, normpath
+from bastion.config.strict_cel import json_type
 from bastion.ledger import Redactor, open_ledger
 from bastion.models import MODES, RISKS, CallContext, Mode, ModeDecision, PolicyRule, Risk
 from bastion.pipeline.gateway import Gateway
@@ -325,19 +326,9 @@ json_values = st.recursive(
 )
 
 
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    return type(value).__name__
-
-
 def _same_kinds(a: object, b: object) -> bool:
     """Whether two JSON values have one type all the way down (where an equality would look)."""
-    if _kind(a) != _kind(b):
+    if json_type(a) != json_type(b):
         return False
     if isinstance(a, list) and isinstance(b, list):
         return len(a) != len(b) or all(_same_kinds(x, y) for x, y in zip(a, b, strict=True))
@@ -364,10 +355,25 @@ def test_equality_across_json_types_is_undecided_and_within_one_type_is_json_equ
 def test_membership_needs_every_element_of_the_items_type(item: object, container: object) -> None:
     rule = PolicyRule(key="fx:echo", when="args.item in args.container", mode="deny")
     verdict = Conditions([rule]).holds(rule, {"item": item, "container": container})
-    if isinstance(container, list) and all(_kind(element) == _kind(item) for element in container):
+    if isinstance(container, list) and all(json_type(element) == json_type(item) for element in container):
         assert verdict is (item in container)
     else:
         assert verdict is None
+
+
+def _judged(rule: PolicyRule, sent: dict[str, object]) -> ModeDecision:
+    """The mode of a write action whose one rule is `rule`, on the arguments `sent`."""
+    conditions = Conditions([rule])
+    source_id, action_id = rule.key.split(":")
+    return resolve_mode(
+        source_id=source_id,
+        action_id=action_id,
+        risk="write",
+        profile_modes=None,
+        org_modes={},
+        org_rules=[rule],
+        judge=lambda r: conditions.holds(r, sent),
+    )
 
 
 @pytest.mark.parametrize(
@@ -380,30 +386,9 @@ def test_membership_needs_every_element_of_the_items_type(item: object, containe
     ],
 )
 def test_a_deny_rule_comparing_across_types_still_denies(when: str, sent: dict[str, object], mode: str) -> None:
-    rule = PolicyRule(key="fx:echo", when=when, mode="deny")
-    conditions = Conditions([rule])
-    decision = resolve_mode(
-        source_id="fx",
-        action_id="echo",
-        risk="write",
-        profile_modes=None,
-        org_modes={},
-        org_rules=[rule],
-        judge=lambda r: conditions.holds(r, sent),
-    )
-    assert decision.mode == mode
+    assert _judged(PolicyRule(key="fx:echo", when=when, mode="deny"), sent).mode == mode
 
 
 def test_an_allow_rule_with_unequal_across_types_does_not_open_a_write_tool() -> None:
     rule = PolicyRule(key="fx:write", when='args.env != "prod"', mode="allow")
-    conditions = Conditions([rule])
-    decision = resolve_mode(
-        source_id="fx",
-        action_id="write",
-        risk="write",
-        profile_modes=None,
-        org_modes={},
-        org_rules=[rule],
-        judge=lambda r: conditions.holds(r, {"env": ["prod"]}),
-    )
-    assert decision.mode == "require_approval"  # CEL says true: the allow would open it
+    assert _judged(rule, {"env": ["prod"]}).mode == "require_approval"  # CEL says true: the allow would open it

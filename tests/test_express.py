@@ -482,14 +482,7 @@ async def _raw_session(tmp_path: Path, *, express: bool) -> tuple[list[dict[str,
     """Send `ODD_LINES` on an initialized 2025-era stdio connection; every answer and what the ledger recorded, each
     in an order of its own."""
     async with stdio_front(tmp_path, express=express) as front:
-        await front.gateway.first_listings()
-        host = _RawHost(front.host_out, front.host_in)
-        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "odd", "version": "1"}}
-        await host.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
-        await host.answer(1)
-        await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        await host.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
-        await host.answer(2)
+        host = await _RawHost.initialized(front)
         for line in ODD_LINES:
             await host.write(line + b"\n")
         await host.send({"jsonrpc": "2.0", "id": 99, "method": "ping"})
@@ -509,14 +502,7 @@ async def test_a_lone_surrogate_the_lane_reads_is_refused_as_invalid_arguments_a
     """The lane reads a line orjson refuses with the standard library, which takes a lone surrogate escape: the call
     is refused as invalid arguments (the answer itself carrying no surrogate), before anything is recorded."""
     async with stdio_front(tmp_path, express=True) as front:
-        await front.gateway.first_listings()
-        host = _RawHost(front.host_out, front.host_in)
-        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "odd", "version": "1"}}
-        await host.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
-        await host.answer(1)
-        await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        await host.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
-        await host.answer(2)  # the connection is initialized: the lane takes its calls
+        host = await _RawHost.initialized(front)
         arguments = b'{"text":"a\\ud800"}'
         await host.write(b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"fx__echo","arguments":')
         await host.write(arguments + b"}}\n")
@@ -533,6 +519,19 @@ class _RawHost:
         self._out, self._in = out_fd, in_fd
         self._buffer = b""
         self.answers: list[dict[str, Any]] = []
+
+    @classmethod
+    async def initialized(cls, front: StdioFront) -> _RawHost:
+        """A host on `front`'s pipes with an initialized 2025-era connection, tools listed (the lane takes calls)."""
+        await front.gateway.first_listings()
+        host = cls(front.host_out, front.host_in)
+        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "odd", "version": "1"}}
+        await host.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
+        await host.answer(1)
+        await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        await host.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        await host.answer(2)
+        return host
 
     async def write(self, data: bytes) -> None:
         view = memoryview(data)

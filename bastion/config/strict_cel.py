@@ -241,10 +241,12 @@ def _equal(a: Any, b: Any) -> bool:
     kind = json_type(a)
     if kind != json_type(b):
         raise TypeError(f"compares a {kind} with a {json_type(b)}")
+    # Every pair is compared (a list, not a short-circuiting all()): a mismatch of types anywhere is undecided,
+    # even after a pair that already differs.
     if kind == "array":
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all([_equal(x, y) for x, y in zip(a, b, strict=True)])
     if kind == "object":
-        return a.keys() == b.keys() and all(_equal(a[key], b[key]) for key in a)
+        return a.keys() == b.keys() and all([_equal(a[key], b[key]) for key in a])
     return bool(a == b)
 
 

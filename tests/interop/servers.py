@@ -224,6 +224,19 @@ _EVERYTHING_OFFERS = Offers(
 )
 
 
+def _everything_downstream(source_id: str, transport: str, start: Callable[[Path], Any]) -> Downstream:
+    """server-everything behind Bastion over `transport`: the same calls and offers either way."""
+    return Downstream(
+        id=source_id,
+        program=f"npm {EVERYTHING_PACKAGE}@{SERVERS_VERSION} ({transport}, 2025-11-25)",
+        allowed=Call("get-structured-content", {"location": "New York"}),
+        refused=Call("get-env"),
+        held=Call("get-sum", {"a": 2, "b": 3}),
+        offers=_EVERYTHING_OFFERS,
+        start=start,
+    )
+
+
 DOWNSTREAMS: Final = {
     "fs": Downstream(
         id="fs",
@@ -234,24 +247,8 @@ DOWNSTREAMS: Final = {
         offers=Offers(),
         start=_filesystem,
     ),
-    "everything": Downstream(
-        id="everything",
-        program=f"npm {EVERYTHING_PACKAGE}@{SERVERS_VERSION} (stdio, 2025-11-25)",
-        allowed=Call("get-structured-content", {"location": "New York"}),
-        refused=Call("get-env"),
-        held=Call("get-sum", {"a": 2, "b": 3}),
-        offers=_EVERYTHING_OFFERS,
-        start=_everything,
-    ),
-    "everything_http": Downstream(
-        id="everything_http",
-        program=f"npm {EVERYTHING_PACKAGE}@{SERVERS_VERSION} (streamable HTTP, 2025-11-25)",
-        allowed=Call("get-structured-content", {"location": "New York"}),
-        refused=Call("get-env"),
-        held=Call("get-sum", {"a": 2, "b": 3}),
-        offers=_EVERYTHING_OFFERS,
-        start=_everything_http,
-    ),
+    "everything": _everything_downstream("everything", "stdio", _everything),
+    "everything_http": _everything_downstream("everything_http", "streamable HTTP", _everything_http),
     "memory": Downstream(
         id="memory",
         program=f"npm {MEMORY_PACKAGE}@{SERVERS_VERSION} (stdio, 2025-11-25)",
