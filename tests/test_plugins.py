@@ -5,8 +5,11 @@ from the global allowlist. Driven through a real MCP client and a real gateway o
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import signal
 import sys
 import textwrap
 from collections.abc import AsyncIterator
@@ -23,15 +26,19 @@ from bastion.cli.app import load_actions, open_gateway
 from bastion.config import load_config
 from bastion.connectors.plugins import load_plugins
 from bastion.connectors.plugins.runner import run_step
+from bastion.connectors.plugins.sandbox import sandbox
 from bastion.models import CallContext, Invocation, ModeDecision, utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.policies import compose_mode
 from bastion.server.mcp import FrontDoor
+from tests.processes import bastion_env, bastion_http
 from tests.test_gateway import error_of
 
 pytestmark = pytest.mark.anyio
 
 WAIT = 20
+MARKERS = ".markers"
+"""Where steps leave a marker of each run (in the workspace, the one place a step may write)."""
 
 EXECUTE = """
 import json, os, shutil, sys
@@ -71,6 +78,13 @@ else:
 """
 
 
+@pytest.fixture(autouse=True)
+def confinement(tmp_path: Path) -> None:
+    """Plugins load only where their steps can be confined: say why when this machine cannot, never skip."""
+    found = sandbox(tmp_path)
+    assert not isinstance(found, str), f"the plugin tests need bubblewrap's sandbox: {found}"
+
+
 def action_json(name: str, tier: str = "R2", **extra: Any) -> dict[str, Any]:
     return {
         "name": name,
@@ -106,14 +120,14 @@ def make_config(tmp_path: Path, *, modes: str = "", allow: bool = True, extra: s
     (config / "workspace" / "docs").mkdir(parents=True)
     (config / "workspace" / "docs" / "readme.txt").write_text("original\n")
     (config / "workspace" / "docs" / "secret.txt").write_text("secret\n")
-    (tmp_path / "markers").mkdir()
+    (config / "workspace" / MARKERS).mkdir()  # inside the workspace: steps see nothing else they may write
     (config / "bastion.toml").write_text(
         textwrap.dedent(f"""
         [plugins]
         allow_plugin_code = {"true" if allow else "false"}
         workspace = "workspace"
         timeout_seconds = 20
-        env = {{ MARKER_DIR = "{tmp_path / "markers"}" }}
+        env = {{ MARKER_DIR = "{config / "workspace" / MARKERS}" }}
         {extra}
         """)
     )
@@ -122,8 +136,9 @@ def make_config(tmp_path: Path, *, modes: str = "", allow: bool = True, extra: s
 
 
 def workspace_hash(workspace: Path) -> str:
+    """What the workspace holds, the steps' markers aside."""
     digest = hashlib.sha256()
-    for path in sorted(workspace.rglob("*")):
+    for path in sorted(p for p in workspace.rglob("*") if MARKERS not in p.parts):
         digest.update(str(path.relative_to(workspace)).encode() + b"\0")
         if path.is_file() and not path.is_symlink():
             digest.update(path.read_bytes())
@@ -150,7 +165,7 @@ async def _pending(gateway: Gateway) -> Invocation:
 
 
 def _markers(tmp_path: Path) -> list[Path]:
-    return sorted((tmp_path / "markers").iterdir())
+    return sorted((tmp_path / "config" / "workspace" / MARKERS).iterdir())
 
 
 async def test_a_failed_verification_is_rolled_back_leaving_the_workspace_byte_identical(tmp_path: Path) -> None:
@@ -203,8 +218,9 @@ async def test_each_step_runs_in_the_workspace_with_only_the_bound_credentials_i
         result = await client.call_tool("plugins__edit", {"path": "docs/new.txt", "text": "fine"})
         assert not result.is_error
     [marker] = _markers(tmp_path)
-    # Python itself may add LC_CTYPE (PEP 538 locale coercion); nothing of Bastion's environment is passed.
-    assert set(json.loads(marker.read_text())) - {"LC_CTYPE"} == {"MARKER_DIR"}
+    # Python itself may add LC_CTYPE (PEP 538 locale coercion), the sandbox PWD (the workspace); nothing of
+    # Bastion's environment is passed.
+    assert set(json.loads(marker.read_text())) - {"LC_CTYPE", "PWD"} == {"MARKER_DIR"}
     assert (config / "workspace" / "docs" / "new.txt").read_text() == "fine"
 
 
@@ -371,3 +387,121 @@ async def test_a_failing_steps_bound_credential_never_reaches_the_host_or_the_le
     said = json.dumps(result.model_dump(mode="json")) + json.dumps(invocation.model_dump(mode="json"))
     assert token not in said
     assert "connecting with [REDACTED]" in said
+
+
+PROBE = """
+import json, os, sys
+call = json.load(sys.stdin)
+workspace = call["workspace"]
+config = os.path.dirname(workspace)  # the tests' workspace is the configuration directory's `workspace`
+
+
+def attempt(action):
+    try:
+        action()
+        return True
+    except OSError:
+        return False
+
+
+def write():
+    with open(os.path.join(workspace, "docs", "probe.txt"), "w") as f:
+        f.write("probe")
+
+
+def read():
+    with open(os.path.join(workspace, "docs", "readme.txt")) as f:
+        f.read()
+
+
+def peek():
+    with open(os.path.join(config, "bastion.toml")) as f:
+        f.read()
+
+
+seen = {"write": attempt(write), "read": attempt(read), "config": attempt(peek)}
+print(json.dumps({"written": 0, "seen": seen}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("filesystem", "seen"),
+    [
+        ("workspace", {"write": True, "read": True, "config": False}),
+        ("read", {"write": False, "read": True, "config": False}),
+        ("none", {"write": False, "read": False, "config": False}),
+    ],
+)
+async def test_a_steps_filesystem_permission_is_applied_and_bastions_own_files_are_hidden(
+    tmp_path: Path, filesystem: str, seen: dict[str, bool]
+) -> None:
+    config = make_config(tmp_path, modes='"plugins:*" = "allow"')
+    declared = action_json("probe", "R1", rollback={"required": False}, verification={"required": False})
+    declared["permissions"]["filesystem"] = filesystem
+    package = write_package(config, "probe", declared)
+    (package / "execute.py").write_text(textwrap.dedent(PROBE))
+    async with plugin_bastion(config) as (client, _):
+        with anyio.fail_after(WAIT):
+            result = await client.call_tool("plugins__probe", {"path": "docs/readme.txt", "text": "x"})
+    assert result.structured_content is not None, result.content
+    assert result.structured_content["output"]["seen"] == seen
+    assert not (config / "workspace" / "docs" / "probe.txt").exists() or filesystem == "workspace"
+
+
+def test_a_package_declaring_commands_no_one_can_confine_it_to_is_not_loaded(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    write_package(config, "runs", action_json("runs", permissions={"commands": ["curl"], "filesystem": "read"}))
+    packages, problems = load_plugins(config / "actions", allowed_commands=[])
+    assert packages == []
+    (problem,) = problems
+    assert '"curl" in permissions.commands is not a verification command' in problem.message
+
+
+HOLDER = """
+import json, os, subprocess, sys, time
+call = json.load(sys.stdin)
+fifo = os.path.join(call["workspace"], "held")
+writer = os.open(fifo, os.O_WRONLY)  # held by this step and, inherited, by the child it starts
+subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)"], pass_fds=(writer,))
+os.write(writer, b"started\\n")
+while True:
+    time.sleep(1)
+"""
+
+
+async def test_a_step_dies_with_a_sigkilled_bastion_and_leaves_nothing_running(tmp_path: Path) -> None:
+    """The step and the process it started hold a FIFO open: once Bastion is SIGKILLed (its process alone, as an
+    out-of-memory kill would), the FIFO's reader sees its end, so nothing of the call is left to change the
+    workspace after the ledger says its outcome is unknown."""
+    config = make_config(tmp_path, modes='"plugins:*" = "allow"')
+    package = write_package(config, "hold", action_json("hold"))
+    (package / "execute.py").write_text(textwrap.dedent(HOLDER))
+    fifo = config / "workspace" / "held"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    heard = b""
+    try:
+        async with (
+            bastion_http(["--config", str(config)], env=bastion_env(tmp_path / "home")) as bastion,
+            anyio.create_task_group() as tg,
+        ):
+
+            async def call() -> None:
+                with contextlib.suppress(Exception):  # its Bastion is killed under it
+                    async with Client(bastion.mcp_url, cache=None) as client:
+                        await client.call_tool("plugins__hold", {"path": "docs/readme.txt", "text": "x"})
+
+            tg.start_soon(call)
+            with anyio.fail_after(WAIT):
+                while b"started" not in heard:
+                    await anyio.wait_readable(reader)
+                    heard += os.read(reader, 100)
+            os.kill(bastion.pid, signal.SIGKILL)
+            with anyio.fail_after(WAIT):  # every writer gone: the read end sees the end of the FIFO
+                while True:
+                    await anyio.wait_readable(reader)
+                    if os.read(reader, 100) == b"":
+                        break
+            tg.cancel_scope.cancel()
+    finally:
+        os.close(reader)

@@ -28,9 +28,10 @@ from rich.text import Text
 from bastion import __version__
 from bastion.cli.logs import use_redactor
 from bastion.cli.remote import TOKEN_ENV_VAR
-from bastion.config import Config, ConfigIssue, config_hint, find_config_dir, load_config, sqlite_path
+from bastion.config import SQLITE_PREFIX, Config, ConfigIssue, config_hint, find_config_dir, load_config, sqlite_path
 from bastion.connectors import McpConnector
 from bastion.connectors.plugins import ACTION_FILE, PluginProblem, PluginSource, StepLimits, load_plugins
+from bastion.connectors.plugins.sandbox import sandbox
 from bastion.connectors.providers import provider_source
 from bastion.errors import BastionError, ConfigError, NotFound, Unauthenticated
 from bastion.ledger import OpenLedger, Redactor
@@ -229,6 +230,19 @@ def load_plugin_source(config: Config, *, taken: Collection[str]) -> tuple[Plugi
         return None, refused + problems
     if not packages:
         return None, problems
+    workspace = config.directory / settings.workspace
+    confined = sandbox(workspace, hidden=_bastion_directories(config))
+    if isinstance(confined, str):  # a permission Bastion cannot apply is never accepted
+        refused = [
+            PluginProblem(
+                package.directory / ACTION_FILE,
+                1,
+                f'permissions.filesystem "{package.action.permissions.filesystem}" cannot be enforced here: '
+                f"{confined} (this package is not loaded until then)",
+            )
+            for package in packages
+        ]
+        return None, refused + problems
     if PLUGIN_SOURCE_ID in config.providers:
         clash = [
             PluginProblem(
@@ -240,13 +254,22 @@ def load_plugin_source(config: Config, *, taken: Collection[str]) -> tuple[Plugi
         ]
         return None, clash + problems
     limits = StepLimits(
-        workspace=config.directory / settings.workspace,
+        workspace=workspace,
+        sandbox=confined,
         env={name: value.get_secret_value() for name, value in settings.env.items()},
         timeout=settings.timeout_seconds,
         max_output=settings.max_output_bytes,
         allowed_commands=settings.allowed_commands,
     )
     return PluginSource(packages, limits), problems
+
+
+def _bastion_directories(config: Config) -> list[Path]:
+    """What no plugin step may see: the configuration directory and the SQLite ledger's (its key beside it)."""
+    hidden = [config.directory] if config.directory is not None else []
+    if config.ledger_url.startswith(SQLITE_PREFIX):
+        hidden.append(sqlite_path(config.ledger_url).parent)
+    return hidden
 
 
 def action_state(config: Config) -> ActionState:

@@ -17,6 +17,7 @@ from jsonschema.validators import validator_for
 
 from bastion.connectors.plugins.package import PluginPackage, Step, allowed
 from bastion.connectors.plugins.runner import StepRun, run_step
+from bastion.connectors.plugins.sandbox import Sandbox
 from bastion.connectors.secrets import scrub
 
 Outcome = Literal["succeeded", "reverted", "failed"]
@@ -25,9 +26,10 @@ TERMINAL_STATUSES: Final = ("succeeded", "reverted", "queued", "rejected", "fail
 
 @dataclass(frozen=True)
 class StepLimits:
-    """Where and how every step of a plugin runs (`[plugins]` of bastion.toml)."""
+    """Where and how every step of a plugin runs (`[plugins]` of bastion.toml), confined by `sandbox`."""
 
     workspace: Path
+    sandbox: Sandbox
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 30.0
     max_output: int = 1_048_576
@@ -107,6 +109,14 @@ class _Flow:
         """Run one of the package's executables with the call's payload (and `extra`) on its stdin."""
         return await self._run(self._package.executables[step], {**self._base, "step": step, **extra})
 
+    def _confined(self, argv: Sequence[str]) -> list[str]:
+        return self._limits.sandbox.argv(
+            argv,
+            filesystem=self._package.action.permissions.filesystem,
+            package=self._package.directory,
+            state=Path(self._base["stateDir"]),
+        )
+
     async def verify(self, output: Mapping[str, Any]) -> dict[str, Any]:
         """The package's verify executable, then each verification command: ok when every check passes."""
         checks: list[dict[str, Any]] = []
@@ -136,4 +146,5 @@ class _Flow:
             env=limits.env,
             timeout=limits.timeout,
             max_output=limits.max_output,
+            confine=self._confined,
         )

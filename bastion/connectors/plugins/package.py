@@ -21,6 +21,7 @@ from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from bastion.connectors.plugins.sandbox import Filesystem
 from bastion.models import RISK_ALIASES, Risk
 
 ACTION_FILE: Final = "action.json"
@@ -37,8 +38,10 @@ class _Strict(BaseModel):
 
 class Permissions(_Strict):
     commands: list[str] = Field(default_factory=list)
-    """Every command the package may have run for it (verification commands must be among them)."""
-    filesystem: Literal["workspace", "read", "none"] = "workspace"
+    """The commands the package may have run for it: its verification commands, which Bastion runs (and nothing
+    else: what a step runs itself cannot be confined to a list, so a package declaring more is refused)."""
+    filesystem: Filesystem = "workspace"
+    """What the steps may do with the workspace, applied by the sandbox (bastion.connectors.plugins.sandbox)."""
 
 
 class Verification(_Strict):
@@ -196,6 +199,14 @@ def _load(
     verification = action.verification
     if verification.required and "verify" not in executables and not verification.commands:
         refuse(("verification",), "verification is required but there is no verify executable and no command")
+    for i, command in enumerate(action.permissions.commands):
+        if command not in verification.commands:
+            refuse(
+                ("permissions", "commands", i),
+                f'"{command}" in permissions.commands is not a verification command: Bastion runs a package\'s '
+                "verification commands for it, and cannot confine to a list what its steps run themselves (the "
+                "sandbox confines their files); remove it, or make it a verification command",
+            )
     commands: list[tuple[str, ...]] = []
     for i, command in enumerate(verification.commands):
         loc = ("verification", "commands", i)

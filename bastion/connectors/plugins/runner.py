@@ -1,8 +1,9 @@
 """One step of a plugin action in a child process: an argument vector (never a shell), the configured working
-directory, an environment of the bound credentials only, JSON on stdin and stdout, a timeout and an output cap.
+directory, an environment of the bound credentials only, JSON on stdin and stdout, a timeout and an output cap,
+confined as its package's permissions say (bastion.connectors.plugins.sandbox).
 
 A step that runs too long or writes too much is killed (its whole process group) and reported as such; nothing
-of it outlives the call.
+of it outlives the call, nor Bastion (the sandbox dies with it).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,16 +59,19 @@ async def run_step(
     env: Mapping[str, str],
     timeout: float,
     max_output: int,
+    confine: Callable[[Sequence[str]], Sequence[str]] | None = None,
 ) -> StepRun:
-    """Run `argv` with `payload` as JSON on its stdin (nothing for a verification command) and read its stdout."""
+    """Run `argv` with `payload` as JSON on its stdin (nothing for a verification command) and read its stdout;
+    `confine` turns the command into the one that runs it confined (bastion.connectors.plugins.sandbox)."""
     shown = tuple(argv)
     program = shutil.which(argv[0]) if os.sep not in argv[0] else argv[0]
     if program is None:
         return StepRun(shown, None, None, f"{argv[0]!r} is not found on Bastion's PATH; install it")
     stdin = b"" if payload is None else json.dumps(payload, ensure_ascii=False).encode()
+    command = [program, *argv[1:]]
     try:
         process = await anyio.open_process(
-            [program, *argv[1:]],
+            list(confine(command)) if confine is not None else command,
             cwd=cwd,
             env=dict(env),
             stdin=subprocess.PIPE,
