@@ -27,11 +27,12 @@ from bastion.config import load_config
 from bastion.connectors.plugins import load_plugins
 from bastion.connectors.plugins.runner import run_step
 from bastion.connectors.plugins.sandbox import sandbox
+from bastion.ledger import Redactor, open_ledger
 from bastion.models import CallContext, Invocation, ModeDecision, utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.policies import compose_mode
 from bastion.server.mcp import FrontDoor
-from tests.processes import bastion_env, bastion_http
+from tests.processes import bastion_env, bastion_http, run_cli
 from tests.test_gateway import error_of
 
 pytestmark = pytest.mark.anyio
@@ -458,8 +459,12 @@ def test_a_package_declaring_commands_no_one_can_confine_it_to_is_not_loaded(tmp
 
 
 HOLDER = """
-import json, os, subprocess, sys, time
+import json, os, shutil, subprocess, sys, time
 call = json.load(sys.stdin)
+path = call["input"]["path"]
+shutil.copyfile(path, os.path.join(call["stateDir"], "backup"))  # what rollback restores
+with open(path, "w") as f:
+    f.write(call["input"]["text"])
 fifo = os.path.join(call["workspace"], "held")
 writer = os.open(fifo, os.O_WRONLY)  # held by this step and, inherited, by the child it starts
 subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)"], pass_fds=(writer,))
@@ -469,27 +474,30 @@ while True:
 """
 
 
-async def test_a_step_dies_with_a_sigkilled_bastion_and_leaves_nothing_running(tmp_path: Path) -> None:
+async def test_a_step_dies_with_a_sigkilled_bastion_and_an_approver_can_then_roll_it_back(tmp_path: Path) -> None:
     """The step and the process it started hold a FIFO open: once Bastion is SIGKILLed (its process alone, as an
-    out-of-memory kill would), the FIFO's reader sees its end, so nothing of the call is left to change the
-    workspace after the ledger says its outcome is unknown."""
+    out-of-memory kill would), the FIFO's reader sees its end, so nothing of the call changes the workspace after
+    its outcome is unknown. The restarted Bastion names the call and its rollback; the rollback, run by an
+    approver, finds the state the call left, restores the file, and records the call failed."""
     config = make_config(tmp_path, modes='"plugins:*" = "allow"')
     package = write_package(config, "hold", action_json("hold"))
     (package / "execute.py").write_text(textwrap.dedent(HOLDER))
+    readme = config / "workspace" / "docs" / "readme.txt"
     fifo = config / "workspace" / "held"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    env = bastion_env(tmp_path / "home")
     heard = b""
     try:
         async with (
-            bastion_http(["--config", str(config)], env=bastion_env(tmp_path / "home")) as bastion,
+            bastion_http(["--config", str(config)], env=env) as bastion,
             anyio.create_task_group() as tg,
         ):
 
             async def call() -> None:
                 with contextlib.suppress(Exception):  # its Bastion is killed under it
                     async with Client(bastion.mcp_url, cache=None) as client:
-                        await client.call_tool("plugins__hold", {"path": "docs/readme.txt", "text": "x"})
+                        await client.call_tool("plugins__hold", {"path": "docs/readme.txt", "text": "changed"})
 
             tg.start_soon(call)
             with anyio.fail_after(WAIT):
@@ -505,3 +513,21 @@ async def test_a_step_dies_with_a_sigkilled_bastion_and_leaves_nothing_running(t
             tg.cancel_scope.cancel()
     finally:
         os.close(reader)
+    assert readme.read_text() == "changed"
+    async with bastion_http(["--config", str(config)], env=env) as again:
+        named = await again.stderr.wait_for(lambda line: "bastion invocations rollback" in line)
+    invocation_id = named.split("bastion invocations rollback ")[1].split()[0]
+    rolled = run_cli("invocations", "rollback", invocation_id, "--config", str(config), "--json", env=env)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert readme.read_text() == "original\n"
+    async with await open_ledger(config / "state" / "ledger.db", redactor=Redactor()) as ledger:
+        settled = await ledger.invocations.get(invocation_id)
+        events = await ledger.invocations.events(invocation_id)
+    assert settled is not None and settled.status == "failed"
+    assert (events[-1].kind, events[-1].detail["how"], events[-1].detail["rollback"]["ok"]) == (
+        "reconciled",
+        "rollback",
+        True,
+    )
+    again_refused = run_cli("invocations", "rollback", invocation_id, "--config", str(config), env=env)
+    assert again_refused.returncode == 1  # settled: there is nothing left to roll back

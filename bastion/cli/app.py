@@ -256,6 +256,7 @@ def load_plugin_source(config: Config, *, taken: Collection[str]) -> tuple[Plugi
     limits = StepLimits(
         workspace=workspace,
         sandbox=confined,
+        state=config.directory / "state" / "plugins",
         env={name: value.get_secret_value() for name, value in settings.env.items()},
         timeout=settings.timeout_seconds,
         max_output=settings.max_output_bytes,

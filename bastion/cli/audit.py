@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 import anyio
 import typer
@@ -21,6 +21,8 @@ from bastion.cli.app import (
     app,
     emit_json,
     load,
+    load_actions,
+    load_plugin_source,
     local_approver,
     open_ledger,
     out,
@@ -29,7 +31,7 @@ from bastion.cli.app import (
 from bastion.cli.inspect import invocations_app
 from bastion.config import Config
 from bastion.connectors.providers import provider_source
-from bastion.errors import BastionError
+from bastion.errors import BastionError, ConnectorUnavailable
 from bastion.models import AuditReport, Invocation, PruneReport, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.authority import MIN_ID_PREFIX, SourceOf
@@ -139,6 +141,49 @@ def _reconcile_by_check(
         )
     if found is None:
         raise typer.Exit(1)
+
+
+@invocations_app.command("rollback")
+def invocations_rollback(
+    invocation_id: Annotated[
+        str,
+        typer.Argument(
+            help=f"The plugin call whose outcome is unknown: its id or its first {MIN_ID_PREFIX}+ characters."
+        ),
+    ],
+    note: Annotated[str | None, typer.Option(help="Why (kept in the `reconciled` event).")] = None,
+    token: Annotated[
+        str | None, typer.Option(help="An owner or admin token (else $BASTION_TOKEN); needed once the ledger has one.")
+    ] = None,
+    config_dir: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run the rollback step of a plugin call whose outcome is unknown (Bastion stopped while it ran), in its sandbox
+    and with the state the call left. When it succeeds the call is recorded failed (its effect undone), with the
+    rollback's report; when it fails the call stays unknown and this exits 1. Bastion never runs it by itself: an
+    approver decides. Owners and admins only."""
+    config = load(config_dir, report=False)
+    manifests, _ = load_actions(config)
+    plugins, problems = load_plugin_source(config, taken={manifest.name for manifest in manifests})
+
+    async def roll_back(action_id: str, arguments: dict[str, Any], invocation: str) -> Mapping[str, Any]:
+        if plugins is None:
+            why = "; ".join(problem.message for problem in problems) or "there are no plugin packages"
+            raise ConnectorUnavailable(f"plugin {action_id!r} is not loaded ({why}); nothing ran")
+        return await plugins.roll_back(action_id, arguments, correlation_id=invocation)
+
+    async def run() -> Invocation:
+        async with open_ledger(config) as ledger:
+            approver = await local_approver(ledger, config, token)
+            return await authority.reconcile_by_rollback(
+                ledger, invocation_id, roll_back=roll_back, principal=approver, note=note
+            )
+
+    undone = run_async(run)
+    if as_json:
+        emit_json(invocation_json(undone))
+        return
+    out.print(f"rolled back {undone.id} ({undone.tool}); recorded {undone.status}", markup=False, highlight=False)
 
 
 @asynccontextmanager

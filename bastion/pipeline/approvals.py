@@ -38,7 +38,7 @@ from bastion.errors import (
     PendingLimit,
     UnknownOutcome,
 )
-from bastion.models import Invocation, Status, utcnow
+from bastion.models import PLUGIN_SOURCE_ID, Invocation, Status, utcnow
 from bastion.pipeline.catalog import CatalogEntry
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.seams import ChangeFeed, InvocationStore, ProgressFn
@@ -227,6 +227,22 @@ class ApprovalDesk:
             if not held.done.is_set():
                 await progress.beat(message)
 
+    async def name_rollbacks(self, unknown: Sequence[str]) -> None:
+        """Log, for each plugin call among `unknown` (just marked so), the rollback an approver can run: Bastion never
+        runs it by itself."""
+        for unknown_id in unknown:
+            invocation = await self._store.get(unknown_id)
+            if invocation is not None and invocation.source_id == PLUGIN_SOURCE_ID:
+                logger.warning(
+                    "invocation %s (%s) was running when its Bastion stopped; an approver can run its rollback: "
+                    "`bastion invocations rollback %s%s`, or record what came of it with `bastion invocations "
+                    "reconcile`",
+                    unknown_id,
+                    invocation.policy_key,
+                    unknown_id,
+                    self.config_option,
+                )
+
     def waiting_for(self, invocation_id: str) -> str:
         """Where a human decides this invocation, as the agent that made the call is told."""
         return (
@@ -292,6 +308,7 @@ class ApprovalDesk:
         report = await self._store.recover(self._gone_of)
         if report.unknown:
             logger.warning("%d invocation(s) of a stopped instance marked unknown", len(report.unknown))
+        await self.name_rollbacks(report.unknown)
         for orphan_id in report.approved:
             orphan = await self._store.get(orphan_id)
             if orphan is not None and orphan_id not in self._held:

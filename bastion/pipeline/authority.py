@@ -5,14 +5,22 @@ Every way of deciding — the REST API, the local CLI, a remote CLI — goes thr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
 from bastion.actions import Found
-from bastion.errors import AmbiguousId, Conflict, ConnectorUnavailable, Forbidden, InvalidArguments, NotFound
-from bastion.models import Invocation, InvocationEvent, Pin, Principal, Status
+from bastion.errors import (
+    AmbiguousId,
+    Conflict,
+    ConnectorUnavailable,
+    Forbidden,
+    InvalidArguments,
+    NotFound,
+    UpstreamError,
+)
+from bastion.models import PLUGIN_SOURCE_ID, Invocation, InvocationEvent, Pin, Principal, Status
 from bastion.pipeline.grants import Grants, Scope
 from bastion.pipeline.seams import ActionSource, InvocationStore, Ledger, LookupSource
 
@@ -169,18 +177,21 @@ async def reconcile(
     principal: Principal,
     note: str | None,
     found: Found | None = None,
+    rolled_back: Mapping[str, Any] | None = None,
     from_statuses: Collection[Status] = RECONCILABLE,
 ) -> Invocation:
     """Record what came of a call whose outcome was unknown (seed 004: reconciled, not left to "ask a human"):
-    unknown or executing -> `outcome`, with a `reconciled` event naming who, how (by hand, or by check with what
-    was `found`) and why. Approvers only; NotFound, or Conflict when the invocation is not unresolved (naming its
-    status)."""
+    unknown or executing -> `outcome`, with a `reconciled` event naming who, how (by hand, by check with what was
+    `found`, or by the rollback whose report is `rolled_back`) and why. Approvers only; NotFound, or Conflict when
+    the invocation is not unresolved (naming its status)."""
     _require_approver(principal, invocation_id)
     invocation_id = await resolve_invocation_id(ledger.invocations, invocation_id, principal)
     failed = outcome == "failed"
     detail: dict[str, Any] = {"outcome": outcome, "by": principal.name, "how": "hand", "note": note}
     if found is not None:
         detail |= {"how": "check", "found": {"where": found.where, "result": found.result}}
+    if rolled_back is not None:
+        detail |= {"how": "rollback", "rollback": dict(rolled_back)}
     reconciled = await ledger.invocations.transition(
         invocation_id,
         from_statuses=from_statuses,
@@ -202,6 +213,51 @@ async def reconcile(
         "reconciled",
         invocation_id=invocation_id,
     )
+
+
+RollBack = Callable[[str, dict[str, Any], str], Awaitable[Mapping[str, Any]]]
+"""Runs a plugin's rollback step: (action id, the call's arguments, its invocation id) -> the step's report."""
+
+
+async def reconcile_by_rollback(
+    ledger: Ledger, invocation_id: str, *, roll_back: RollBack, principal: Principal, note: str | None = None
+) -> Invocation:
+    """Undo a plugin call whose outcome is unknown (Bastion stopped while it ran) by running its package's rollback:
+    an approver's decision, never taken by itself. The call must be a plugin's and `unknown` (Conflict otherwise),
+    with arguments the ledger kept whole (InvalidArguments when they held secrets it does not keep). A rollback that
+    succeeds records the call `failed` (its effect undone), the `reconciled` event holding the rollback's report; one
+    that fails leaves the call unknown and raises UpstreamError with what it said."""
+    _require_approver(principal, invocation_id)
+    invocation_id = await resolve_invocation_id(ledger.invocations, invocation_id, principal)
+    invocation = await ledger.invocations.get(invocation_id)
+    if invocation is None:
+        raise NotFound(f"no invocation {invocation_id!r}", invocation_id=invocation_id)
+    if invocation.source_id != PLUGIN_SOURCE_ID:
+        raise InvalidArguments(
+            f"invocation {invocation_id} is a call of {invocation.policy_key}, not of a plugin: only a plugin "
+            "declares a rollback; record what came of it with `bastion invocations reconcile`",
+            invocation_id=invocation_id,
+        )
+    if invocation.status != "unknown":
+        raise Conflict(
+            f"invocation {invocation_id} is {invocation.status}: only a call whose outcome is unknown is rolled back",
+            invocation_id=invocation_id,
+        )
+    arguments = invocation.args
+    if not isinstance(arguments, dict) or not ledger.invocations.args_match(arguments, invocation.args_hash):
+        raise InvalidArguments(
+            f"the arguments of invocation {invocation_id} held secrets the ledger does not keep, so its rollback "
+            "cannot be given them; undo it by hand, then `bastion invocations reconcile` it",
+            invocation_id=invocation_id,
+        )
+    report = await roll_back(invocation.action_id, arguments, invocation_id)
+    if not report.get("ok"):
+        raise UpstreamError(
+            f"the rollback of invocation {invocation_id} failed ({report.get('error')}); the call stays unknown: "
+            f"check the workspace by hand. What the step said: {report.get('stderr') or 'nothing'}",
+            invocation_id=invocation_id,
+        )
+    return await reconcile(ledger, invocation_id, outcome="failed", principal=principal, note=note, rolled_back=report)
 
 
 async def reconcile_by_check(

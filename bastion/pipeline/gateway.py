@@ -182,6 +182,7 @@ class Gateway:
                 len(report.unknown),
                 len(report.approved),
             )
+        await self.desk.name_rollbacks(report.unknown)
         await self.pins.load()
         async with anyio.create_task_group() as tg:
             await self.listings.start(tg, wait_for_sources=wait_for_sources)

@@ -30,6 +30,9 @@ class StepLimits:
 
     workspace: Path
     sandbox: Sandbox
+    state: Path
+    """Where each call keeps its state directory (`<state>/<invocation id>`), kept while its outcome is unknown so
+    that an approver can still roll it back after Bastion stopped (`bastion invocations rollback`)."""
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 30.0
     max_output: int = 1_048_576
@@ -50,6 +53,27 @@ async def run_flow(
     envelope = await _run_flow(package, arguments, correlation_id, limits, state_dir)
     scrubbed: dict[str, Any] = scrub(envelope, limits.env.values())
     return scrubbed
+
+
+async def run_rollback(
+    package: PluginPackage,
+    arguments: Mapping[str, Any],
+    *,
+    correlation_id: str,
+    limits: StepLimits,
+    state_dir: Path,
+) -> dict[str, Any]:
+    """Run only the package's rollback step for a call whose outcome is unknown (an approver's decision), with the
+    call's payload and state directory; its report, scrubbed as a flow's envelope is."""
+    flow = _Flow(package, limits, {
+        "action": package.name,
+        "input": dict(arguments),
+        "correlationId": correlation_id,
+        "workspace": str(limits.workspace),
+        "stateDir": str(state_dir),
+    })  # fmt: skip
+    report: dict[str, Any] = scrub((await flow.step("rollback")).report(), limits.env.values())
+    return report
 
 
 async def _run_flow(

@@ -8,7 +8,7 @@ check, made before the call is recorded. The scope is checked again right before
 from __future__ import annotations
 
 import json
-import tempfile
+import shutil
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -18,7 +18,7 @@ import anyio
 import mcp_types as types
 
 from bastion.actions import ActionSpec
-from bastion.connectors.plugins.flow import TERMINAL_STATUSES, StepLimits, run_flow
+from bastion.connectors.plugins.flow import TERMINAL_STATUSES, StepLimits, run_flow, run_rollback
 from bastion.connectors.plugins.package import PluginPackage
 from bastion.connectors.plugins.scope import scope_violation
 from bastion.errors import ConnectorUnavailable, PolicyDenied
@@ -113,10 +113,17 @@ class PluginSource:
         violation = scope_violation(package.action.scope, self._limits.workspace, arguments)
         if violation is not None:
             raise PolicyDenied(f"{PLUGIN_SOURCE_ID}:{action_id} refused before it ran: {violation}")
-        with tempfile.TemporaryDirectory(prefix="bastion-plugin-") as state:
+        state = self.state_dir(correlation_id)
+        state.mkdir(parents=True, exist_ok=True)
+        finished = False
+        try:
             envelope = await run_flow(
-                package, arguments, correlation_id=correlation_id, limits=self._limits, state_dir=Path(state)
+                package, arguments, correlation_id=correlation_id, limits=self._limits, state_dir=state
             )
+            finished = True
+        finally:
+            if finished:  # an interrupted call keeps its state: its rollback may still need it
+                shutil.rmtree(state, ignore_errors=True)
         summary = f"{PLUGIN_SOURCE_ID}:{action_id} {envelope['status']}"
         if envelope["feedback"]:
             summary += f": {envelope['feedback']['reason']}"
@@ -125,6 +132,25 @@ class PluginSource:
             structured_content=envelope,
             is_error=envelope["status"] != "succeeded",
         )
+
+    def state_dir(self, correlation_id: str) -> Path:
+        """The state directory of the call with this correlation id (its invocation id)."""
+        return self._limits.state / correlation_id
+
+    async def roll_back(self, action_id: str, arguments: dict[str, Any], *, correlation_id: str) -> dict[str, Any]:
+        """Run the rollback step of a call whose outcome is unknown, with its state directory; the step's report.
+        ConnectorUnavailable when the package is not loaded or has no rollback."""
+        package = self._packages.get(action_id)
+        if package is None or "rollback" not in package.executables:
+            raise ConnectorUnavailable(f"plugin {action_id!r} is not loaded, or has no rollback step; nothing ran")
+        state = self.state_dir(correlation_id)
+        state.mkdir(parents=True, exist_ok=True)
+        report = await run_rollback(
+            package, arguments, correlation_id=correlation_id, limits=self._limits, state_dir=state
+        )
+        if report["ok"]:
+            shutil.rmtree(state, ignore_errors=True)
+        return report
 
     def _spec(self, package: PluginPackage) -> ActionSpec:
         action = package.action
