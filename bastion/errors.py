@@ -125,6 +125,16 @@ class RequestTooLarge(BastionError):
     http_status = 413
 
 
+class UrlTooLong(RequestTooLarge):
+    error_class = "url_too_long"
+    http_status = 414
+
+
+class HeadersTooLarge(RequestTooLarge):
+    error_class = "headers_too_large"
+    http_status = 431
+
+
 class Conflict(BastionError):
     error_class = "conflict"
     http_status = 409

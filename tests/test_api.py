@@ -381,6 +381,37 @@ async def test_a_body_over_its_paths_limit_is_refused_as_it_arrives_before_any_o
         assert within.status_code == 200
 
 
+async def test_an_overlong_url_or_overlarge_headers_are_refused_before_any_route(tmp_path: Path) -> None:
+    async with live_bastion(tmp_path) as live:
+        admin = await live.token("alice", "admin")
+        long_url = await live.http.get("/api/invocations", params={"source": "x" * (9 * 1024)}, headers=admin)
+        assert (long_url.status_code, error_class(long_url)) == (414, "url_too_long")
+        big = admin | {f"x-filler-{n}": "y" * 1024 for n in range(40)}
+        large = await live.http.get("/api/invocations", headers=big)
+        assert (large.status_code, error_class(large)) == (431, "headers_too_large")
+        assert (await live.http.get("/api/invocations", headers=admin)).status_code == 200
+
+
+async def test_a_token_holds_at_most_eight_event_streams_open(tmp_path: Path) -> None:
+    async with live_bastion(tmp_path) as live, contextlib.AsyncExitStack() as streams:
+        admin = await live.token("alice", "admin")
+        other = await live.token("bob", "admin")
+        opened = [
+            await streams.enter_async_context(live.http.stream("GET", "/api/events", headers=admin)) for _ in range(8)
+        ]
+        assert all(stream.status_code == 200 for stream in opened)
+        refused = await live.http.get("/api/events", headers=admin)
+        assert (refused.status_code, error_class(refused)) == (429, "rate_limited")
+        async with live.http.stream("GET", "/api/events", headers=other) as elsewhere:
+            assert elsewhere.status_code == 200  # another token's budget
+        await opened[0].aclose()
+        with anyio.fail_after(WAIT):  # the closed stream's slot comes back once the server sees it gone
+            while True:
+                async with live.http.stream("GET", "/api/events", headers=admin) as again:
+                    if again.status_code == 200:
+                        break
+
+
 async def test_a_failing_ledger_is_answered_500_internal_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

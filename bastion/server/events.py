@@ -22,6 +22,7 @@ from bastion.pipeline.events import StillAllowed, announcements
 from bastion.pipeline.seams import Ledger
 from bastion.server.auth import bearer_secret, principal_of
 from bastion.server.errors import http_response
+from bastion.server.limits import StreamSlots
 
 PING_SECONDS: Final = 15
 """A comment line this often keeps proxies from closing a quiet stream."""
@@ -55,23 +56,38 @@ def resume_point(request: Request) -> int | None:
 
 
 def event_stream(
-    ledger: Ledger, principal: Principal | None, after: int | None, *, still_allowed: StillAllowed
-) -> EventSourceResponse:
+    ledger: Ledger,
+    principal: Principal,
+    after: int | None,
+    *,
+    still_allowed: StillAllowed,
+    slots: StreamSlots,
+) -> Response:
     """The SSE response of the announcements after ledger event `after` that `principal` may hear, ended within a
-    second once `still_allowed` says no (its token revoked, its session logged out)."""
+    second once `still_allowed` says no (its token revoked, its session logged out); 429 when `principal` holds as
+    many streams open as `slots` allows."""
+    refusal = slots.refusal(principal.name)
+    if refusal is not None:
+        return http_response(refusal)
 
     async def events() -> AsyncIterator[ServerSentEvent]:
-        async for announcement in announcements(ledger, after=after, principal=principal, still_allowed=still_allowed):
-            yield ServerSentEvent(
-                data=json.dumps(announcement.json(), separators=(",", ":")),
-                event=announcement.name,
-                id=str(announcement.id),
-            )
+        slots.opened(principal.name)
+        try:
+            async for announcement in announcements(
+                ledger, after=after, principal=principal, still_allowed=still_allowed
+            ):
+                yield ServerSentEvent(
+                    data=json.dumps(announcement.json(), separators=(",", ":")),
+                    event=announcement.name,
+                    id=str(announcement.id),
+                )
+        finally:
+            slots.closed(principal.name)
 
     return EventSourceResponse(events(), ping=PING_SECONDS, headers={"Cache-Control": "no-store"})
 
 
-def events_endpoint(ledger: Ledger) -> Callable[[Request], Awaitable[Response]]:
+def events_endpoint(ledger: Ledger, slots: StreamSlots) -> Callable[[Request], Awaitable[Response]]:
     """The Starlette endpoint of `GET /api/events` (BearerAuth has authenticated the caller)."""
 
     async def endpoint(request: Request) -> Response:
@@ -87,6 +103,6 @@ def events_endpoint(ledger: Ledger) -> Callable[[Request], Awaitable[Response]]:
         async def still_allowed() -> bool:  # the token is not revoked (nor its role changed)
             return secret is not None and await ledger.tokens.authenticate(secret) == principal
 
-        return event_stream(ledger, principal, after, still_allowed=still_allowed)
+        return event_stream(ledger, principal, after, still_allowed=still_allowed, slots=slots)
 
     return endpoint

@@ -46,7 +46,7 @@ from bastion.server.events import events_endpoint
 from bastion.server.express import LaneCounts
 from bastion.server.express_http import HttpLane
 from bastion.server.inbox import Inbox
-from bastion.server.limits import BodyLimits
+from bastion.server.limits import BodyLimits, StreamSlots
 from bastion.server.mcp import FrontDoor
 from bastion.server.metrics import METRICS_PATH, Metrics
 from bastion.server.rest import routing_error
@@ -220,7 +220,8 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
     express = LaneCounts()
     sse = SseServerTransport("/messages/")
     approver = ApproverEndpoint(front.gateway)
-    inbox = Inbox(front.gateway)
+    streams = StreamSlots()
+    inbox = Inbox(front.gateway, slots=streams)
     metrics = Metrics(front.gateway, express)
 
     async def healthz(request: Request) -> Response:
@@ -254,7 +255,7 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
             Mount("/messages/", app=sse.handle_post_message),
             Route("/healthz", endpoint=healthz, methods=["GET"]),
             Route(METRICS_PATH, endpoint=metrics.endpoint, methods=["GET"]),
-            Route("/api/events", endpoint=events_endpoint(front.gateway.ledger), methods=["GET"]),
+            Route("/api/events", endpoint=events_endpoint(front.gateway.ledger, streams), methods=["GET"]),
             Mount("/api", app=build_api(front.gateway.ledger, front.gateway.listings.sources.get)),
             *inbox.routes(),
         ],

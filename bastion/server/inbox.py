@@ -37,6 +37,7 @@ from bastion.server import inbox_pages as pages
 from bastion.server.auth import principal_of
 from bastion.server.errors import http_response
 from bastion.server.events import event_stream, resume_point
+from bastion.server.limits import StreamSlots
 
 INBOX: Final = pages.INBOX
 SESSION_COOKIE: Final = "bastion_inbox"
@@ -69,10 +70,14 @@ class InboxSession:
 class Inbox:
     """The routes of `/inbox` over one gateway."""
 
-    def __init__(self, gateway: Gateway, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, gateway: Gateway, *, slots: StreamSlots | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.gateway = gateway
         self._sessions: dict[str, InboxSession] = {}
         self._clock = clock
+        self._slots = slots if slots is not None else StreamSlots()
+        """The event streams held open, per principal (shared with `/api/events`)."""
 
     def routes(self) -> list[BaseRoute]:
         get, post = ["GET"], ["POST"]
@@ -211,7 +216,7 @@ class Inbox:
         async def still_allowed() -> bool:  # not logged out, its token not revoked
             return await self._live_session(session_id, used=False) is not None
 
-        return event_stream(self.gateway.ledger, principal, after, still_allowed=still_allowed)
+        return event_stream(self.gateway.ledger, principal, after, still_allowed=still_allowed, slots=self._slots)
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
