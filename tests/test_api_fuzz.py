@@ -8,11 +8,13 @@ database. The server runs in a blocking portal's event loop; the requests are ma
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import schemathesis
 from anyio.from_thread import start_blocking_portal
 from hypothesis import HealthCheck, assume, given, settings
@@ -99,3 +101,57 @@ def test_every_answer_of_the_api_conforms_to_its_openapi_document(tmp_path: Path
         assert {200, 401, 404, 409, 422} <= set(answered)
         decided = portal.call(live.ledger.invocations.list)
         assert any(i.status in ("approved", "denied") for i in decided)
+
+
+form_text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40)
+forms = st.dictionaries(st.sampled_from(["csrf", "token", "note", "reason", "scope", "extra"]), form_text, max_size=5)
+INBOX_POSTS = ["/inbox/login", "/inbox/logout", "/inbox/approvals/inv-0001/approve", "/inbox/approvals/inv-0002/deny"]
+
+
+def test_inbox_forms_and_resume_points_of_any_shape_are_refused_or_served_never_failed(tmp_path: Path) -> None:
+    """The inbox's forms and the streams' Last-Event-ID are not in the OpenAPI document: generated forms (any
+    fields, any text, with the session's real CSRF token or not) and resume points (any text, any number) get a
+    refusal or their page, never a 5xx; and only a form carrying the session's CSRF token decides anything."""
+    with (
+        start_blocking_portal(backend="asyncio") as portal,
+        portal.wrap_async_context_manager(live_bastion(tmp_path)) as live,
+    ):
+        secret = portal.call(live.token, "alice", "admin")["Authorization"].removeprefix("Bearer ")
+        portal.call(seed, live.ledger, invocation(1), invocation(2))
+        with httpx2.Client(base_url=live.url, timeout=WAIT, follow_redirects=False) as http:
+            login = http.get("/inbox/login")
+            found = re.search(r'name=csrf value="([^"]+)"', login.text)
+            assert found is not None
+            assert http.post("/inbox/login", data={"csrf": found.group(1), "token": secret}).status_code == 303
+            page = re.search(r'name=csrf value="([^"]+)"', http.get("/inbox").text)
+            assert page is not None
+            csrf = page.group(1)
+
+            @given(path=st.sampled_from(INBOX_POSTS), form=forms, real_csrf=st.booleans())
+            @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None)
+            def post(path: str, form: dict[str, str], real_csrf: bool) -> None:
+                if path == "/inbox/logout":
+                    assume(not real_csrf)  # a real logout would end the session the other examples use
+                sent = form | {"csrf": csrf} if real_csrf else form
+                answer = http.post(path, data=sent)
+                assert answer.status_code < 500, (path, sent, answer.text[:200])
+                if not real_csrf:
+                    assert answer.status_code in (303, 403, 422), (path, sent)
+
+            post()
+            undecided = {i.id for i in portal.call(live.ledger.invocations.list) if i.status == "pending"}
+            assert undecided <= {"inv-0001", "inv-0002"}
+
+            @given(resume=st.one_of(st.integers(min_value=-(2**70), max_value=2**70).map(str), form_text))
+            @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None)
+            def resume(resume: str) -> None:
+                assume(resume.isascii() and resume == resume.strip() and "\n" not in resume and "\r" not in resume)
+                for path, headers in (("/api/events", {"Authorization": f"Bearer {secret}"}), ("/inbox/events", {})):
+                    with http.stream("GET", path, headers=headers | {"Last-Event-ID": resume}) as answer:
+                        assert answer.status_code in (200, 400, 422), (
+                            path,
+                            resume,
+                            answer.status_code,
+                        )  # 400: the HTTP parser's
+
+            resume()

@@ -113,7 +113,7 @@ class Inbox:
             session_id, session, principal = found
             if request.method == "POST":
                 form = await _form(request)
-                if not hmac.compare_digest(form.get("csrf", ""), session.csrf):
+                if not _same_token(form.get("csrf", ""), session.csrf):
                     return _refused(CsrfRefused("the form's CSRF token is missing or wrong; reload the page and retry"))
                 request.state.form = form
             response = await handler(request, principal, session_id, session)
@@ -153,7 +153,7 @@ class Inbox:
     async def login(self, request: Request) -> Response:
         form = await _form(request)
         expected = request.cookies.get(LOGIN_COOKIE, "")
-        if not expected or not hmac.compare_digest(form.get("csrf", ""), expected):
+        if not expected or not _same_token(form.get("csrf", ""), expected):
             return _refused(CsrfRefused("the login form's CSRF token is missing or wrong; reload the page and retry"))
         secret = form.get("token", "").strip()
         principal = await self.gateway.ledger.tokens.authenticate(secret) if secret else None
@@ -305,3 +305,9 @@ async def _form(request: Request) -> dict[str, str]:
         return {}
     parsed = parse_qs(body.decode("utf-8", errors="replace"), keep_blank_values=True)
     return {key: values[0] for key, values in parsed.items()}
+
+
+def _same_token(sent: str, expected: str) -> bool:
+    """A form's CSRF token against the expected one, in constant time; any text a form sends is compared (as UTF-8
+    bytes: `compare_digest` refuses non-ASCII strings, which a forged form may hold)."""
+    return hmac.compare_digest(sent.encode(), expected.encode())
