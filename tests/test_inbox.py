@@ -17,7 +17,7 @@ import anyio
 import httpx2
 import mcp_types as types
 import pytest
-from playwright.async_api import async_playwright, expect
+from playwright.async_api import Route, async_playwright, expect
 
 from bastion.config.approved import APPROVED_FILE
 from bastion.models import utcnow
@@ -310,3 +310,61 @@ async def test_an_approver_denies_one_call_and_approves_another_in_a_real_browse
         assert "not with a token in it" in structured(denied)["error"]["message"]
         approved = results["second"]
         assert not approved.is_error
+
+
+async def test_a_call_that_goes_pending_while_the_pages_stream_connects_is_shown(tmp_path: Path) -> None:
+    """The page's live stream resumes after the ledger event the page was rendered at: a call that goes pending
+    between the render and the stream's connection (held here until the call is pending) is still announced, and
+    the page shows it; so after a decision, whose page is rendered anew. The stream used to start "from now", and
+    such a call expired unseen."""
+    if not CHROMIUM.exists():
+        if os.environ.get("BASTION_REQUIRE_CHROMIUM") == "1":
+            pytest.fail("BASTION_REQUIRE_CHROMIUM=1 and /usr/bin/chromium is missing: apt-get install -y chromium")
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium; .ci/run installs it)")
+    async with live(tmp_path) as bastion:
+        agent = await bastion.token("ci-agent", "agent")
+        admin = await bastion.token("alice", "admin")
+        gate = {"asked": anyio.Event(), "released": anyio.Event()}
+
+        async def held(route: Route) -> None:
+            asked, released = gate["asked"], gate["released"]
+            asked.set()
+            await released.wait()
+            await route.continue_()
+
+        def hold_the_next_stream() -> None:
+            gate["asked"], gate["released"] = anyio.Event(), anyio.Event()
+
+        async def agent_calls(text: str) -> None:
+            async with bastion.client(agent) as client:
+                await client.call_tool("fx__echo", {"text": text})
+
+        with anyio.fail_after(WAIT * 3):
+            async with async_playwright() as playwright, anyio.create_task_group() as tg:
+                browser = await playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+                try:
+                    page = await browser.new_page()
+                    await page.goto(f"{bastion.url}/inbox")
+                    await page.fill("#token", admin["Authorization"].removeprefix("Bearer "))
+                    await page.route("**/inbox/events*", held)  # each page's stream is held before it connects
+                    await page.click("button[type=submit]")
+                    await expect(page.locator("h1")).to_have_text("Pending calls (0)")
+                    await gate["asked"].wait()
+                    tg.start_soon(agent_calls, "while the page loads")
+                    (first,) = await bastion.pending(1)  # pending after the render, before the stream
+                    gate["released"].set()
+                    await expect(page.locator(f'[data-invocation="{first.id}"]')).to_be_visible()
+
+                    hold_the_next_stream()
+                    await page.locator(f'[data-invocation="{first.id}"] button.deny').click()  # a decision
+                    await expect(page.locator(".flash")).to_contain_text("denied")
+                    await gate["asked"].wait()  # the decided page's stream, held
+                    tg.start_soon(agent_calls, "while the decision's page loads")
+                    (second,) = await bastion.pending(1)
+                    gate["released"].set()
+                    await expect(page.locator(f'[data-invocation="{second.id}"]')).to_be_visible()
+                    await bastion.gateway.ledger.invocations.decide(
+                        second.id, approve=False, principal="alice", note=None, now=utcnow()
+                    )
+                finally:
+                    await browser.close()

@@ -41,9 +41,10 @@ def event_id(text: str) -> int:
 
 
 def resume_point(request: Request) -> int | None:
-    """The ledger event id to resume after: `Last-Event-ID` (None: start from now). InvalidArguments if it is not
-    an id."""
-    text = request.headers.get("last-event-id")
+    """The ledger event id to resume after: `Last-Event-ID` (what a reconnecting EventSource sends), else `?after=`
+    (what a page rendered as of an event opens its first stream with); None: start from now. InvalidArguments if it
+    is not an id."""
+    text = request.headers.get("last-event-id") or request.query_params.get("after")
     if text is None or not text.strip():
         return None
     text = text.strip()
@@ -51,7 +52,8 @@ def resume_point(request: Request) -> int | None:
         return event_id(text)
     except ValueError as exc:
         raise InvalidArguments(
-            f"Last-Event-ID {text[:32]!r} {exc}; send the id of the last event seen, or none to start from now"
+            f"the resume point {text[:32]!r} (Last-Event-ID, or ?after=) {exc}; send the id of the last event seen, "
+            "or none to start from now"
         ) from exc
 
 

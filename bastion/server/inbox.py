@@ -182,10 +182,13 @@ class Inbox:
 
     async def pending(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
         now = utcnow()
+        # The feed's cursor before the list is read: the page's live stream resumes after it, so a call that goes
+        # pending while the page loads or its stream connects is announced to it (at worst shown and announced).
+        cursor = self.gateway.ledger.changes.cursor
         found = await pending_invocations(self.gateway.ledger.invocations, now, limit=DEFAULT_LIMIT)
         message, session.message = session.message, None
         text, error = message if message is not None else (None, False)
-        body = pages.pending_body(found, now, session.csrf, text, error)
+        body = pages.pending_body(found, now, session.csrf, text, error, cursor=cursor)
         return _html(pages.page("Pending", body, principal=principal, csrf=session.csrf))
 
     async def history(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:

@@ -64,13 +64,16 @@ def login_body(csrf: str, message: str | None = None) -> str:
     )
 
 
-def pending_body(pending: Sequence[Invocation], now: datetime, csrf: str, message: str | None, error: bool) -> str:
+def pending_body(
+    pending: Sequence[Invocation], now: datetime, csrf: str, message: str | None, error: bool, *, cursor: int
+) -> str:
+    """The pending calls as of ledger event `cursor`, which the page's live stream resumes after."""
     cards = "".join(_pending_card(invocation, now, csrf) for invocation in pending)
     if not cards:
         cards = "<p class=empty>Nothing is waiting for an approver.</p>"
     return (
         f"<h1>Pending calls ({len(pending)})</h1>{flash(message, error=error)}"
-        "<div id=live class=live>Connecting to live updates...</div>"
+        f'<div id=live class=live data-after="{cursor}">Connecting to live updates...</div>'
         f"{cards}"
     )
 

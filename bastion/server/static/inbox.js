@@ -20,7 +20,10 @@ function typing() {
 function follow() {
   const status = document.getElementById("live");
   if (!status || !window.EventSource) return;
-  const source = new EventSource("/inbox/events");
+  // From the ledger event the page was rendered at: what happened while it loaded is announced too. EventSource
+  // itself resumes after the last event it heard when it reconnects.
+  const after = status.dataset.after;
+  const source = new EventSource("/inbox/events" + (after ? "?after=" + encodeURIComponent(after) : ""));
   // A decision being sent reloads the page by itself: no reload of ours may race it (and eat its message).
   document.addEventListener("submit", () => source.close());
   source.onopen = () => { status.textContent = "Live: updates appear as they happen."; };
