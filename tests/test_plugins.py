@@ -459,7 +459,7 @@ def test_a_package_declaring_commands_no_one_can_confine_it_to_is_not_loaded(tmp
 
 
 HOLDER = """
-import json, os, shutil, subprocess, sys, time
+import json, os, shutil, subprocess, sys, threading
 call = json.load(sys.stdin)
 path = call["input"]["path"]
 shutil.copyfile(path, os.path.join(call["stateDir"], "backup"))  # what rollback restores
@@ -467,10 +467,9 @@ with open(path, "w") as f:
     f.write(call["input"]["text"])
 fifo = os.path.join(call["workspace"], "held")
 writer = os.open(fifo, os.O_WRONLY)  # held by this step and, inherited, by the child it starts
-subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)"], pass_fds=(writer,))
+subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait()"], pass_fds=(writer,))
 os.write(writer, b"started\\n")
-while True:
-    time.sleep(1)
+threading.Event().wait()  # until killed
 """
 
 
