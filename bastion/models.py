@@ -106,6 +106,17 @@ class CallContext(BaseModel):
     process's memory): its rate limit is counted in this process, not in the ledger."""
 
 
+def caller_session_id(principal: str | None, client_name: str | None) -> str:
+    """The session a host without sessions (2026-07-28) is counted in: its caller's identity, principal and client
+    name. Such an id has a `/`, which no host session id has (see `has_host_session`)."""
+    return f"{principal or 'anonymous'}/{client_name or 'unknown-client'}"
+
+
+def has_host_session(session_id: str) -> bool:
+    """Whether `session_id` is a host's session (it ends when the host disconnects), not a caller's identity."""
+    return "/" not in session_id
+
+
 class Invocation(BaseModel):
     """One call of one action: a ledger row with its current status. Args and result are stored redacted."""
 
@@ -257,6 +268,50 @@ class Principal(BaseModel):
     @property
     def may_decide(self) -> bool:
         return self.role in APPROVER_ROLES
+
+
+Scope = Literal["once", "session", "hour", "always"]
+"""How far an approval reaches: this call only, later calls of its action in the same host session, by the same
+caller for an hour, or by anyone until the grant ends (see bastion.pipeline.grants)."""
+SCOPES: Final[tuple[Scope, ...]] = get_args(Scope)
+GrantScope = Literal["session", "hour", "always"]
+"""The scopes that leave a standing grant behind."""
+
+
+class Grant(BaseModel):
+    """A standing approval: later calls of one action that it covers are allowed without an approver (mode source
+    `grant:<id>`), as long as no operator rule denies or holds them on their arguments. Kept in the ledger: ended by
+    its expiry or a revocation (by an approver, or by the action drifting from its pin), never deleted."""
+
+    id: str
+    policy_key: str
+    scope: GrantScope
+    session_id: str | None = None
+    """For a "session" grant: the host session it covers."""
+    principal: str | None = None
+    """For an "hour" grant: the caller it covers (None: callers without a token)."""
+    rule: str | None = None
+    """A condition on the arguments (CEL, as in policy rules) a call must meet to be covered; None: any call."""
+    grantor: str
+    invocation_id: str | None = None
+    """The call whose approval made it (None: imported from a file of an earlier Bastion)."""
+    created_at: datetime
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+    revoked_by: str | None = None
+    """Who revoked it: an approver's name, or `drift` when the action's definition drifted from its pin."""
+
+    def standing(self, now: datetime) -> bool:
+        """Whether it still covers calls at `now`: not revoked, not expired."""
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+    def covers(self, *, session_id: str, principal: str | None) -> bool:
+        """Whether a call in this session by this caller is one it was given for (its action and arguments aside)."""
+        if self.scope == "session":
+            return session_id == self.session_id
+        if self.scope == "hour":
+            return principal == self.principal
+        return True
 
 
 class TokenInfo(BaseModel):

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import httpx2
@@ -16,7 +16,6 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from bastion.config import Config, ConnectorConfig, PolicyConfig, Settings
-from bastion.config.approved import ApprovedModes
 from bastion.connectors import McpConnector
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import Invocation, Role, utcnow
@@ -46,10 +45,13 @@ class Bastion:
         return {"Authorization": f"Bearer {secret}"}
 
     @asynccontextmanager
-    async def client(self, headers: dict[str, str], path: str = "/mcp") -> AsyncIterator[Client]:
+    async def client(
+        self, headers: dict[str, str], path: str = "/mcp", *, era: Literal["legacy", "2026-07-28"] = "legacy"
+    ) -> AsyncIterator[Client]:
+        """An MCP client of `path`: a 2025-era host with a session (`legacy`), or a 2026-07-28 one, which has none."""
         async with (
             httpx2.AsyncClient(headers=headers, timeout=WAIT) as http,
-            Client(streamable_http_client(f"{self.url}{path}", http_client=http), mode="legacy", cache=None) as c,
+            Client(streamable_http_client(f"{self.url}{path}", http_client=http), mode=era, cache=None) as c,
         ):
             yield c
 
@@ -89,28 +91,17 @@ def config_for(directory: Path | None, modes: dict[str, str], rules: list[dict[s
     )
 
 
-@dataclass
-class Ticks:
-    """A monotonic clock that moves only when a test moves it."""
-
-    now: float = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @asynccontextmanager
 async def live(
     tmp_path: Path,
     modes: dict[str, str] | None = None,
     *,
-    clock: Ticks | None = None,
     rules: list[dict[str, str]] | None = None,
     embedded: bool = False,
 ) -> AsyncIterator[Bastion]:
     """A running Bastion whose configuration directory holds the operator's policy file. Two of them on one
-    `tmp_path` share the directory and the ledger (two instances). `clock` paces its checks of the approved file.
-    `embedded`: it runs as on the embedded default, with no configuration directory to write approvals to."""
+    `tmp_path` share the directory and the ledger (two instances). `embedded`: it runs as on the embedded default,
+    with no configuration directory (where approvals are not offered "always")."""
     directory = tmp_path / "config"
     (directory / "policies").mkdir(parents=True, exist_ok=True)
     (directory / "policies" / "default.toml").write_text(OPERATOR_POLICY)
@@ -118,13 +109,8 @@ async def live(
     config = config_for(
         None if embedded else directory, {"fx:echo": "require_approval"} if modes is None else modes, rules
     )
-    approved = None if clock is None else ApprovedModes(directory, clock=clock)
-    if embedded:
-        approved = ApprovedModes(None)
     async with await open_ledger(directory / "ledger.db", redactor=Redactor()) as ledger:
-        gateway = Gateway(
-            config, ledger, [McpConnector(config.connectors[0], target=lambda: fixture.server)], approved=approved
-        )
+        gateway = Gateway(config, ledger, [McpConnector(config.connectors[0], target=lambda: fixture.server)])
         app = build_app(FrontDoor(gateway), allowed_hosts=allowed_hosts_for("127.0.0.1"))
         async with gateway.running(), serving(app) as url:
             yield Bastion(url, ledger, gateway, fixture, directory)

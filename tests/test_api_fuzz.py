@@ -12,7 +12,7 @@ import re
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx2
 import schemathesis
@@ -28,9 +28,20 @@ from tests.test_api import WAIT, Live, invocation, live_bastion, observation, se
 EXAMPLES = 50
 """Examples per route and generation mode: 7 routes x 2 modes x 50 = 700 requests, about ten seconds."""
 
+ACCEPTED: Final = ["2xx", "401", "403", "404", "409", "410"]
 CONFIG = schemathesis.Config.from_dict(
-    # A valid decision on an expired invocation is rightly refused with 410 (the default list lacks it).
-    {"checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "401", "403", "404", "409", "410"]}}}
+    {
+        # A valid decision on an expired invocation is rightly refused with 410 (the default list lacks it).
+        "checks": {"positive_data_acceptance": {"expected-statuses": ACCEPTED}},
+        # An approval's scope must be one the call is offered (here, on the embedded default, never "always"), and
+        # its `when` a CEL condition: what no JSON Schema can say, refused 422 `invalid_arguments`/`config_error`.
+        "operations": [
+            {
+                "include-operation-id": "approveInvocation",
+                "checks": {"positive_data_acceptance": {"expected-statuses": [*ACCEPTED, "422"]}},
+            }
+        ],
+    }
 )
 
 PENDING = [f"inv-{n:04d}" for n in range(1, 31)]

@@ -188,7 +188,7 @@ def test_approve_records_the_principal_from_the_environment(tmp_path: Path) -> N
     invocation, events = stored(config, "inv-0001")
     assert invocation.status == "approved"
     assert events[-1].kind == "approved"
-    assert events[-1].detail == {"by": "alice@example.com", "note": "looks fine"}
+    assert events[-1].detail == {"by": "alice@example.com", "note": "looks fine", "scope": "once"}
 
 
 def test_deny_records_the_local_login_and_the_reason_and_prints_json(tmp_path: Path) -> None:
@@ -291,7 +291,7 @@ def test_once_the_ledger_has_an_approver_token_local_decisions_need_one(tmp_path
     approved = cli(config, env, "approvals", "approve", "inv-0001", "--token", admin)
     assert approved.returncode == 0, approved.stderr
     assert approved.stdout.startswith("approved inv-0001 (notes__write_note) as alice")
-    assert stored(config, "inv-0001")[1][-1].detail == {"by": "alice", "note": None}
+    assert stored(config, "inv-0001")[1][-1].detail == {"by": "alice", "note": None, "scope": "once"}
     denied = cli(config, env | {"BASTION_TOKEN": admin}, "approvals", "deny", "inv-0002", "--reason", "no")
     assert denied.returncode == 0, denied.stderr
     assert stored(config, "inv-0002")[1][-1].detail == {"by": "alice", "reason": "no"}

@@ -173,7 +173,7 @@ async def test_watch_details_the_selected_call_and_decides_only_after_a_reason_a
             status = await process.wait()
         assert status == 0, terminal.screen
     assert denied[-1].detail == {"by": "alice@example.com", "reason": "not today ☂"}
-    assert approved[-1].detail == {"by": "alice@example.com", "note": "looks fine"}
+    assert approved[-1].detail == {"by": "alice@example.com", "note": "looks fine", "scope": "once"}
 
 
 @pytest.mark.anyio
@@ -239,7 +239,7 @@ async def test_watch_on_a_ledger_with_approver_tokens_needs_one_and_decides_as_i
             await terminal.wait_for(f"approved {waiting.id} (notes__write_note) as alice")
             terminal.press(b"q")
             assert await process.wait() == 0, terminal.screen
-    assert approved[-1].detail == {"by": "alice", "note": None}
+    assert approved[-1].detail == {"by": "alice", "note": None, "scope": "once"}
 
 
 def test_watch_without_a_terminal_exits_2_and_names_the_alternatives(tmp_path: Path) -> None:

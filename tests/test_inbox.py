@@ -1,5 +1,5 @@
 """`/inbox` (issue 14): login into an HTTP-only session cookie, CSRF on every form, agents refused, an "always"
-approval through the form written to the policy file Bastion owns, the history's filters; and a real headless
+approval through the form leaving a grant the grants page shows and revokes, the history's filters; and a real headless
 Chromium (Debian's package) driven by Playwright that logs in, sees the pending calls with redacted args, why they
 wait and the drift diff, denies one with a reason and approves another, while the blocked MCP calls return
 accordingly. The browser test writes a screenshot of the inbox to tests/artifacts/inbox.png (ignored by git)."""
@@ -19,7 +19,6 @@ import mcp_types as types
 import pytest
 from playwright.async_api import Route, async_playwright, expect
 
-from bastion.config.approved import APPROVED_FILE
 from bastion.models import utcnow
 from bastion.pipeline.gateway import Gateway
 from tests.approvers import OPERATOR_POLICY, Bastion, live, structured
@@ -30,10 +29,12 @@ pytestmark = pytest.mark.anyio
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).parent / "artifacts"
 SECRET_ARG = "ghp_" + "Q" * 36
-PERSONS_NOTE = """\
-# Reviewed every Monday by the platform team.
+EARLIER_APPROVALS = """\
+# Written by Bastion: actions an approver approved "always".
 [modes]
+"fx:echo" = "allow"  # approved by alice for invocation 0193 at 2026-10-01T10:00:00+00:00
 "fx:other" = "allow"  # kept on purpose
+"fx:*" = "allow"  # not one action: never imported
 """
 CHROMIUM_FLAGS = [
     "--headless",
@@ -157,12 +158,9 @@ async def test_an_open_api_event_stream_ends_within_a_second_of_its_tokens_revoc
             await _until_the_stream_ends(events)
 
 
-async def test_approving_always_in_the_inbox_form_writes_the_owned_policy_file_and_the_next_call_is_allowed_by_org(
+async def test_an_always_approval_in_the_inbox_form_leaves_a_grant_the_grants_page_shows_and_revokes(
     tmp_path: Path,
 ) -> None:
-    policies = tmp_path / "config" / "policies"
-    policies.mkdir(parents=True)
-    (policies / APPROVED_FILE).write_text(PERSONS_NOTE)
     async with live(tmp_path) as bastion, browserless(bastion) as http:
         agent = await bastion.token("ci-agent", "agent")
         admin = await bastion.token("alice", "admin")
@@ -177,29 +175,63 @@ async def test_approving_always_in_the_inbox_form_writes_the_owned_policy_file_a
             async with anyio.create_task_group() as tg:
                 tg.start_soon(agent_calls, "first")
                 (waiting,) = await bastion.pending(1)
-                csrf = _csrf((await http.get("/inbox")).text)
+                page = (await http.get("/inbox")).text
+                offered = re.findall(r'<option value="(\w+)">', page)
+                assert offered == ["once", "session", "hour", "always"]
+                csrf = _csrf(page)
                 approve = f"/inbox/approvals/{waiting.id}/approve"
 
                 unknown = await http.post(approve, data={"csrf": csrf, "scope": "forever"})
                 assert unknown.status_code == 422
                 assert unknown.json()["error"]["class"] == "invalid_arguments"
+                bad = await http.post(approve, data={"csrf": csrf, "scope": "always", "when": "args.text.("})
+                assert bad.status_code == 303
+                assert "not a valid CEL expression" in (await http.get("/inbox")).text
                 still = await bastion.ledger.invocations.get(waiting.id)
                 assert still is not None and still.status == "pending", "nothing was decided"
 
-                approved = await http.post(approve, data={"csrf": csrf, "scope": "always", "note": "fine"})
-                assert approved.status_code == 303
+                form = {"csrf": csrf, "scope": "always", "note": "fine", "when": "args.text != 'forbidden'"}
+                assert (await http.post(approve, data=form)).status_code == 303
         assert not results[0].is_error
+        assert (tmp_path / "config" / "policies" / "default.toml").read_text() == OPERATOR_POLICY
 
-        written = (policies / APPROVED_FILE).read_text()
-        assert written.startswith(PERSONS_NOTE), "the person's comments and entries are kept"
-        assert '"fx:echo" = "allow"' in written
-        assert f"approved by alice for invocation {waiting.id}" in written
-        assert (policies / "default.toml").read_text() == OPERATOR_POLICY
-
+        (grant,) = await bastion.ledger.grants.grants()
+        grants_page = (await http.get("/inbox/grants")).text
+        assert f'data-grant="{grant.id}"' in grants_page and "args.text != &#x27;forbidden&#x27;" in grants_page
         await agent_calls("second")
         assert not results[1].is_error
         (latest, *_) = await bastion.ledger.invocations.list()
-        assert (latest.status, latest.mode, latest.mode_source) == ("completed", "allow", "always")
+        assert (latest.status, latest.mode, latest.mode_source) == ("completed", "allow", f"grant:{grant.id}")
+
+        revoke = await http.post(f"/inbox/grants/{grant.id}/revoke", data={"csrf": _csrf(grants_page)})
+        assert revoke.status_code == 303 and revoke.headers["location"] == "/inbox/grants"
+        after = (await http.get("/inbox/grants")).text
+        assert f"Grant {grant.id} on fx:echo revoked." in after and f'data-grant="{grant.id}"' not in after
+        (ended,) = await bastion.ledger.grants.grants()
+        assert ended.revoked_by == "alice"
+        forged = await http.post(f"/inbox/grants/{grant.id}/revoke", data={"csrf": "wrong"})
+        assert forged.status_code == 403
+
+
+async def test_the_always_approvals_an_earlier_bastion_wrote_to_its_own_policy_file_become_grants_at_start(
+    tmp_path: Path,
+) -> None:
+    policies = tmp_path / "config" / "policies"
+    policies.mkdir(parents=True)
+    (policies / "bastion-approved.toml").write_text(EARLIER_APPROVALS)
+    async with live(tmp_path) as bastion:
+        grants = await bastion.ledger.grants.grants()
+        assert sorted((g.policy_key, g.scope, g.grantor) for g in grants) == [
+            ("fx:echo", "always", "policies/bastion-approved.toml"),
+            ("fx:other", "always", "policies/bastion-approved.toml"),
+        ]
+        assert not (policies / "bastion-approved.toml").exists()
+        assert (policies / "bastion-approved.toml.imported").read_text() == EARLIER_APPROVALS
+        agent = await bastion.token("ci-agent", "agent")
+        async with bastion.client(agent) as client:
+            assert not (await client.call_tool("fx__echo", {"text": "approved long ago"})).is_error
+    async with live(tmp_path) as bastion:  # read once: a restart imports nothing more
+        assert len(await bastion.ledger.grants.grants()) == 2
 
 
 async def test_history_filters_by_status_and_source_and_refuses_an_unknown_status(tmp_path: Path) -> None:

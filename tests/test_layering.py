@@ -16,7 +16,6 @@ LAYERS: dict[str, int] = {
     "bastion.models": 1,
     "bastion.errors": 1,
     "bastion.config.tomlpos": 1,
-    "bastion.config.approved": 2,  # the policy file Bastion writes ("always" approvals), read by the loader
     "bastion.starter": 1,
     "bastion.actions": 2,  # what a source declares about its actions (ActionSpec)
     "bastion.jsontext": 1,  # JSON both ways on the hot path (orjson, the standard library where it must)
@@ -36,8 +35,8 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.observer": 5,  # the hook observers of invocations register on
     "bastion.pipeline.traces": 5,  # the span of each call, kept while its invocation lives
     "bastion.pipeline.approvals": 6,
-    "bastion.pipeline.grants": 5,  # "session" and "always" approvals
-    "bastion.pipeline.authority": 6,
+    "bastion.pipeline.grants": 6,  # approvals' standing grants, kept in the ledger
+    "bastion.pipeline.authority": 7,
     "bastion.pipeline.views": 6,  # the JSON shapes the CLI prints and the API answers
     "bastion.pipeline.outcomes": 6,  # recording what came of a call that was sent
     "bastion.pipeline.steps": 7,  # the gateway's step runner: a composite's steps, each a child invocation
@@ -67,7 +66,6 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     # jsonschema: plugins' action.json; referencing: an output schema that cannot be resolved
     "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic", "jsonschema", "referencing"},
     "bastion.config.tomlpos": set(),
-    "bastion.config.approved": {"tomlkit"},  # the policy file Bastion writes, comments kept
     "bastion.starter": set(),
     "bastion.pipeline": set(),
     "bastion.pipeline.catalog": {"mcp_types", "pydantic"},

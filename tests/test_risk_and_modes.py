@@ -6,9 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bastion.models import MODES, RISKS, Mode, ModeDecision, PolicyRule, Risk, RiskDecision
+from bastion.models import MODES, RISKS, Grant, GrantScope, Mode, ModeDecision, PolicyRule, Risk, RiskDecision
 from bastion.policies.modes import MODE_STRICTNESS, is_mode, resolve_mode, stricter
 from bastion.policies.risk import derive_risk, normalize_risk
+from tests.ledger_contract.samples import T0
 
 risks = st.sampled_from(RISKS)
 modes = st.sampled_from(MODES)
@@ -180,6 +181,11 @@ policy_rules = st.lists(
 verdicts = st.dictionaries(st.sampled_from(["a", "b", "c"]), st.one_of(st.none(), st.booleans()))
 
 
+def standing(scope: GrantScope) -> Grant:
+    """A grant of `scope` on fs:write_file, as an approval leaves it."""
+    return Grant(id=f"{scope}_0123456789ab", policy_key="fs:write_file", scope=scope, grantor="alice", created_at=T0)
+
+
 @given(
     profile=st.one_of(st.none(), policy_maps),
     org=policy_maps,
@@ -187,7 +193,7 @@ verdicts = st.dictionaries(st.sampled_from(["a", "b", "c"]), st.one_of(st.none()
     org_rules=policy_rules,
     held=verdicts,
     risk=risks,
-    grant=st.sampled_from([None, "session", "always"]),
+    grant=st.sampled_from([None, "session", "hour", "always"]),
 )
 def test_no_grant_makes_a_call_run_that_an_operator_entry_denies_and_it_only_ever_lifts_a_hold(
     profile: dict[str, str] | None,
@@ -196,9 +202,9 @@ def test_no_grant_makes_a_call_run_that_an_operator_entry_denies_and_it_only_eve
     org_rules: list[PolicyRule],
     held: dict[str, bool | None],
     risk: Risk,
-    grant: str | None,
+    grant: GrantScope | None,
 ) -> None:
-    def resolve(grant: str | None) -> ModeDecision:
+    def resolve(grant: Grant | None) -> ModeDecision:
         return resolve_mode(
             source_id="fs",
             action_id="write_file",
@@ -211,9 +217,13 @@ def test_no_grant_makes_a_call_run_that_an_operator_entry_denies_and_it_only_eve
             grant=grant,
         )
 
-    operator, granted = resolve(None), resolve(grant)
+    operator, granted = resolve(None), resolve(None if grant is None else standing(grant))
     if granted != operator:
-        assert (operator.mode, granted.mode, granted.source) == ("require_approval", "allow", grant)
+        assert (operator.mode, granted.mode, granted.source) == (
+            "require_approval",
+            "allow",
+            f"grant:{grant}_0123456789ab",
+        )
         matching = [*(profile or {}).items(), *org.items()]
         denying = [v for k, v in matching if k in ("fs:write_file", "fs:*") and (not is_mode(v) or v == "deny")]
         denying += [
@@ -238,17 +248,17 @@ def test_an_always_grant_lifts_the_org_hold_but_not_a_wildcard_rule_that_denies_
             org_modes=org,
             org_rules=[dots],
             judge=lambda rule: has_dots,
-            grant="always",
+            grant=standing("always"),
         )
 
-    assert resolve(False) == ModeDecision(mode="allow", source="always")
+    assert resolve(False) == ModeDecision(mode="allow", source="grant:always_0123456789ab")
     assert resolve(True) == ModeDecision(mode="require_approval", source="org")  # the operator's first match
 
 
 def test_an_always_grant_leaves_a_profiles_hold_and_a_rules_hold_where_a_session_grant_lifts_only_the_first() -> None:
     on_etc = PolicyRule(key="fs:write_file", when="etc", mode="require_approval")
 
-    def resolve(grant: str, *, profile: dict[str, str] | None, rules: list[PolicyRule]) -> ModeDecision:
+    def resolve(grant: GrantScope, *, profile: dict[str, str] | None, rules: list[PolicyRule]) -> ModeDecision:
         return resolve_mode(
             source_id="fs",
             action_id="write_file",
@@ -257,11 +267,14 @@ def test_an_always_grant_leaves_a_profiles_hold_and_a_rules_hold_where_a_session
             org_modes={},
             org_rules=rules,
             judge=lambda rule: True,
-            grant=grant,
+            grant=standing(grant),
         )
 
     profile = {"fs:*": "require_approval"}
     assert resolve("always", profile=profile, rules=[]).source == "profile"
-    assert resolve("session", profile=profile, rules=[]) == ModeDecision(mode="allow", source="session")
-    assert resolve("session", profile=None, rules=[on_etc]).source == "org_rule"
+    for scope in ("session", "hour"):
+        assert resolve(scope, profile=profile, rules=[]) == ModeDecision(
+            mode="allow", source=f"grant:{scope}_0123456789ab"
+        )
+        assert resolve(scope, profile=None, rules=[on_etc]).source == "org_rule"
     assert resolve("always", profile=None, rules=[on_etc]).source == "org_rule"

@@ -27,7 +27,7 @@ from rich.text import Text
 
 from bastion import __version__
 from bastion.cli.logs import use_redactor
-from bastion.cli.remote import TOKEN_ENV_VAR
+from bastion.cli.remote import TOKEN_ENV_VAR, RemoteApi, remote_api
 from bastion.config import SQLITE_PREFIX, Config, ConfigIssue, config_hint, find_config_dir, load_config, sqlite_path
 from bastion.connectors import McpConnector
 from bastion.connectors.plugins import ACTION_FILE, PluginProblem, PluginSource, StepLimits, load_plugins
@@ -125,6 +125,15 @@ def run_async(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, serving: bo
     try:
         return anyio.run(fn, *args, backend_options={"use_uvloop": serving and UVLOOP})
     except BastionError as exc:
+        raise Exit.of(exc) from exc
+
+
+def remote_or_local(url: str | None, token: str | None) -> RemoteApi | None:
+    """The client of a remote Bastion's API when a URL is given (`--url` or its variable), else None: the command
+    works on the local ledger. A URL without a token exits 2, saying how to get one."""
+    try:
+        return remote_api(url, token)
+    except ConfigError as exc:
         raise Exit.of(exc) from exc
 
 

@@ -16,7 +16,6 @@ from rich.table import Table
 
 from bastion.cli.app import (
     ConfigOption,
-    Exit,
     JsonOption,
     app,
     emit_json,
@@ -25,17 +24,18 @@ from bastion.cli.app import (
     local_approver,
     open_ledger,
     out,
+    remote_or_local,
     run_async,
     timestamp,
 )
 from bastion.cli.inspect import details_table
-from bastion.cli.remote import TOKEN_ENV_VAR, RemoteApi, TokenOption, UrlOption, remote_api
+from bastion.cli.remote import TOKEN_ENV_VAR, RemoteApi, TokenOption, UrlOption
 from bastion.cli.tables import Column, fitted_table
 from bastion.config import Config, config_hint
-from bastion.errors import ConfigError
-from bastion.models import Invocation, utcnow
+from bastion.models import Invocation, Scope, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.authority import MIN_ID_PREFIX
+from bastion.pipeline.grants import SCOPE_LABELS, Grants
 from bastion.pipeline.views import DEFAULT_LIMIT, expires_in, invocation_json, pending_json
 from bastion.pipeline.views import pending_invocations as pending_invocations  # re-exported for `approvals watch`
 
@@ -123,7 +123,7 @@ def approvals_list(
     token: TokenOption = None,
 ) -> None:
     """List pending invocations, newest first: tool, session, who asked, time left, drift."""
-    api = _remote(url, token)
+    api = remote_or_local(url, token)
     where = ""
     if api is not None:
         remote_api = api
@@ -134,18 +134,21 @@ def approvals_list(
 
         rows = run_async(fetch)
         pending = [Invocation.model_validate(row) for row in rows]
+        scopes = [row.get("scopes", ["once"]) for row in rows]
     else:
         config = load(config_dir, report=False)
         where = config_hint(config)
 
-        async def run() -> list[Invocation]:
+        async def run() -> tuple[list[Invocation], list[tuple[Scope, ...]]]:
             async with open_ledger(config) as ledger:
-                return await pending_invocations(ledger.invocations, utcnow(), limit=limit)
+                found = await pending_invocations(ledger.invocations, utcnow(), limit=limit)
+                grants = Grants.of(ledger.grants, config)
+                return found, [grants.offered(i) for i in found]
 
-        pending = run_async(run)
+        pending, scopes = run_async(run)
     now = utcnow()
     if as_json:
-        emit_json([pending_json(i, now) for i in pending])
+        emit_json([pending_json(i, now, offered) for i, offered in zip(pending, scopes, strict=True)])
         return
     out.print(pending_table(pending, now, width=out.width))
     if pending:
@@ -161,7 +164,7 @@ def approvals_show(
     token: TokenOption = None,
 ) -> None:
     """Show one invocation: redacted args, events, the drift diff, and the commands that decide it."""
-    api = _remote(url, token)
+    api = remote_or_local(url, token)
     if api is not None:
         remote_api = api
 
@@ -169,7 +172,7 @@ def approvals_show(
             async with remote_api:
                 detail = await remote_api.invocation(invocation_id)
             invocation = Invocation.model_validate(detail)
-            data = pending_json(invocation, utcnow())
+            data = pending_json(invocation, utcnow(), detail.get("scopes", []))
             data["events"] = detail.get("events", [])
             flags = f" --url {shlex.quote(remote_api.base)}"
             target = shlex.quote(invocation.id)
@@ -190,7 +193,8 @@ def approvals_show(
     async def run() -> tuple[dict[str, Any], bool]:
         async with open_ledger(config) as ledger:
             invocation = await find_invocation(ledger, config, invocation_id)
-            data = pending_json(invocation, utcnow())
+            offered = Grants.of(ledger.grants, config).offered(invocation) if invocation.status == "pending" else ()
+            data = pending_json(invocation, utcnow(), offered)
             data["events"] = [e.model_dump(mode="json") for e in await ledger.invocations.events(invocation.id)]
             data["commands"] = decide_commands(config, invocation.id) if invocation.status == "pending" else None
             return data, await ledger.tokens.has_approver_tokens()
@@ -206,6 +210,7 @@ def _show(data: dict[str, Any], as_json: bool, *, needs_token: bool = False) -> 
     commands = data.pop("commands")
     seconds = data.pop("expires_in_seconds")
     data.pop("drifted")
+    scopes = data.pop("scopes")
     out.print(details_table(data))
     if commands is None:
         out.print(f"not pending: this invocation is {data['status']}", highlight=False)
@@ -214,12 +219,34 @@ def _show(data: dict[str, Any], as_json: bool, *, needs_token: bool = False) -> 
     out.print(f"expires in {format_seconds(seconds)}; decide with{with_token}:", markup=False, highlight=False)
     out.print(f"  {commands['approve']}", markup=False, highlight=False)
     out.print(f"  {commands['deny']}", markup=False, highlight=False)
+    if len(scopes) > 1:
+        out.print(
+            f"an approval may also let later calls of {data['tool']} through: --scope {'|'.join(scopes[1:])} "
+            "[--when CONDITION]",
+            markup=False,
+            highlight=False,
+        )
 
 
 @approvals_app.command("approve")
 def approvals_approve(
     invocation_id: Annotated[str, _id_argument("The pending invocation to approve")],
     note: Annotated[str | None, typer.Option(help="A note kept in the ledger with your decision.")] = None,
+    scope: Annotated[
+        Scope,
+        typer.Option(
+            help='How far the approval reaches: this call ("once"), or also later calls of the same action: in the '
+            'same host session ("session"), by the same caller for an hour ("hour"), by anyone ("always"). '
+            "`approvals show` lists the scopes this call may take.",
+        ),
+    ] = "once",
+    when: Annotated[
+        str | None,
+        typer.Option(
+            help="With a scope beyond once: only later calls whose arguments meet this CEL condition, e.g. "
+            "\"normpath(args.path).startsWith('/srv/public/')\".",
+        ),
+    ] = None,
     config_dir: ConfigOption = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
@@ -227,9 +254,20 @@ def approvals_approve(
 ) -> None:
     """Approve a pending invocation: the waiting call runs it at once. Exit 1 if it is no longer pending.
 
-    Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN).
+    A scope beyond "once" leaves a grant (see `bastion grants list`). Once the ledger has an owner or admin token,
+    this needs one (--token or $BASTION_TOKEN).
     """
-    _decide(config_dir, invocation_id, approve=True, note=note, as_json=as_json, api=_remote(url, token), token=token)
+    _decide(
+        config_dir,
+        invocation_id,
+        approve=True,
+        note=note,
+        as_json=as_json,
+        api=remote_or_local(url, token),
+        token=token,
+        scope=scope,
+        when=when,
+    )
 
 
 @approvals_app.command("deny")
@@ -246,7 +284,13 @@ def approvals_deny(
     Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN).
     """
     _decide(
-        config_dir, invocation_id, approve=False, note=reason, as_json=as_json, api=_remote(url, token), token=token
+        config_dir,
+        invocation_id,
+        approve=False,
+        note=reason,
+        as_json=as_json,
+        api=remote_or_local(url, token),
+        token=token,
     )
 
 
@@ -259,13 +303,16 @@ def _decide(
     as_json: bool,
     api: RemoteApi | None,
     token: str | None,
+    scope: Scope = "once",
+    when: str | None = None,
 ) -> None:
     if api is not None:
         remote_api = api
 
         async def remotely() -> tuple[Invocation, str]:
             async with remote_api:
-                decided = Invocation.model_validate(await remote_api.decide(invocation_id, approve=approve, note=note))
+                answer = await remote_api.decide(invocation_id, approve=approve, note=note, scope=scope, when=when)
+                decided = Invocation.model_validate(answer)
                 detail = await remote_api.invocation(decided.id)
             by = [e.get("detail", {}).get("by") for e in detail.get("events", []) if e.get("kind") == decided.status]
             return decided, str(by[-1]) if by and by[-1] else "your token"
@@ -278,7 +325,15 @@ def _decide(
             async with open_ledger(config) as ledger:
                 approver = await local_approver(ledger, config, token)
                 decided = await authority.decide(
-                    ledger, invocation_id, approve=approve, principal=approver, note=note, now=utcnow()
+                    ledger,
+                    invocation_id,
+                    approve=approve,
+                    principal=approver,
+                    note=note,
+                    now=utcnow(),
+                    scope=scope,
+                    rule=when,
+                    grants=Grants.of(ledger.grants, config),
                 )
                 return decided, approver.name
 
@@ -286,11 +341,5 @@ def _decide(
     if as_json:
         emit_json(invocation_json(decided))
         return
-    out.print(f"{decided.status} {decided.id} ({decided.tool}) as {principal}", markup=False, highlight=False)
-
-
-def _remote(url: str | None, token: str | None) -> RemoteApi | None:
-    try:
-        return remote_api(url, token)
-    except ConfigError as exc:
-        raise Exit.of(exc) from exc
+    scoped = f", {SCOPE_LABELS[scope]} (see `bastion grants list`)" if approve and scope != "once" else ""
+    out.print(f"{decided.status} {decided.id} ({decided.tool}) as {principal}{scoped}", markup=False, highlight=False)

@@ -1,6 +1,6 @@
 """The approver commands against a remote Bastion, through its REST API (DESIGN.md §10).
 
-`--url URL --token T` (or `$BASTION_URL`, `$BASTION_TOKEN`) switch `bastion approvals ...` from the
+`--url URL --token T` (or `$BASTION_URL`, `$BASTION_TOKEN`) switch `bastion approvals|grants ...` from the
 local ledger to this client. The API answers with the same JSON shapes the local commands print, and
 its error bodies carry the same error classes, which become the same exit statuses. A token without a URL
 is for the local ledger: once it has owner or admin tokens, local decisions need one (`cli.app.local_approver`).
@@ -69,9 +69,20 @@ class RemoteApi:
     async def invocation(self, invocation_id: str) -> dict[str, Any]:
         return await self._request("GET", f"/invocations/{invocation_id}")
 
-    async def decide(self, invocation_id: str, *, approve: bool, note: str | None) -> dict[str, Any]:
-        verb, field = ("approve", "note") if approve else ("deny", "reason")
-        return await self._request("POST", f"/approvals/{invocation_id}/{verb}", json={field: note})
+    async def decide(
+        self, invocation_id: str, *, approve: bool, note: str | None, scope: str = "once", when: str | None = None
+    ) -> dict[str, Any]:
+        if not approve:
+            return await self._request("POST", f"/approvals/{invocation_id}/deny", json={"reason": note})
+        body = {"note": note, "scope": scope, "when": when}
+        return await self._request("POST", f"/approvals/{invocation_id}/approve", json=body)
+
+    async def grants(self, *, ended: bool, limit: int) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"ended": "true" if ended else "false", "limit": limit}
+        return list((await self._request("GET", "/grants", params=params))["grants"])
+
+    async def revoke_grant(self, grant_id: str) -> dict[str, Any]:
+        return await self._request("POST", f"/grants/{grant_id}/revoke")
 
     async def events(self, after: int | None = None) -> AsyncIterator[str]:
         """The names of the remote's events after event id `after` (None: from now on) as they happen

@@ -121,15 +121,18 @@ def rule_problems(rule: PolicyRule, known_key: re.Pattern[str], modes: tuple[str
                 "which resolves to the stricter mode)",
             )
         )
-    for name in dict.fromkeys(_RAW_PATH_PREFIX.findall(rule.when)):
-        problems.append(
-            (
-                "when",
-                f"rule condition for {rule.key} tests a raw prefix of args.{name}, which a path with `..` or `//` "
-                f"passes while pointing elsewhere; compare the normalised path: normpath(args.{name}).startsWith(...)",
-            )
-        )
+    problems.extend(("when", f"rule condition for {rule.key} {problem}") for problem in raw_path_prefixes(rule.when))
     return problems
+
+
+def raw_path_prefixes(text: str) -> list[str]:
+    """For each path-like argument whose raw prefix the condition tests, what is wrong and the fix (a sentence
+    without its subject: "tests a raw prefix of args.path, ...")."""
+    return [
+        f"tests a raw prefix of args.{name}, which a path with `..` or `//` passes while pointing elsewhere; "
+        f"compare the normalised path: normpath(args.{name}).startsWith(...)"
+        for name in dict.fromkeys(_RAW_PATH_PREFIX.findall(text))
+    ]
 
 
 class Conditions:

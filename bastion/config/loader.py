@@ -20,7 +20,6 @@ from typing import Annotated, Any, Final, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from bastion.config.approved import APPROVED_FILE
 from bastion.config.conditions import rule_problems
 from bastion.config.models import (
     Config,
@@ -65,6 +64,10 @@ _POLICY_KEY: Final = re.compile(r"^[a-z0-9_-]+:(\*|[^\s*]+)$")
 _TOO_DEEP: Final = (
     f"values nest deeper than {MAX_NESTING} levels here (tables, arrays and dotted keys count alike); flatten them"
 )
+
+APPROVED_FILE: Final = "bastion-approved.toml"
+"""Where, under `policies/`, earlier Bastions wrote "always" approvals: not policy (the loader skips it), imported
+into the ledger as grants when Bastion starts (bastion.pipeline.grants)."""
 
 
 def validate_profile(config: Config, name: str) -> None:
@@ -375,7 +378,7 @@ class _Loader:
         rules: list[PolicyRule] = []
         profile_rules: dict[str, list[PolicyRule]] = {}
         for path in self.toml_files("policies"):
-            if path.name == APPROVED_FILE:  # Bastion's own: laid over the merged map by the gateway (config.approved)
+            if path.name == APPROVED_FILE:  # not policy: earlier approvals, imported as grants (pipeline.grants)
                 continue
             reported = len(self.issues)
             file = self.read(path, until=_POLICY_UNREADABLE)

@@ -82,6 +82,8 @@ class ApprovalSettings(_Strict):
     may time out): then it returns `approval_pending`, naming the invocation, and stays pending."""
     drift_listing: DriftListing = "pinned"
     """What `tools/list` shows of a drifted tool until `pins accept` (a connector file may override it)."""
+    always_grant_days: float = Field(default=90, gt=0)
+    """How long an approval "always" lets later calls of its action through (bastion.pipeline.grants)."""
 
 
 class LimitSettings(_Strict):

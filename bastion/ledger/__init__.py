@@ -20,6 +20,7 @@ from bastion.ledger.keys import load_key, load_or_create_key
 from bastion.ledger.postgres import PostgresBackend, key_check
 from bastion.ledger.postgres.audit import PostgresAudit
 from bastion.ledger.postgres.feed import PostgresFeed
+from bastion.ledger.postgres.grants import PostgresGrants
 from bastion.ledger.postgres.instances import PostgresInstances
 from bastion.ledger.postgres.limits import PostgresLimits
 from bastion.ledger.postgres.outbox import PostgresOutbox
@@ -30,6 +31,7 @@ from bastion.ledger.redaction import Redactor
 from bastion.ledger.sqlite import SqliteBackend
 from bastion.ledger.sqlite.audit import SqliteAudit
 from bastion.ledger.sqlite.feed import SqliteFeed
+from bastion.ledger.sqlite.grants import SqliteGrants
 from bastion.ledger.sqlite.instances import SqliteInstances
 from bastion.ledger.sqlite.limits import SqliteLimits
 from bastion.ledger.sqlite.outbox import SqliteOutbox
@@ -59,6 +61,7 @@ class OpenLedger:
     invocations: Recorder
     pins: SqlitePins | PostgresPins
     tokens: SqliteTokens | PostgresTokens
+    grants: SqliteGrants | PostgresGrants
     changes: SqliteFeed | PostgresFeed
     instances: SqliteInstances | PostgresInstances
     limits: SqliteLimits | PostgresLimits
@@ -80,6 +83,7 @@ class OpenLedger:
             invocations=Recorder(backend.invocations, redactor, key),
             pins=backend.pins,
             tokens=backend.tokens,
+            grants=backend.grants,
             changes=backend.changes,
             instances=backend.instances,
             limits=backend.limits,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Protocol
 
-from bastion.models import Admission, EventKind, Invocation, InvocationEvent, RecoveryReport, Status
+from bastion.models import Admission, EventKind, Grant, Invocation, InvocationEvent, RecoveryReport, Status
 
 GoneFn = Callable[[Sequence[str]], Awaitable[Collection[str]]]
 """Given the instances that own executing or approved invocations, those that are gone (stopped)."""
@@ -141,10 +141,18 @@ class InvocationBackend(Protocol):
         ...
 
     async def decide(
-        self, invocation_id: str, *, approve: bool, detail: Scrubbed, error_message: str | None, now: datetime
+        self,
+        invocation_id: str,
+        *,
+        approve: bool,
+        detail: Scrubbed,
+        error_message: str | None,
+        now: datetime,
+        grant: Grant | None = None,
     ) -> Invocation:
         """pending -> approved or denied (with `error_message`), unless expired (then marked expired and
-        ApprovalExpired raised). NotFound for an unknown id, Conflict when it is no longer pending."""
+        ApprovalExpired raised), storing `grant` in the same transaction if the decision holds. NotFound for an
+        unknown id, Conflict when it is no longer pending."""
         ...
 
     async def expire_due(self, now: datetime) -> builtins.list[Invocation]: ...

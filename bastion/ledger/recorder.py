@@ -17,7 +17,7 @@ from bastion.errors import InvalidArguments
 from bastion.ledger import keys
 from bastion.ledger.backend import EMPTY_DETAIL, GoneFn, InvocationBackend, Scrubbed
 from bastion.ledger.redaction import Redactor
-from bastion.models import Admission, EventKind, Invocation, InvocationEvent, RecoveryReport, Status
+from bastion.models import Admission, EventKind, Grant, Invocation, InvocationEvent, RecoveryReport, Status
 
 
 class Recorder:
@@ -130,18 +130,32 @@ class Recorder:
         )
 
     async def decide(
-        self, invocation_id: str, *, approve: bool, principal: str | None, note: str | None, now: datetime
+        self,
+        invocation_id: str,
+        *,
+        approve: bool,
+        principal: str | None,
+        note: str | None,
+        now: datetime,
+        grant: Grant | None = None,
     ) -> Invocation:
         """An approver's decision on a pending invocation: `approved` or `denied` (the note is the reason), with
-        who decided in the event. Raises NotFound, ApprovalExpired (pending but past expires_at: it is marked
-        expired), or Conflict (no longer pending; the message names its status)."""
+        who decided in the event, and the approval's scope (`once`, or its `grant`'s, whose id the event names).
+        Raises NotFound, ApprovalExpired (pending but past expires_at: it is marked expired), or Conflict (no longer
+        pending; the message names its status)."""
         denied_by = f"denied by {principal or 'an approver'}"
+        detail: dict[str, Any] = {"by": principal, "note" if approve else "reason": note}
+        if approve:
+            detail["scope"] = "once" if grant is None else grant.scope
+            if grant is not None:
+                detail["grant"] = grant.id
         return await self._backend.decide(
             invocation_id,
             approve=approve,
-            detail=self._detail({"by": principal, "note" if approve else "reason": note}),
+            detail=self._detail(detail),
             error_message=None if approve else self._text(denied_by if note is None else f"{denied_by}: {note}"),
             now=now,
+            grant=grant,
         )
 
     async def expire_due(self, now: datetime) -> builtins.list[Invocation]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from bastion.actions import Found
 from bastion.errors import (
@@ -20,8 +20,8 @@ from bastion.errors import (
     NotFound,
     UpstreamError,
 )
-from bastion.models import PLUGIN_SOURCE_ID, Invocation, InvocationEvent, Pin, Principal, Status
-from bastion.pipeline.grants import Grants, Scope
+from bastion.models import PLUGIN_SOURCE_ID, Invocation, InvocationEvent, Pin, Principal, Scope, Status
+from bastion.pipeline.grants import Grants
 from bastion.pipeline.seams import ActionSource, InvocationStore, Ledger, LookupSource
 
 MIN_ID_PREFIX: Final = 6
@@ -75,16 +75,18 @@ async def decide(
     principal: Principal,
     note: str | None,
     now: datetime,
-    scope: Scope = "once",
+    scope: str = "once",
+    rule: str | None = None,
     grants: Grants | None = None,
 ) -> Invocation:
     """An approver's decision (by id or unique prefix), refused for agents and for the principal that made the
-    call. An approval scoped "session" or "always" is recorded in `grants` (the running gateway's) once the
-    decision holds; those scopes need one."""
-    if scope != "once" and (grants is None or not approve):
+    call. An approval scoped beyond "once" (optionally narrowed by `rule`, a condition on the arguments) leaves a
+    grant, checked against what `grants` offers for this call before anything is decided and stored with the
+    decision."""
+    if (scope != "once" or rule is not None) and (grants is None or not approve):
         raise InvalidArguments(
-            f'the scope "{scope}" applies to an approval made where Bastion serves (its inbox or approver endpoint); '
-            'deny, or approve "once"'
+            f'the scope "{scope}" and a grant\'s condition apply to an approval made where grants are kept (the '
+            'inbox, the API, `bastion approvals approve`, the approver endpoint); deny, or approve "once"'
         )
     if not principal.may_decide:
         raise Forbidden(
@@ -100,14 +102,13 @@ async def decide(
             f"{principal.name} made this call and may not decide it; ask another approver",
             invocation_id=invocation_id,
         )
-    if grants is not None and scope != "once":
-        grants.check(invocation, scope)  # before the decision: an approval never holds without its grant
-    decided = await ledger.invocations.decide(
-        invocation_id, approve=approve, principal=principal.name, note=note, now=now
+    grant = None
+    if grants is not None and approve:
+        grants.check(invocation, scope, rule)  # before the decision: an approval never holds without its grant
+        grant = grants.make(invocation, cast(Scope, scope), rule, by=principal.name, now=now)
+    return await ledger.invocations.decide(
+        invocation_id, approve=approve, principal=principal.name, note=note, now=now, grant=grant
     )
-    if grants is not None and scope != "once":
-        grants.grant(decided, scope, by=principal.name, now=now)
-    return decided
 
 
 PENDING: Final[tuple[Status, ...]] = ("pending",)

@@ -26,7 +26,6 @@ import mcp_types as types
 from bastion import tracing
 from bastion.actions import Unshapeable, WireResult
 from bastion.config import Config, config_hint
-from bastion.config.approved import ApprovedModes
 from bastion.config.conditions import Conditions
 from bastion.errors import (
     BastionError,
@@ -41,7 +40,7 @@ from bastion.errors import (
     UpstreamError,
 )
 from bastion.ledger.limits import ProcessLimits
-from bastion.models import Admission, CallContext, Invocation, ModeDecision, Risk, SourceStatus, utcnow
+from bastion.models import Admission, CallContext, Grant, Invocation, ModeDecision, Risk, SourceStatus, utcnow
 from bastion.pipeline.approvals import ApprovalDesk, AwaitingInput, PendingFn, Progress
 from bastion.pipeline.catalog import Catalog, CatalogEntry
 from bastion.pipeline.grants import Grants
@@ -53,7 +52,7 @@ from bastion.pipeline.pinning import PinBook
 from bastion.pipeline.seams import ActionSource, Deliver, Ledger, ProgressFn, RateLimits, Relay, WireSource
 from bastion.pipeline.steps import GatewaySteps
 from bastion.pipeline.traces import CallTraces
-from bastion.policies import guard_drift, resolve_mode
+from bastion.policies import LIFTABLE, guard_drift, resolve_mode
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +72,8 @@ class Gateway:
         sources: Sequence[ActionSource],
         *,
         instance_id: str | None = None,
-        approved: ApprovedModes | None = None,
     ) -> None:
-        """`sources` are every configured source; those disabled by policy are neither run nor listed. `approved`:
-        the "always" approvals (default: the file Bastion owns in the configuration directory)."""
+        """`sources` are every configured source; those disabled by policy are neither run nor listed."""
         self.config = config
         self.conditions = Conditions(
             [*config.policy.rules, *(r for p in config.policy.profiles.values() for r in p.rules)]
@@ -87,9 +84,9 @@ class Gateway:
         self.instance = Instance(ledger.instances, instance_id)
         self.instance_id = self.instance.id
         self.pins = PinBook(ledger.pins)
-        self.grants = Grants(approved or ApprovedModes(config.directory))
-        """The "for this session" and "always" approvals (see bastion.pipeline.grants)."""
-        self.pins.on_drift.append(self.grants.revoke)
+        self.grants = Grants.of(ledger.grants, config)
+        """The approvals' standing grants (see bastion.pipeline.grants)."""
+        self.pins.on_drift.append(self._revoke_grants)
         self.listings = Listings(config, sources, self.pins)
         """The sources and what hosts list of them (tools, resources, prompts)."""
         self.content = self.listings.content
@@ -184,6 +181,7 @@ class Gateway:
             )
         await self.desk.name_rollbacks(report.unknown)
         await self.pins.load()
+        await self.grants.import_approved_file(self.config.directory, now=utcnow())
         async with anyio.create_task_group() as tg:
             await self.listings.start(tg, wait_for_sources=wait_for_sources)
             await tg.start(self.ledger.changes.run, name="ledger-changes")
@@ -204,14 +202,16 @@ class Gateway:
         *,
         drifted: bool | None = None,
         arguments: Mapping[str, Any] | None = None,
+        grant: Grant | None = None,
     ) -> ModeDecision:
         """The mode of one action for one session (DESIGN.md §4); a drifted one is judged by §5.
 
         Policy rules with conditions are judged on `arguments`; without them (a listing, the catalog) a rule is
-        undecided, so the mode shown is the strictest the rule could give (source `conditional:<key>`)."""
+        undecided, so the mode shown is the strictest the rule could give (source `conditional:<key>`). `grant`:
+        the standing grant that covers the call, if any (see `granted_mode`); a listing shows operator policy."""
         if drifted is None:
             drifted = self.pins.drift(entry.source_id, entry.action_id) is not None
-        current = self.steps.compose(entry, context, self._resolve(entry, entry.action.risk, context, arguments))
+        current = self.steps.compose(entry, context, self._resolve(entry, entry.action.risk, context, arguments, grant))
         if not drifted:
             return current
         if self.listings.drift_listing(entry.action) == "hide":
@@ -220,10 +220,39 @@ class Gateway:
         if trusted is None:
             return guard_drift(current, None)
         pinned_risk = self.listings.sources[entry.source_id].risk_of(entry.action_id, trusted)
-        return guard_drift(current, self._resolve(entry, pinned_risk, context, arguments))
+        return guard_drift(current, self._resolve(entry, pinned_risk, context, arguments, grant))
+
+    async def granted_mode(
+        self,
+        entry: CatalogEntry,
+        context: CallContext,
+        decision: ModeDecision,
+        *,
+        drifted: bool,
+        arguments: Mapping[str, Any],
+    ) -> ModeDecision:
+        """`decision`, or, when it holds the call in a way a grant can lift and a standing grant covers the call,
+        the mode with that grant (`allow`, mode source `grant:<id>`, unless an operator rule still says otherwise).
+        Only a call that would wait for an approver asks the ledger."""
+        if decision.mode != "require_approval" or decision.source not in LIFTABLE:
+            return decision
+        grant = await self.grants.covering(
+            entry.key, session_id=context.session_id, principal=context.principal, arguments=arguments, now=utcnow()
+        )
+        if grant is None:
+            return decision
+        return self.mode_of(entry, context, drifted=drifted, arguments=arguments, grant=grant)
+
+    async def _revoke_grants(self, source_id: str, action_id: str) -> None:
+        await self.grants.revoke_drifted(source_id, action_id, now=utcnow())
 
     def _resolve(
-        self, entry: CatalogEntry, risk: Risk, context: CallContext, arguments: Mapping[str, Any] | None
+        self,
+        entry: CatalogEntry,
+        risk: Risk,
+        context: CallContext,
+        arguments: Mapping[str, Any] | None,
+        grant: Grant | None,
     ) -> ModeDecision:
         if self.config.unreadable_policies:  # a policy file that cannot be read fails closed (DESIGN.md §4)
             return ModeDecision(mode="deny", source=f"unreadable_policy:{self.config.unreadable_policies[0]}")
@@ -240,7 +269,7 @@ class Gateway:
             org_rules=policy.rules,
             judge=judge,
             undecided="conditional" if arguments is None else "condition_failed",
-            grant=self.grants.scope_of(context.session_id, entry.key),
+            grant=grant,
         )
 
     # -- the call pipeline -------------------------------------------------------------------------
@@ -316,6 +345,7 @@ class Gateway:
         hashed = self.invocations.hash_args(arguments)  # refuses what can be neither stored nor sent
         drift = await self.pins.current_drift(entry.source_id, entry.action_id)
         decision = self.mode_of(entry, context, drifted=drift is not None, arguments=arguments)
+        decision = await self.granted_mode(entry, context, decision, drifted=drift is not None, arguments=arguments)
         if deliver is not None and decision.mode == "require_approval":
             raise HandOff(f"{entry.key} waits for an approver")
         invocation = entry.new_invocation(arguments, hashed, decision, context, owner=self.instance_id, drift=drift)

@@ -12,7 +12,7 @@ hosts list follows an acceptance made anywhere.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from bastion.actions import ExplicitPin
@@ -39,8 +39,8 @@ class PinBook:
         """Actions pinned in configuration: their drift clears only when the configuration changes."""
         self._cleared = False
         """Whether some drift was accepted since the last `refresh` (hosts must be shown the new definition)."""
-        self.on_drift: list[Callable[[str, str], None]] = []
-        """Called with (source_id, action_id) when an action newly drifts (its scoped approvals are revoked)."""
+        self.on_drift: list[Callable[[str, str], Awaitable[None]]] = []
+        """Awaited with (source_id, action_id) when an action newly drifts (its grants are revoked)."""
 
     async def load(self) -> None:
         self._pins = {(p.source_id, p.action_id): p for p in await self._store.pins()}
@@ -122,7 +122,7 @@ class PinBook:
                     pin = pin.model_copy(update={"drift": current})
                     await self._save(pin)
                     for listener in self.on_drift:
-                        listener(source_id, action.action_id)
+                        await listener(source_id, action.action_id)
             elif pin.drift is not None:
                 pin = pin.model_copy(update={"drift": None})  # back to the trusted definition
                 await self._save(pin)

@@ -26,6 +26,7 @@ from bastion.models import (
     ChainedEvent,
     Change,
     EventKind,
+    Grant,
     Invocation,
     InvocationEvent,
     OutboxItem,
@@ -332,11 +333,19 @@ class InvocationStore(Protocol):
         ...
 
     async def decide(
-        self, invocation_id: str, *, approve: bool, principal: str | None, note: str | None, now: datetime
+        self,
+        invocation_id: str,
+        *,
+        approve: bool,
+        principal: str | None,
+        note: str | None,
+        now: datetime,
+        grant: Grant | None = None,
     ) -> Invocation:
-        """An approver's decision on a pending invocation: `approved` or `denied` (the note is the reason).
-        Raises NotFound, ApprovalExpired (pending but past expires_at: it is marked expired), or Conflict
-        (no longer pending; the message names its status). Only `bastion.pipeline.authority` calls it."""
+        """An approver's decision on a pending invocation: `approved` or `denied` (the note is the reason), and the
+        standing `grant` an approval leaves, stored with it (or not at all). Raises NotFound, ApprovalExpired
+        (pending but past expires_at: it is marked expired), or Conflict (no longer pending; the message names its
+        status). Only `bastion.pipeline.authority` calls it."""
         ...
 
     async def expire_due(self, now: datetime) -> builtins.list[Invocation]:
@@ -393,6 +402,32 @@ class PinStore(Protocol):
     async def accept_drift(self, *, source_id: str, action_id: str | None, principal: str | None) -> builtins.list[Pin]:
         """Re-pin drifted actions (one, or every drifted one of a source) to their drifted definition. Only
         `bastion.pipeline.authority` calls it."""
+        ...
+
+
+class GrantStore(Protocol):
+    """Standing approvals (bastion.pipeline.grants): stored with the decision that makes them, never deleted."""
+
+    async def add(self, grant: Grant) -> None:
+        """Store a grant made without a decision (imported from an earlier Bastion's file)."""
+        ...
+
+    async def covering(
+        self, key: str, *, session_id: str, principal: str | None, now: datetime
+    ) -> builtins.list[Grant]:
+        """The grants standing at `now` on `key` that cover a call in this session by this caller, oldest first."""
+        ...
+
+    async def grants(self, *, standing_at: datetime | None = None, limit: int = 200) -> builtins.list[Grant]:
+        """Newest first: those standing at `standing_at`, or (None) the last `limit` made, ended or not."""
+        ...
+
+    async def revoke(self, grant_id: str, *, by: str, now: datetime) -> Grant:
+        """End a standing grant; NotFound when none of that id stands."""
+        ...
+
+    async def revoke_key(self, key: str, *, by: str, now: datetime) -> builtins.list[Grant]:
+        """End every grant standing on `key`; the grants it ended."""
         ...
 
 
@@ -559,6 +594,9 @@ class Ledger(Protocol):
 
     @property
     def tokens(self) -> TokenStore: ...
+
+    @property
+    def grants(self) -> GrantStore: ...
 
     @property
     def changes(self) -> ChangeFeed: ...

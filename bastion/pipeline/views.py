@@ -8,13 +8,14 @@ come from: the document and the answers cannot drift apart.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from bastion.actions import Found, LookedUpOutcome
-from bastion.models import ChainedEvent, Invocation, InvocationEvent, Pin, PinObservation
+from bastion.models import ChainedEvent, Grant, Invocation, InvocationEvent, Pin, PinObservation, Scope
 from bastion.pipeline.seams import InvocationStore
 from bastion.policies import diff_definitions
 
@@ -22,16 +23,26 @@ DEFAULT_LIMIT: Final = 100
 
 
 class PendingInvocation(Invocation):
-    """An invocation waiting for an approver, with the seconds left to decide and whether it drifted."""
+    """An invocation waiting for an approver, with the seconds left to decide, whether it drifted, and the scopes
+    an approval of it may take here."""
 
     expires_in_seconds: int | None
     drifted: bool
+    scopes: list[Scope]
+
+
+class GrantView(Grant):
+    """A grant as scripts see it: the stored grant, and whether it is `active` (not revoked, not expired)."""
+
+    active: bool
 
 
 class InvocationDetail(Invocation):
-    """One invocation with its event history, oldest event first."""
+    """One invocation with its event history, oldest event first, and (pending) the scopes an approval of it may
+    take here."""
 
     events: list[InvocationEvent]
+    scopes: list[Scope] = Field(default_factory=list)
 
 
 class PinView(BaseModel):
@@ -84,17 +95,29 @@ def expires_in(invocation: Invocation, now: datetime) -> int | None:
     return int((invocation.expires_at - now).total_seconds())
 
 
-def pending_json(invocation: Invocation, now: datetime) -> dict[str, Any]:
-    """An invocation as scripts see it, plus `expires_in_seconds` and `drifted`."""
+def pending_json(invocation: Invocation, now: datetime, scopes: Sequence[Scope]) -> dict[str, Any]:
+    """An invocation as scripts see it, plus `expires_in_seconds`, `drifted` and the `scopes` it may be approved
+    with (see bastion.pipeline.grants)."""
     view = PendingInvocation(
-        **dict(invocation), expires_in_seconds=expires_in(invocation, now), drifted=invocation.drift is not None
+        **dict(invocation),
+        expires_in_seconds=expires_in(invocation, now),
+        drifted=invocation.drift is not None,
+        scopes=list(scopes),
     )
     return view.model_dump(mode="json")
 
 
-def invocation_detail_json(invocation: Invocation, events: list[InvocationEvent]) -> dict[str, Any]:
-    """An invocation with its `events`, as `bastion invocations show --json` prints it."""
-    return InvocationDetail(**dict(invocation), events=events).model_dump(mode="json")
+def grant_json(grant: Grant, now: datetime) -> dict[str, Any]:
+    """A grant as `bastion grants list --json` prints it and the API answers it."""
+    return GrantView(**dict(grant), active=grant.standing(now)).model_dump(mode="json")
+
+
+def invocation_detail_json(
+    invocation: Invocation, events: list[InvocationEvent], scopes: Sequence[Scope] = ()
+) -> dict[str, Any]:
+    """An invocation with its `events`, as `bastion invocations show --json` prints it, and the `scopes` it may be
+    approved with (none unless pending)."""
+    return InvocationDetail(**dict(invocation), events=events, scopes=list(scopes)).model_dump(mode="json")
 
 
 def audit_record_json(event: ChainedEvent, invocation: Invocation) -> dict[str, Any]:

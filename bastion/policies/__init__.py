@@ -16,6 +16,7 @@ from bastion.policies.drift import (
 )
 from bastion.policies.modes import (
     GRANT_LIFTS,
+    LIFTABLE,
     MODE_STRICTNESS,
     compose_mode,
     is_mode,
@@ -36,6 +37,7 @@ from bastion.policies.risk import RiskSetting, derive_risk, normalize_risk
 __all__ = [
     "FINGERPRINT_FIELDS",
     "GRANT_LIFTS",
+    "LIFTABLE",
     "MAX_TOOL_NAME",
     "MODE_STRICTNESS",
     "Fingerprints",

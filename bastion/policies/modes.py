@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TypeGuard
 
-from bastion.models import MODES, Mode, ModeDecision, PolicyRule, Risk, policy_key
+from bastion.models import MODES, Grant, Mode, ModeDecision, PolicyRule, Risk, policy_key
 
 MODE_STRICTNESS: Final[dict[Mode, int]] = {"allow": 0, "require_approval": 1, "deny": 2}
 """Higher is stricter; policy layers may only move a call up this order."""
@@ -15,11 +15,14 @@ _INFERRED: Final[dict[Risk, Mode]] = {"read": "allow", "write": "require_approva
 
 GRANT_LIFTS: Final[dict[str, frozenset[str]]] = {
     "session": frozenset({"profile", "org", "inferred"}),
+    "hour": frozenset({"profile", "org", "inferred"}),
     "always": frozenset({"org", "inferred"}),
 }
 """For each scope of a standing grant, the mode sources of a `require_approval` it lifts: a key's plain mode (an
 "always" grant, made for every session, not a profile's, which its sessions chose to be stricter) or the risk's
 default. A call held by a rule on its arguments, an undecided condition, drift or a declared floor stays held."""
+LIFTABLE: Final = frozenset().union(*GRANT_LIFTS.values())
+"""The mode sources of a `require_approval` some grant could lift: only such a call needs its grants looked up."""
 
 
 def is_mode(value: object) -> TypeGuard[Mode]:
@@ -54,7 +57,7 @@ def resolve_mode(
     org_rules: Sequence[PolicyRule] = (),
     judge: RuleJudge | None = None,
     undecided: str = "condition_failed",
-    grant: str | None = None,
+    grant: Grant | None = None,
 ) -> ModeDecision:
     """The mode of one action, first match wins: profile `source:action`, profile `source:*`, org (same keys),
     then inferred from risk. For each key, its rules (conditional modes) are tried first, in order: the first whose
@@ -66,10 +69,10 @@ def resolve_mode(
     gives the stricter of its own mode and what resolution gives without it (source `<undecided>:<key>`): a
     condition that fails never relaxes.
 
-    `grant` is the scope of the approvers' standing grant that covers this call (`session`, `always`), if any. It
-    sits beside the operator's rules, never among them: they decide first, and the grant then turns a
-    `require_approval` it lifts (`GRANT_LIFTS`: a key's plain mode, or the risk's default) into `allow`, with the
-    grant's scope as mode source, unless any operator entry that matches the call says `deny` (a wildcard, a
+    `grant` is the approvers' standing grant that covers this call, if any. It sits beside the operator's rules,
+    never among them: they decide first, and the grant then turns a `require_approval` its scope lifts
+    (`GRANT_LIFTS`: a key's plain mode, or the risk's default) into `allow`, with mode source `grant:<its id>`,
+    unless any operator entry that matches the call says `deny` (a wildcard, a
     profile's, a rule whose condition holds or is undecided, a value that is not a mode), even one the first match
     shadows. No grant undoes a deny, and none lifts what a rule on the arguments holds.
     """
@@ -81,11 +84,11 @@ def resolve_mode(
             if key in modes:
                 candidates.append((source, modes[key], None))
     decision = _first_match(candidates, 0, risk, judge, undecided)
-    if grant is None or decision.mode != "require_approval" or decision.source not in GRANT_LIFTS.get(grant, ()):
+    if grant is None or decision.mode != "require_approval" or decision.source not in GRANT_LIFTS[grant.scope]:
         return decision
     if any(_may_deny(value, rule, judge) for _, value, rule in candidates):
         return decision
-    return _decision("allow", grant)
+    return ModeDecision(mode="allow", source=f"grant:{grant.id}")
 
 
 def _may_deny(value: str, rule: PolicyRule | None, judge: RuleJudge | None) -> bool:

@@ -1,4 +1,4 @@
-"""The approver REST API under `/api` (DESIGN.md §10): invocations, pending approvals, decisions, pins.
+"""The approver REST API under `/api` (DESIGN.md §10): invocations, pending approvals, decisions, grants, pins.
 
 JSON in and out. Every route is declared once, in `OPERATIONS`; the Starlette routes and the OpenAPI
 document (`GET /api/openapi.json`) are both built from that table, and the response schemas from the
@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
 from bastion.errors import Conflict, Forbidden, NotFound
-from bastion.models import STATUSES, Invocation, Principal, utcnow
+from bastion.models import STATUSES, Invocation, Principal, Scope, utcnow
 from bastion.pipeline.authority import (
     STALE_AFTER,
     Outcome,
@@ -29,15 +29,18 @@ from bastion.pipeline.authority import (
     reconcile_by_check,
     visible_invocation,
 )
+from bastion.pipeline.grants import Grants
 from bastion.pipeline.seams import ActionSource, Ledger
 from bastion.pipeline.views import (
     DEFAULT_LIMIT,
     CheckReport,
+    GrantView,
     InvocationDetail,
     PendingInvocation,
     PinView,
     audit_record_json,
     check_json,
+    grant_json,
     invocation_detail_json,
     invocation_json,
     pending_invocations,
@@ -56,11 +59,17 @@ MAX_LIMIT: Final = 1000
 
 
 class ApproveRequest(BaseModel):
-    """Approve a pending invocation; the note is kept in the ledger with the decision."""
+    """Approve a pending invocation; the note is kept in the ledger with the decision. A scope beyond "once" leaves
+    a grant that lets later calls of the action through (see the README), narrowed by `when` if given."""
 
     model_config = ConfigDict(extra="forbid")
 
     note: str | None = None
+    scope: Scope = Field(default="once", description="One of the invocation's `scopes` (GET /approvals).")
+    when: str | None = Field(
+        default=None,
+        description="A condition on the arguments (CEL, as in policy rules) a later call must meet to be covered.",
+    )
 
 
 class DenyRequest(BaseModel):
@@ -133,6 +142,12 @@ class PinList(BaseModel):
     pins: list[PinView]
 
 
+class GrantList(BaseModel):
+    """Grants, newest first."""
+
+    grants: list[GrantView]
+
+
 # -- the routes ---------------------------------------------------------------------------------------
 
 
@@ -179,6 +194,13 @@ PAGE = Query(
     MAX_LIMIT,
 )
 DRIFTED = Query("drifted", "Only drifted pins.", {"type": "boolean", "default": False}, _flag, False)
+ENDED = Query(
+    "ended",
+    "Also the grants that ended (revoked or expired): the latest, up to `limit`.",
+    {"type": "boolean", "default": False},
+    _flag,
+    False,
+)
 
 
 def _only_own(principal: Principal) -> str | None:
@@ -200,32 +222,53 @@ async def list_invocations(call: Call) -> dict[str, Any]:
 
 async def get_invocation(call: Call) -> dict[str, Any]:
     invocation = await visible_invocation(call.ledger, call.principal, call.path["invocation_id"])
-    return invocation_detail_json(invocation, await call.ledger.invocations.events(invocation.id))
+    scopes = call.grants.offered(invocation) if invocation.status == "pending" else ()
+    return invocation_detail_json(invocation, await call.ledger.invocations.events(invocation.id), scopes)
 
 
 async def list_approvals(call: Call) -> dict[str, Any]:
     now = utcnow()
     own = _only_own(call.principal)
     pending = await pending_invocations(call.ledger.invocations, now, limit=call.query["limit"], principal=own)
-    return {"approvals": [pending_json(i, now) for i in pending]}
+    return {"approvals": [pending_json(i, now, call.grants.offered(i)) for i in pending]}
 
 
 async def approve(call: Call) -> dict[str, Any]:
-    note = call.body.note if isinstance(call.body, ApproveRequest) else None
-    return await _decide(call, approve=True, note=note)
+    body = call.body if isinstance(call.body, ApproveRequest) else ApproveRequest()
+    decided = await decide(
+        call.ledger,
+        call.path["invocation_id"],
+        approve=True,
+        principal=call.principal,
+        note=body.note,
+        now=utcnow(),
+        scope=body.scope,
+        rule=body.when,
+        grants=call.grants,
+    )
+    return invocation_json(decided)
 
 
 async def deny(call: Call) -> dict[str, Any]:
     reason = call.body.reason if isinstance(call.body, DenyRequest) else None
-    return await _decide(call, approve=False, note=reason)
-
-
-async def _decide(call: Call, *, approve: bool, note: str | None) -> dict[str, Any]:
-    invocation_id = call.path["invocation_id"]
     decided = await decide(
-        call.ledger, invocation_id, approve=approve, principal=call.principal, note=note, now=utcnow()
+        call.ledger, call.path["invocation_id"], approve=False, principal=call.principal, note=reason, now=utcnow()
     )
     return invocation_json(decided)
+
+
+async def list_grants(call: Call) -> dict[str, Any]:
+    _approvers_only(call.principal, "grants are")
+    now = utcnow()
+    found = await call.grants.store.grants(standing_at=None if call.query["ended"] else now, limit=call.query["limit"])
+    return {"grants": [grant_json(grant, now) for grant in found]}
+
+
+async def revoke_grant(call: Call) -> dict[str, Any]:
+    _approvers_only(call.principal, "revoking grants is")
+    now = utcnow()
+    revoked = await call.grants.store.revoke(call.path["grant_id"], by=call.principal.name, now=now)
+    return grant_json(revoked, now)
 
 
 async def list_pins(call: Call) -> dict[str, Any]:
@@ -335,7 +378,8 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         Invocation,
         refusals=(403, 404, 409, 410),
         body=ApproveRequest,
-        description="Owner and admin tokens only, and never on their own call. Answers the updated invocation.",
+        description="Owner and admin tokens only, and never on their own call. 422 when the scope is not one of the "
+        "invocation's `scopes` or `when` is not a valid condition: nothing is decided. Answers the updated invocation.",
     ),
     Operation(
         "POST",
@@ -347,6 +391,28 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         refusals=(403, 404, 409, 410),
         body=DenyRequest,
         description="Owner and admin tokens only, and never on their own call. Answers the updated invocation.",
+    ),
+    Operation(
+        "GET",
+        "/grants",
+        "listGrants",
+        'Standing grants (what approvals beyond "once" let through), newest first',
+        list_grants,
+        GrantList,
+        query=(ENDED, LIMIT),
+        refusals=(403,),
+        description="Owner and admin tokens only. With `ended=true`, also the grants that were revoked or expired.",
+    ),
+    Operation(
+        "POST",
+        "/grants/{grant_id}/revoke",
+        "revokeGrant",
+        "Revoke a standing grant: the calls it let through wait for an approver again",
+        revoke_grant,
+        GrantView,
+        refusals=(403, 404),
+        description="Owner and admin tokens only. 404 when no grant of that id stands (it ended, or never was). "
+        "Every instance sharing the ledger holds the next call it covered. Answers the revoked grant.",
     ),
     Operation(
         "GET",
@@ -424,9 +490,12 @@ def _no_source(source_id: str) -> ActionSource | None:
     return None
 
 
-def build_api(ledger: Ledger, source_of: SourceOf = _no_source) -> Starlette:
-    """The application mounted at `/api`; `source_of` gives the running sources (reconcile by check asks them)."""
-    routes = [Route(op.path, endpoint=endpoint(op, ledger, source_of), methods=[op.method]) for op in OPERATIONS]
+def build_api(ledger: Ledger, grants: Grants, source_of: SourceOf = _no_source) -> Starlette:
+    """The application mounted at `/api`; `grants` the ledger's standing grants, `source_of` the running sources
+    (reconcile by check asks them)."""
+    routes = [
+        Route(op.path, endpoint=endpoint(op, ledger, grants, source_of), methods=[op.method]) for op in OPERATIONS
+    ]
     return Starlette(routes=routes, exception_handlers={HTTPException: routing_error})
 
 

@@ -1,9 +1,10 @@
 """`/approver/mcp`: an MCP endpoint for approvers who decide from their own MCP host (issue 14).
 
-Four tools: `list_pending`, `show_invocation`, `approve` (scoped "once", "session" or "always") and `deny` (with
-a reason). Only owner and admin tokens reach it: anonymous callers get 401 and agent tokens 403 before any MCP
-message is read, so an agent can never approve anything here, not even by connecting. Every decision goes through
-bastion.pipeline.authority, which refuses an approver's own call as everywhere.
+Six tools: `list_pending` (each call with the scopes it may be approved with), `show_invocation`, `approve` (scoped
+"once", "session", "hour" or "always", a standing grant narrowed by an optional condition), `deny` (with a reason),
+`list_grants` and `revoke_grant`. Only owner and admin tokens reach it: anonymous callers get 401 and agent tokens
+403 before any MCP message is read, so an agent can never approve anything here, not even by connecting. Every
+decision goes through bastion.pipeline.authority, which refuses an approver's own call as everywhere.
 """
 
 from __future__ import annotations
@@ -22,11 +23,16 @@ from starlette.types import Receive, Scope, Send
 
 from bastion import __version__
 from bastion.errors import BastionError, Forbidden, InvalidArguments, Unauthenticated
-from bastion.models import Principal, utcnow
+from bastion.models import SCOPES, Principal, utcnow
 from bastion.pipeline.authority import decide, visible_invocation
 from bastion.pipeline.gateway import Gateway
-from bastion.pipeline.grants import SCOPES
-from bastion.pipeline.views import DEFAULT_LIMIT, invocation_detail_json, pending_invocations, pending_json
+from bastion.pipeline.views import (
+    DEFAULT_LIMIT,
+    grant_json,
+    invocation_detail_json,
+    pending_invocations,
+    pending_json,
+)
 from bastion.server.auth import principal_of
 from bastion.server.errors import http_response, tool_result
 
@@ -55,12 +61,16 @@ TOOLS: Final = [
     ),
     _tool(
         "approve",
-        'Approve a pending call: it runs at once. scope "session" also allows the same action for the rest of that '
-        'host session; "always" writes an allow entry to the policy file Bastion owns (revoked if the tool drifts).',
+        'Approve a pending call: it runs at once. A scope beyond "once" (one of the call\'s `scopes` in '
+        'list_pending) also lets later calls of the same action through: "session" in that host session, "hour" by '
+        'the same caller for an hour, "always" by anyone (until it expires, is revoked, or the tool drifts). `when` '
+        "narrows that to later calls whose arguments meet a CEL condition, e.g. "
+        "normpath(args.path).startsWith('/srv/public/').",
         {
             "invocation_id": _ID,
             "note": {"type": "string"},
             "scope": {"type": "string", "enum": list(SCOPES), "default": "once"},
+            "when": {"type": "string", "description": "A CEL condition on later calls' arguments (args)."},
         },
         ["invocation_id"],
         False,
@@ -72,11 +82,19 @@ TOOLS: Final = [
         ["invocation_id"],
         False,
     ),
+    _tool("list_grants", 'The standing grants (approvals beyond "once"), newest first.', {}, [], True),
+    _tool(
+        "revoke_grant",
+        "Revoke a standing grant: the next call it covered waits for an approver again.",
+        {"grant_id": {"type": "string", "description": "A grant's id, as list_grants gives it."}},
+        ["grant_id"],
+        False,
+    ),
 ]
 
 
 class ApproverEndpoint:
-    """The ASGI app at `/approver/mcp`: approvers only, then the MCP server of the four tools."""
+    """The ASGI app at `/approver/mcp`: approvers only, then the MCP server of its tools."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
@@ -142,32 +160,37 @@ class ApproverEndpoint:
 
     async def _answer(self, principal: Principal, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         ledger = self.gateway.ledger
+        grants = self.gateway.grants
+        now = utcnow()
         if name == "list_pending":
-            now = utcnow()
             pending = await pending_invocations(ledger.invocations, now, limit=DEFAULT_LIMIT)
-            return {"approvals": [pending_json(i, now) for i in pending]}
+            return {"approvals": [pending_json(i, now, grants.offered(i)) for i in pending]}
+        if name == "list_grants":
+            return {"grants": [grant_json(grant, now) for grant in await grants.store.grants(standing_at=now)]}
+        if name == "revoke_grant":
+            grant_id = _text(arguments, "grant_id", required=True) or ""
+            return grant_json(await grants.store.revoke(grant_id, by=principal.name, now=now), now)
         invocation_id = _text(arguments, "invocation_id", required=True) or ""
         if name == "show_invocation":
             invocation = await visible_invocation(ledger, principal, invocation_id)
-            return invocation_detail_json(invocation, await ledger.invocations.events(invocation.id))
+            scopes = grants.offered(invocation) if invocation.status == "pending" else ()
+            return invocation_detail_json(invocation, await ledger.invocations.events(invocation.id), scopes)
         if name == "approve":
-            scope = _text(arguments, "scope") or "once"
-            if scope not in SCOPES:
-                raise InvalidArguments(f"scope must be one of {', '.join(SCOPES)}, not {scope!r}")
             decided = await decide(
                 ledger,
                 invocation_id,
                 approve=True,
                 principal=principal,
                 note=_text(arguments, "note"),
-                now=utcnow(),
-                scope=scope,
-                grants=self.gateway.grants,
+                now=now,
+                scope=_text(arguments, "scope") or "once",
+                rule=_text(arguments, "when"),
+                grants=grants,
             )
             return decided.model_dump(mode="json")
         if name == "deny":
             decided = await decide(
-                ledger, invocation_id, approve=False, principal=principal, note=_text(arguments, "reason"), now=utcnow()
+                ledger, invocation_id, approve=False, principal=principal, note=_text(arguments, "reason"), now=now
             )
             return decided.model_dump(mode="json")
         raise InvalidArguments(f"no tool {name!r} here; the tools are {', '.join(t.name for t in TOOLS)}")

@@ -256,7 +256,9 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
             Route("/healthz", endpoint=healthz, methods=["GET"]),
             Route(METRICS_PATH, endpoint=metrics.endpoint, methods=["GET"]),
             Route("/api/events", endpoint=events_endpoint(front.gateway.ledger, streams), methods=["GET"]),
-            Mount("/api", app=build_api(front.gateway.ledger, front.gateway.listings.sources.get)),
+            Mount(
+                "/api", app=build_api(front.gateway.ledger, front.gateway.grants, front.gateway.listings.sources.get)
+            ),
             *inbox.routes(),
         ],
         lifespan=lifespan,

@@ -8,8 +8,8 @@ appears in a URL. Every form carries a CSRF token bound to the session (the logi
 own) and a form without the right one is refused 403 before anything happens; SameSite=Strict and the Host/Origin
 guard add to that. Sessions live in this process: a restart asks approvers to log in again.
 
-Decisions go through bastion.pipeline.authority, as from every other place; "session" and "always" scopes through
-the gateway's grants. An agent token is refused here, at login and when presented as a bearer token.
+Decisions go through bastion.pipeline.authority, as from every other place; scopes beyond "once" leave grants,
+listed and revoked under `/inbox/grants`. An agent token is refused here, at login and when presented as a bearer token.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from bastion.errors import BastionError, CsrfRefused, Forbidden, InvalidArguments, Unauthenticated
-from bastion.models import STATUSES, Principal, utcnow
+from bastion.models import SCOPES, STATUSES, Principal, Scope, utcnow
 from bastion.pipeline.authority import decide, visible_invocation
 from bastion.pipeline.gateway import Gateway
-from bastion.pipeline.grants import SCOPES, Scope
+from bastion.pipeline.grants import SCOPE_LABELS
 from bastion.pipeline.views import DEFAULT_LIMIT, pending_invocations
 from bastion.server import inbox_pages as pages
 from bastion.server.auth import principal_of
@@ -88,6 +88,8 @@ class Inbox:
             Route(f"{INBOX}/logout", self._guarded(self.logout), methods=post),
             Route(f"{INBOX}/approvals/{{invocation_id}}/approve", self._guarded(self.approve), methods=post),
             Route(f"{INBOX}/approvals/{{invocation_id}}/deny", self._guarded(self.deny), methods=post),
+            Route(f"{INBOX}/grants", self._guarded(self.grants), methods=get),
+            Route(f"{INBOX}/grants/{{grant_id}}/revoke", self._guarded(self.revoke_grant), methods=post),
             Route(f"{INBOX}/history", self._guarded(self.history), methods=get),
             Route(f"{INBOX}/invocations/{{invocation_id}}", self._guarded(self.invocation), methods=get),
             Route(f"{INBOX}/events", self._guarded(self.events), methods=get),
@@ -188,8 +190,18 @@ class Inbox:
         found = await pending_invocations(self.gateway.ledger.invocations, now, limit=DEFAULT_LIMIT)
         message, session.message = session.message, None
         text, error = message if message is not None else (None, False)
-        body = pages.pending_body(found, now, session.csrf, text, error, cursor=cursor)
+        body = pages.pending_body(
+            found, now, session.csrf, text, error, cursor=cursor, scopes_of=self.gateway.grants.offered
+        )
         return _html(pages.page("Pending", body, principal=principal, csrf=session.csrf))
+
+    async def grants(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
+        now = utcnow()
+        standing = await self.gateway.grants.store.grants(standing_at=now)
+        message, session.message = session.message, None
+        text, error = message if message is not None else (None, False)
+        body = pages.grants_body(standing, now, session.csrf, text, error)
+        return _html(pages.page("Grants", body, principal=principal, csrf=session.csrf, current="/grants"))
 
     async def history(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
         status = request.query_params.get("status") or None  # the form's empty choice: every status
@@ -235,7 +247,15 @@ class Inbox:
         scope = form.get("scope", "once")
         if scope not in SCOPES:  # the page offers only these: a forged or stale form, refused before deciding
             return _refused(InvalidArguments(f"unknown scope {scope!r}: expected one of {', '.join(SCOPES)}"))
-        return await self._decide(request, principal, session, approve=True, note=form.get("note") or None, scope=scope)
+        return await self._decide(
+            request,
+            principal,
+            session,
+            approve=True,
+            note=form.get("note") or None,
+            scope=scope,
+            rule=form.get("when", "").strip() or None,
+        )
 
     async def deny(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
         form: dict[str, str] = request.state.form
@@ -250,6 +270,7 @@ class Inbox:
         approve: bool,
         note: str | None,
         scope: Scope = "once",
+        rule: str | None = None,
     ) -> Response:
         invocation_id = request.path_params["invocation_id"]
         try:
@@ -261,15 +282,29 @@ class Inbox:
                 note=note,
                 now=utcnow(),
                 scope=scope,
+                rule=rule,
                 grants=self.gateway.grants,
             )
         except BastionError as exc:
             session.message = (f"{exc.error_class}: {exc.message}", True)
             return _redirect(INBOX)
         verb = "approved" if approve else "denied"
-        scoped = f" ({pages.SCOPE_LABELS[scope]})" if approve and scope != "once" else ""
+        scoped = f" ({SCOPE_LABELS[scope]}: see Grants)" if approve and scope != "once" else ""
         session.message = (f"{decided.tool} {verb}{scoped}.", False)
         return _redirect(INBOX)
+
+    async def revoke_grant(
+        self, request: Request, principal: Principal, session_id: str, session: InboxSession
+    ) -> Response:
+        try:
+            revoked = await self.gateway.grants.store.revoke(
+                request.path_params["grant_id"], by=principal.name, now=utcnow()
+            )
+        except BastionError as exc:
+            session.message = (f"{exc.error_class}: {exc.message}", True)
+        else:
+            session.message = (f"Grant {revoked.id} on {revoked.policy_key} revoked.", False)
+        return _redirect(f"{INBOX}/grants")
 
 
 # -- responses -------------------------------------------------------------------------------------------

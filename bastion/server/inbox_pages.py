@@ -7,17 +7,17 @@ Every value shown is escaped here. Every form carries the session's CSRF token. 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from html import escape
 from typing import Any, Final
 
-from bastion.models import STATUSES, Invocation, InvocationEvent, Principal
-from bastion.pipeline.grants import SCOPES
+from bastion.models import STATUSES, Grant, Invocation, InvocationEvent, Principal, Scope
+from bastion.pipeline.grants import SCOPE_LABELS
 from bastion.pipeline.views import expires_in
 
 INBOX: Final = "/inbox"
-SCOPE_LABELS: Final = {"once": "once", "session": "for this session", "always": "always (policy entry)"}
+ScopesOf = Callable[[Invocation], Sequence[Scope]]
 
 
 def page(title: str, body: str, *, principal: Principal | None, csrf: str | None, current: str = "") -> str:
@@ -26,7 +26,7 @@ def page(title: str, body: str, *, principal: Principal | None, csrf: str | None
     if principal is not None and csrf is not None:
         links = "".join(
             f'<a href="{INBOX}{href}"{" class=current" if href == current else ""}>{label}</a>'
-            for href, label in (("", "Pending"), ("/history", "History"))
+            for href, label in (("", "Pending"), ("/grants", "Grants"), ("/history", "History"))
         )
         nav = (
             f"{links}<span class=who>{escape(principal.name)} ({escape(principal.role)})</span>"
@@ -65,10 +65,18 @@ def login_body(csrf: str, message: str | None = None) -> str:
 
 
 def pending_body(
-    pending: Sequence[Invocation], now: datetime, csrf: str, message: str | None, error: bool, *, cursor: int
+    pending: Sequence[Invocation],
+    now: datetime,
+    csrf: str,
+    message: str | None,
+    error: bool,
+    *,
+    cursor: int,
+    scopes_of: ScopesOf,
 ) -> str:
-    """The pending calls as of ledger event `cursor`, which the page's live stream resumes after."""
-    cards = "".join(_pending_card(invocation, now, csrf) for invocation in pending)
+    """The pending calls as of ledger event `cursor`, which the page's live stream resumes after, each with the
+    scopes an approval of it may take."""
+    cards = "".join(_pending_card(invocation, now, csrf, scopes_of(invocation)) for invocation in pending)
     if not cards:
         cards = "<p class=empty>Nothing is waiting for an approver.</p>"
     return (
@@ -78,7 +86,7 @@ def pending_body(
     )
 
 
-def _pending_card(invocation: Invocation, now: datetime, csrf: str) -> str:
+def _pending_card(invocation: Invocation, now: datetime, csrf: str, offered: Sequence[Scope]) -> str:
     i = invocation
     left = expires_in(i, now)
     countdown = (
@@ -88,7 +96,7 @@ def _pending_card(invocation: Invocation, now: datetime, csrf: str) -> str:
     )
     drift = '<span class="badge drift">drifted</span>' if i.drift is not None else ""
     action = f"{INBOX}/approvals/{escape(i.id)}"
-    scopes = "".join(f'<option value="{s}">{escape(SCOPE_LABELS[s])}</option>' for s in SCOPES)
+    scopes = "".join(f'<option value="{s}">{escape(SCOPE_LABELS[s])}</option>' for s in offered)
     return (
         f'<section class=card data-invocation="{escape(i.id)}">'
         f"<h2>{escape(i.tool)} <span class='badge risk-{escape(i.risk)}'>{escape(i.risk)}</span> {drift}</h2>"
@@ -100,6 +108,8 @@ def _pending_card(invocation: Invocation, now: datetime, csrf: str) -> str:
         f'<form method=post action="{action}/approve">{csrf_field(csrf)}'
         '<input type=text name=note placeholder="note (optional)" aria-label="note">'
         f'<select name=scope aria-label="scope">{scopes}</select>'
+        '<input type=text name=when placeholder="later calls only when... (CEL, optional)" '
+        'aria-label="condition on later calls">'
         "<button class=approve type=submit>Approve</button></form>"
         f'<form method=post action="{action}/deny">{csrf_field(csrf)}'
         '<input type=text name=reason placeholder="reason" aria-label="reason">'
@@ -180,6 +190,36 @@ def _diff(lines: list[str] | None) -> str:
 
 def _json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+def grants_body(grants: Sequence[Grant], now: datetime, csrf: str, message: str | None, error: bool) -> str:
+    """The standing grants, newest first, each with the form that revokes it."""
+    rows = "".join(_grant_row(grant, csrf) for grant in grants)
+    return (
+        f"<h1>Standing grants ({len(grants)})</h1>{flash(message, error=error)}"
+        "<p class=empty>Approvals beyond &ldquo;once&rdquo; let later calls of their action through without an "
+        "approver, unless an operator rule denies or holds them. Revoking one holds the next call it covered.</p>"
+        "<table><tr><th>grant</th><th>action</th><th>scope</th><th>covers</th><th>only when</th><th>by</th>"
+        "<th>made</th><th>until</th><th></th></tr>"
+        f"{rows or '<tr><td colspan=9 class=empty>No standing grants.</td></tr>'}</table>"
+    )
+
+
+def _grant_row(grant: Grant, csrf: str) -> str:
+    g = grant
+    covers = {"session": f"session {g.session_id}", "hour": f"caller {g.principal or '(no token)'}"}.get(
+        g.scope, "every caller"
+    )
+    made = g.created_at.isoformat(timespec="seconds")
+    made_by = f'<a href="{INBOX}/invocations/{escape(g.invocation_id)}">{escape(made)}</a>' if g.invocation_id else made
+    until = g.expires_at.isoformat(timespec="seconds") if g.expires_at is not None else "until revoked"
+    return (
+        f'<tr data-grant="{escape(g.id)}"><td>{escape(g.id)}</td><td>{escape(g.policy_key)}</td>'
+        f"<td>{escape(SCOPE_LABELS[g.scope])}</td><td>{escape(covers)}</td><td>{escape(g.rule or '')}</td>"
+        f"<td>{escape(g.grantor)}</td><td>{made_by}</td><td>{escape(until)}</td>"
+        f'<td><form method=post action="{INBOX}/grants/{escape(g.id)}/revoke">{csrf_field(csrf)}'
+        "<button class=deny type=submit>Revoke</button></form></td></tr>"
+    )
 
 
 def history_body(invocations: Iterable[Invocation], status: str | None, source: str | None) -> str:

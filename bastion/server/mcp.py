@@ -34,7 +34,7 @@ from starlette.types import Scope
 
 from bastion import __version__
 from bastion.errors import BastionError
-from bastion.models import CallContext, Invocation
+from bastion.models import CallContext, Invocation, caller_session_id
 from bastion.pipeline.approvals import AwaitingInput
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.listings import ListingKind
@@ -264,7 +264,7 @@ class FrontDoor:
             name = types.Implementation.model_validate(client_info).name if client_info is not None else None
         except ValidationError:  # the SDK's server reads a malformed client info as none
             name = None
-        return CallContext(session_id=modern_session_id(principal, name), profile=profile, principal=principal)
+        return CallContext(session_id=caller_session_id(principal, name), profile=profile, principal=principal)
 
     def _caller(self, scope: Scope | None) -> tuple[str | None, str | None]:
         """The principal and profile of a request: its token's on HTTP (and its profile, for agent tokens), else
@@ -334,11 +334,6 @@ class FrontDoor:
                 logger.exception("could not notify a host of the catalog change")
 
 
-def modern_session_id(principal: str | None, client_name: str | None) -> str:
-    """The session a 2026-07-28 request counts against: its caller's identity (see `_session_id`)."""
-    return f"{principal or 'anonymous'}/{client_name or 'unknown-client'}"
-
-
 def _session_id(ctx: ServerRequestContext[Any], principal: str | None) -> tuple[str, bool]:
     """The host session that limits count against, and whether only this process serves it.
 
@@ -352,7 +347,7 @@ def _session_id(ctx: ServerRequestContext[Any], principal: str | None) -> tuple[
         return connection.session_id, True
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
         params = connection.client_params
-        return modern_session_id(principal, params.client_info.name if params is not None else None), False
+        return caller_session_id(principal, params.client_info.name if params is not None else None), False
     session_id = connection.state.get(_SESSION_KEY)
     if session_id is None:
         session_id = connection.state[_SESSION_KEY] = secrets.token_hex(8)

@@ -20,6 +20,7 @@ from bastion import __version__
 from bastion.errors import BastionError, InvalidArguments, Unauthenticated
 from bastion.models import Principal
 from bastion.pipeline.authority import MIN_ID_PREFIX, SourceOf
+from bastion.pipeline.grants import Grants
 from bastion.pipeline.seams import Ledger
 from bastion.server.auth import API_PREFIX, principal_of
 from bastion.server.errors import error_body, http_response
@@ -59,6 +60,7 @@ class Call:
 
     principal: Principal
     ledger: Ledger
+    grants: Grants
     source_of: SourceOf
     path: dict[str, str]
     query: dict[str, Any]
@@ -94,7 +96,9 @@ class Operation:
 # -- serving ------------------------------------------------------------------------------------------
 
 
-def endpoint(op: Operation, ledger: Ledger, source_of: SourceOf) -> Callable[[Request], Awaitable[Response]]:
+def endpoint(
+    op: Operation, ledger: Ledger, grants: Grants, source_of: SourceOf
+) -> Callable[[Request], Awaitable[Response]]:
     """The Starlette endpoint of `op`: authenticated principal, parsed path, query and body, the handler's JSON, and
     every refusal as the error body."""
 
@@ -106,6 +110,7 @@ def endpoint(op: Operation, ledger: Ledger, source_of: SourceOf) -> Callable[[Re
             call = Call(
                 principal=principal,
                 ledger=ledger,
+                grants=grants,
                 source_of=source_of,
                 path={name: str(request.path_params[name]) for name in op.path_params},
                 query=_parse_query(op.query, request.query_params.multi_items()),
@@ -192,6 +197,7 @@ _REFUSALS: Final = {
 _PATH_PARAMS: Final = {
     "invocation_id": f"An invocation id, or the first {MIN_ID_PREFIX} or more characters of one (when they start no "
     "other id: else 422 `ambiguous_id`, naming them).",
+    "grant_id": "A grant's id, as `GET /api/grants` lists it (`always_...`, `hour_...`, `session_...`).",
 }
 
 

@@ -24,7 +24,10 @@ async def test_approving_a_pending_invocation_records_who_and_why(ledger: OpenLe
     assert (approved.status, approved.error_class, approved.updated_at) == ("approved", None, BEFORE_EXPIRY)
     assert await ledger.invocations.get(invocation_id) == approved
     events = await ledger.invocations.events(invocation_id)
-    assert [(event.kind, event.detail) for event in events][-1] == ("approved", {"by": "alice", "note": "looks fine"})
+    assert [(event.kind, event.detail) for event in events][-1] == (
+        "approved",
+        {"by": "alice", "note": "looks fine", "scope": "once"},
+    )
     assert events[-1].at == BEFORE_EXPIRY
 
 

@@ -1,5 +1,5 @@
 """The PostgreSQL backend of the ledger, for several Bastion instances on one database: its connections and
-writes (`database`), versioned migrations (`schema`), a store per table (`invocations`, `pins`, `tokens`,
+writes (`database`), versioned migrations (`schema`), a store per table (`invocations`, `pins`, `tokens`, `grants`,
 `instances`, `limits`, `outbox`), the change feed over LISTEN/NOTIFY (`feed`) and the audit chain (`audit`)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Final
 from bastion.ledger.postgres.audit import PostgresAudit
 from bastion.ledger.postgres.database import PostgresDatabase
 from bastion.ledger.postgres.feed import PostgresFeed
+from bastion.ledger.postgres.grants import PostgresGrants
 from bastion.ledger.postgres.instances import PostgresInstances
 from bastion.ledger.postgres.invocations import PostgresInvocations
 from bastion.ledger.postgres.limits import PostgresLimits
@@ -40,6 +41,7 @@ class PostgresBackend:
     invocations: PostgresInvocations
     pins: PostgresPins
     tokens: PostgresTokens
+    grants: PostgresGrants
     changes: PostgresFeed
     instances: PostgresInstances
     limits: PostgresLimits
@@ -60,6 +62,7 @@ class PostgresBackend:
             invocations=PostgresInvocations(database),
             pins=PostgresPins(database),
             tokens=PostgresTokens(database),
+            grants=PostgresGrants(database),
             changes=feed,
             instances=PostgresInstances(database),
             limits=PostgresLimits(database),

@@ -20,8 +20,9 @@ import psycopg
 from bastion.errors import ApprovalExpired, Conflict, NotFound
 from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, prefix_end, stored_json
 from bastion.ledger.postgres.database import NOTIFY, Connection, PostgresDatabase, changes_of
+from bastion.ledger.postgres.grants import insert_grant
 from bastion.ledger.postgres.limits import admit_in
-from bastion.models import Admission, EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
+from bastion.models import Admission, EventKind, Grant, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
 
 _COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
 _UPDATED_COLUMNS: Final = ", ".join(f"updated.{name}" for name in INVOCATION_COLUMNS)
@@ -311,10 +312,18 @@ class PostgresInvocations:
         return bool(rows)
 
     async def decide(
-        self, invocation_id: str, *, approve: bool, detail: Scrubbed, error_message: str | None, now: datetime
+        self,
+        invocation_id: str,
+        *,
+        approve: bool,
+        detail: Scrubbed,
+        error_message: str | None,
+        now: datetime,
+        grant: Grant | None = None,
     ) -> Invocation:
         """An approver's decision on a pending invocation, in one transaction holding its row: `approved` or
-        `denied` (error class `approval_denied`, `error_message`). `now` stamps it.
+        `denied` (error class `approval_denied`, `error_message`), and the standing `grant` the approval leaves, if
+        any (stored only if the decision holds). `now` stamps it.
 
         Raises NotFound for an unknown id; ApprovalExpired when it is pending but past its expires_at, after
         marking it `expired` in the same transaction; Conflict when it is no longer pending (whoever decided
@@ -343,7 +352,10 @@ class PostgresInvocations:
             if expires_at is not None and expires_at <= now:
                 expired = {"id": invocation_id, "now": now, "event": "expired", "detail": "{}"}
                 return await (await conn.execute(EXPIRE_ONE, expired)).fetchall(), True
-            return await (await conn.execute(DECIDE, params)).fetchall(), False
+            decided = await (await conn.execute(DECIDE, params)).fetchall()
+            if grant is not None:
+                await insert_grant(conn, grant)
+            return decided, False
 
         rows, expired = await self._db.transaction(work)
         await self._db.committed(changes_of(_event_rows(rows)))

@@ -243,7 +243,35 @@ _MIGRATION_4: Final = (
     "ALTER TABLE invocations ADD COLUMN risk_source text",
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4)
+_MIGRATION_5: Final = (
+    # Standing approvals, as in SQLite's migration 11: never deleted; `invocation_id` is not a foreign key (the call
+    # that made a grant may be pruned while it stands).
+    """
+    CREATE TABLE grants (
+        id            text PRIMARY KEY,
+        policy_key    text NOT NULL,
+        scope         text NOT NULL,
+        session_id    text,
+        principal     text,
+        rule          text,
+        grantor       text NOT NULL,
+        invocation_id text,
+        created_at    timestamptz NOT NULL,
+        expires_at    timestamptz,
+        revoked_at    timestamptz,
+        revoked_by    text
+    )
+    """,
+    "CREATE INDEX grants_unrevoked ON grants (policy_key) WHERE revoked_at IS NULL",
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    _MIGRATION_1,
+    _MIGRATION_2,
+    _MIGRATION_3,
+    _MIGRATION_4,
+    _MIGRATION_5,
+)
 """Migration N (1-based) brings a database from version N-1 to N."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -1,5 +1,5 @@
 """The SQLite backend of the ledger: one file (`database`), its tables and migrations (`schema`), and a store per
-table (`invocations`, `pins`, `tokens`, `instances`, `limits`, `outbox`) plus the change feed (`feed`) and the
+table (`invocations`, `pins`, `tokens`, `grants`, `instances`, `limits`, `outbox`) plus the change feed (`feed`) and the
 audit chain (`audit`)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 from bastion.ledger.sqlite.audit import SqliteAudit
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.feed import SqliteFeed
+from bastion.ledger.sqlite.grants import SqliteGrants
 from bastion.ledger.sqlite.instances import SqliteInstances
 from bastion.ledger.sqlite.invocations import SqliteInvocations
 from bastion.ledger.sqlite.limits import SqliteLimits
@@ -28,6 +29,7 @@ class SqliteBackend:
     invocations: SqliteInvocations
     pins: SqlitePins
     tokens: SqliteTokens
+    grants: SqliteGrants
     changes: SqliteFeed
     instances: SqliteInstances
     limits: SqliteLimits
@@ -48,6 +50,7 @@ class SqliteBackend:
             invocations=SqliteInvocations(database),
             pins=SqlitePins(database),
             tokens=SqliteTokens(database),
+            grants=SqliteGrants(database),
             changes=feed,
             instances=SqliteInstances(database),
             limits=SqliteLimits(database),

@@ -19,9 +19,10 @@ from bastion.errors import ApprovalExpired, Conflict, NotFound
 from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, prefix_end, stored_json
 from bastion.ledger.chain import GENESIS, event_hash
 from bastion.ledger.sqlite.database import SqliteDatabase
+from bastion.ledger.sqlite.grants import insert_grant
 from bastion.ledger.sqlite.limits import admit_in
 from bastion.ledger.sqlite.schema import dumps, optional_timestamp, timestamp
-from bastion.models import Admission, EventKind, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
+from bastion.models import Admission, EventKind, Grant, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
 
 _COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
 _Refusal = TypeVar("_Refusal")
@@ -341,10 +342,18 @@ class SqliteInvocations:
         return await self._db.write(work, may_wait=True, may_defer=may_defer)
 
     async def decide(
-        self, invocation_id: str, *, approve: bool, detail: Scrubbed, error_message: str | None, now: datetime
+        self,
+        invocation_id: str,
+        *,
+        approve: bool,
+        detail: Scrubbed,
+        error_message: str | None,
+        now: datetime,
+        grant: Grant | None = None,
     ) -> Invocation:
         """An approver's decision on a pending invocation, in one transaction: `approved` or `denied` (error
-        class `approval_denied`, `error_message`). `now` stamps it.
+        class `approval_denied`, `error_message`), and the standing `grant` the approval leaves, if any (stored
+        only if the decision holds). `now` stamps it.
 
         Raises NotFound for an unknown id; ApprovalExpired when it is pending but past its expires_at, after
         marking it `expired` in the same transaction; Conflict when it is no longer pending (whoever
@@ -360,6 +369,8 @@ class SqliteInvocations:
             decided = conn.execute(DECIDE, params).fetchall()
             if decided:
                 append_events(conn, [decided_event])
+                if grant is not None:
+                    insert_grant(conn, grant)
                 return decided[0], False
             found = conn.execute(SELECT_STATUS, (invocation_id,)).fetchone()
             if found is None:

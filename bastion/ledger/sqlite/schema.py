@@ -294,6 +294,30 @@ _MIGRATION_10: Final = (
     "ALTER TABLE invocations ADD COLUMN risk_source TEXT",
 )
 
+_MIGRATION_11: Final = (
+    # Standing approvals (bastion.pipeline.grants): what an approver's "session", "hour" or "always" approval leaves
+    # behind, stored in the transaction of the decision that made it. Rows are never deleted: an ended grant keeps
+    # who approved what, until when, and who revoked it. `invocation_id` is not a foreign key: the call that made a
+    # grant may be pruned while the grant stands.
+    """
+    CREATE TABLE grants (
+        id            TEXT PRIMARY KEY,
+        policy_key    TEXT NOT NULL,
+        scope         TEXT NOT NULL,   -- session | hour | always
+        session_id    TEXT,            -- the session a "session" grant covers
+        principal     TEXT,            -- the caller an "hour" grant covers (NULL: callers without a token)
+        rule          TEXT,            -- a CEL condition on the arguments, if the approver gave one
+        grantor       TEXT NOT NULL,
+        invocation_id TEXT,
+        created_at    TEXT NOT NULL,
+        expires_at    TEXT,
+        revoked_at    TEXT,
+        revoked_by    TEXT
+    )
+    """,
+    "CREATE INDEX grants_unrevoked ON grants (policy_key) WHERE revoked_at IS NULL",
+)
+
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_1,
     _MIGRATION_2,
@@ -305,6 +329,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_8,
     _MIGRATION_9,
     _MIGRATION_10,
+    _MIGRATION_11,
 )
 """Migration N (1-based) brings a ledger from user_version N-1 to N."""
 

@@ -1,0 +1,98 @@
+"""The `grants` table on PostgreSQL: standing approvals (`PostgresGrants`), and the statement the decision that makes
+one shares (see bastion.ledger.postgres.invocations). A grant's row is never deleted."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Final
+
+from bastion.errors import NotFound
+from bastion.ledger.postgres.database import Connection, PostgresDatabase
+from bastion.models import Grant
+
+_COLUMNS: Final = (
+    "id",
+    "policy_key",
+    "scope",
+    "session_id",
+    "principal",
+    "rule",
+    "grantor",
+    "invocation_id",
+    "created_at",
+    "expires_at",
+    "revoked_at",
+    "revoked_by",
+)
+_COLUMN_LIST: Final = ", ".join(_COLUMNS)
+_STANDING: Final = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at > %(now)s)"
+
+_INSERT: Final = f"INSERT INTO grants ({_COLUMN_LIST}) VALUES ({', '.join(f'%({c})s' for c in _COLUMNS)})"
+# Served by the partial index on the policy key of unrevoked grants: a held call asks it, an allowed one never does.
+_COVERING: Final = f"""
+    SELECT {_COLUMN_LIST} FROM grants
+    WHERE policy_key = %(key)s AND {_STANDING}
+      AND (scope = 'always' OR (scope = 'session' AND session_id = %(session)s)
+           OR (scope = 'hour' AND principal IS NOT DISTINCT FROM %(who)s))
+    ORDER BY created_at, id
+"""
+_ALL: Final = f"SELECT {_COLUMN_LIST} FROM grants ORDER BY created_at DESC, id DESC LIMIT %(limit)s"
+_ALL_STANDING: Final = f"SELECT {_COLUMN_LIST} FROM grants WHERE {_STANDING} ORDER BY created_at DESC, id DESC"
+_REVOKE: Final = f"""
+    UPDATE grants SET revoked_at = %(now)s, revoked_by = %(by)s
+    WHERE id = %(id)s AND {_STANDING}
+    RETURNING {_COLUMN_LIST}
+"""
+_REVOKE_KEY: Final = f"""
+    UPDATE grants SET revoked_at = %(now)s, revoked_by = %(by)s
+    WHERE policy_key = %(key)s AND {_STANDING}
+    RETURNING {_COLUMN_LIST}
+"""
+
+
+class PostgresGrants:
+    """Standing approvals in one PostgreSQL database; satisfies `bastion.pipeline.seams.GrantStore`."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    async def add(self, grant: Grant) -> None:
+        """Store a grant made without a decision (imported); a decision stores its own (`decide(grant=...)`)."""
+        await self._db.write(_INSERT, grant.model_dump())
+
+    async def covering(
+        self, key: str, *, session_id: str, principal: str | None, now: datetime
+    ) -> builtins.list[Grant]:
+        """The grants standing at `now` on `key` that cover a call in this session by this caller, oldest first."""
+        rows = await self._db.fetchall(_COVERING, {"key": key, "now": now, "session": session_id, "who": principal})
+        return [_grant_from_row(row) for row in rows]
+
+    async def grants(self, *, standing_at: datetime | None = None, limit: int = 200) -> builtins.list[Grant]:
+        """Grants, newest first: those standing at `standing_at`, or (None) the last `limit` made, ended or not."""
+        if standing_at is not None:
+            rows = await self._db.fetchall(_ALL_STANDING, {"now": standing_at})
+        else:
+            rows = await self._db.fetchall(_ALL, {"limit": limit})
+        return [_grant_from_row(row) for row in rows]
+
+    async def revoke(self, grant_id: str, *, by: str, now: datetime) -> Grant:
+        """End the grant `grant_id` at `now`. NotFound when no grant of that id stands."""
+        rows = await self._db.write(_REVOKE, {"id": grant_id, "now": now, "by": by})
+        if not rows:
+            raise NotFound(f"no standing grant {grant_id!r}; see `bastion grants list`")
+        return _grant_from_row(rows[0])
+
+    async def revoke_key(self, key: str, *, by: str, now: datetime) -> builtins.list[Grant]:
+        """End every grant standing on `key` at `now` (its action drifted); the grants it ended."""
+        return [_grant_from_row(row) for row in await self._db.write(_REVOKE_KEY, {"key": key, "now": now, "by": by})]
+
+
+async def insert_grant(conn: Connection, grant: Grant) -> None:
+    """Store `grant`, inside the caller's transaction."""
+    await conn.execute(_INSERT, grant.model_dump())
+
+
+def _grant_from_row(row: Sequence[Any]) -> Grant:
+    return Grant(**dict(zip(_COLUMNS, row, strict=True)))
