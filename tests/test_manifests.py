@@ -9,19 +9,24 @@ import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
 import mcp_types as types
 import pytest
 from mcp import Client
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from bastion import tracing
 from bastion.actions import ActionSpec
-from bastion.config import Config, ConnectorConfig, PolicyConfig, Settings
+from bastion.config import Config, ConnectorConfig, PolicyConfig, Profile, Settings
 from bastion.connectors import McpConnector
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.manifests import ActionState, ManifestProblem, load_manifests
-from bastion.models import Invocation, SourceStatus, utcnow
+from bastion.models import CallContext, Grant, Invocation, PolicyRule, SourceStatus, utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.manifests import ManifestSource, connector_hash
 from bastion.pipeline.seams import ActionSource
@@ -105,6 +110,8 @@ async def manifest_bastion(
     files: Mapping[str, str],
     *,
     modes: dict[str, str] | None = None,
+    policy: PolicyConfig | None = None,
+    settings: Settings | None = None,
     fixture: FixtureServer | None = None,
     real: bool = False,
     git: Path | None = None,
@@ -141,9 +148,9 @@ async def manifest_bastion(
     source = ManifestSource(manifests, state, poll_seconds=poll_seconds)
     config = Config(
         directory=None,
-        settings=Settings(),
+        settings=settings or Settings(),
         connectors=connectors,
-        policy=PolicyConfig(modes=modes or {}),
+        policy=policy or PolicyConfig(modes=modes or {}),
         ledger_url=f"sqlite:///{tmp_path}/ledger.db",
     )
     async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
@@ -351,6 +358,74 @@ async def test_declared_approval_holds_a_manifest_that_policy_allows(tmp_path: P
         assert await b.steps_of(pending.id) == []
 
 
+HELD_ECHO = {
+    "modes": PolicyConfig(modes={"fx:echo": "require_approval"}),
+    "rule": PolicyConfig(rules=[PolicyRule(key="fx:echo", when="args.text != ''", mode="require_approval")]),
+    "profile": PolicyConfig(profiles={"careful": Profile(modes={"fx:echo": "require_approval"})}),
+}
+
+
+@pytest.mark.parametrize("held_by", HELD_ECHO)
+async def test_a_step_policy_holds_holds_the_manifest_the_risk_default_allows(tmp_path: Path, held_by: str) -> None:
+    fixture = FixtureServer()
+    files = {"x.md": manifest("twice", ECHO_TWICE)}
+    async with manifest_bastion(tmp_path, files, policy=HELD_ECHO[held_by], fixture=fixture) as b:
+        await b.wait_listed("actions__twice")
+        context = CallContext(session_id="s", profile="careful", local_session=True)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(b.gateway.call, "actions__twice", {"text": "hi"}, context)
+            pending = await _pending(b.ledger)
+            assert (pending.tool, pending.mode, pending.mode_source) == (
+                "actions__twice",
+                "require_approval",
+                "step:fx:echo",
+            )
+            assert fixture.calls == [], "no step ran before an approver decided"
+            await b.ledger.invocations.decide(pending.id, approve=True, principal="alice", note=None, now=utcnow())
+        steps = await b.steps_of(pending.id)
+        assert [(s.status, s.mode) for s in steps] == [("completed", "require_approval")] * 2
+        executing = [e for e in await b.ledger.invocations.events(steps[0].id) if e.kind == "executing"]
+        assert f"covered by invocation {pending.id}" in executing[0].detail["approval"]
+
+
+async def test_an_approvers_grant_on_the_manifest_does_not_cover_a_held_step(tmp_path: Path) -> None:
+    fixture = FixtureServer()
+    files = {"x.md": manifest("twice", ECHO_TWICE, risk="write")}
+    async with manifest_bastion(tmp_path, files, modes={"fx:echo": "require_approval"}, fixture=fixture) as b:
+        await b.wait_listed("actions__twice")
+        now = utcnow()
+        grant = Grant(
+            id="hour_000000000001",
+            policy_key="actions:twice",
+            scope="hour",
+            grantor="alice",
+            invocation_id="earlier",
+            created_at=now,
+            expires_at=now + timedelta(hours=1),
+        )
+        await b.ledger.grants.add(grant)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(b.client.call_tool, "actions__twice", {"text": "hi"})
+            pending = await _pending(b.ledger)
+            assert (pending.mode, pending.mode_source) == ("require_approval", "step:fx:echo")
+            await b.ledger.invocations.decide(pending.id, approve=False, principal="bob", note=None, now=utcnow())
+        assert fixture.calls == []
+
+
+async def test_the_steps_of_a_manifest_count_against_the_session_rate_limit(tmp_path: Path) -> None:
+    fixture = FixtureServer()
+    settings = Settings.model_validate({"limits": {"invocations_per_minute": 4}})
+    three = ECHO_TWICE + '\n[[execute]]\nid = "third"\nsource = "fx"\naction = "echo"\ninputs = { text = "3" }\n'
+    files = {"x.md": manifest("thrice", three)}
+    async with manifest_bastion(tmp_path, files, settings=settings, fixture=fixture) as b:
+        await b.wait_listed("actions__thrice")
+        assert not (await b.client.call_tool("actions__thrice", {"text": "hi"})).is_error
+        assert len(fixture.calls) == 3
+        refused = await b.client.call_tool("actions__thrice", {"text": "again"})
+        assert error_of(refused)["class"] == "rate_limited", "the first call and its 3 steps took the 4 a minute"
+        assert len(fixture.calls) == 3
+
+
 # -- running the steps ----------------------------------------------------------------------------------------
 
 
@@ -463,3 +538,26 @@ async def test_a_disabled_manifest_is_hidden_and_refused_until_enabled_again(tmp
         b.state.set_enabled("twice", True)
         await b.wait_listed("actions__twice")
         assert not (await b.client.call_tool("actions__twice", {"text": "hi"})).is_error
+
+
+async def test_each_step_has_a_span_with_its_invocation_under_the_manifests_downstream_span(tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use_provider(provider)
+    try:
+        async with manifest_bastion(tmp_path, {"x.md": manifest("twice", ECHO_TWICE)}) as b:
+            await b.wait_listed("actions__twice")
+            assert not (await b.client.call_tool("actions__twice", {"text": "hi"})).is_error
+            steps = await b.steps_of((await b.manifest_invocation()).id)
+    finally:
+        tracing.use_provider(None)
+        provider.shutdown()
+
+    finished = exporter.get_finished_spans()
+    (composite,) = [s for s in finished if s.name == "bastion.downstream actions:twice"]
+    step_spans = [s for s in finished if s.name == "bastion.step fx:echo"]
+    assert [s.attributes[tracing.INVOCATION_ID] for s in step_spans if s.attributes] == [s.id for s in steps]
+    assert all(s.parent is not None and s.parent.span_id == composite.context.span_id for s in step_spans)
+    downstream = [s for s in finished if s.name == "bastion.downstream fx:echo"]
+    assert [d.parent.span_id for d in downstream if d.parent] == [s.context.span_id for s in step_spans]

@@ -52,7 +52,7 @@ from bastion.pipeline.pinning import PinBook
 from bastion.pipeline.seams import ActionSource, Deliver, Ledger, ProgressFn, RateLimits, Relay, WireSource
 from bastion.pipeline.steps import GatewaySteps
 from bastion.pipeline.traces import CallTraces
-from bastion.policies import LIFTABLE, guard_drift, resolve_mode
+from bastion.policies import LIFTABLE, covers_held_steps, guard_drift, resolve_mode
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +112,8 @@ class Gateway:
         )
         self._relays: dict[str, Relay] = {}
         """Invocation id -> the host request its downstream messages go to, while its call() runs."""
+        self._callers: dict[str, CallContext] = {}
+        """Invocation id -> who made the call, while its call() runs (a composite's steps are counted as theirs)."""
         self._draining = False
         self._running: set[anyio.CancelScope] = set()
         self._waiting: set[anyio.CancelScope] = set()
@@ -121,12 +123,8 @@ class Gateway:
             lookup=self.listings.lookup,
             mode_of=self.mode_of,
             drift=self.pins.drift,
-            current_drift=self.pins.current_drift,
             invocations=self.invocations,
-            outcomes=self._outcomes,
-            run=self._run_modelled,
-            relaying=self._relaying,
-            owner=self.instance_id,
+            call_step=self.call_step,
         )
         """Runs the steps of composite sources (manifest actions), which depend on the other sources' listings."""
         for composite in self.listings.composites:
@@ -350,40 +348,116 @@ class Gateway:
             raise HandOff(f"{entry.key} waits for an approver")
         invocation = entry.new_invocation(arguments, hashed, decision, context, owner=self.instance_id, drift=drift)
         with self._relaying(invocation.id, relay), self._traces.following(invocation, span):
-            # A session other instances may serve is counted in the ledger, against its one budget; one only this
-            # process serves is counted here, and writes no count.
-            admission = Admission(
-                context.session_id, self.config.settings.limits.invocations_per_minute, invocation.created_at
-            )
-            in_ledger = None if context.local_session else admission
-            admit = entry.action.spec.admit
-            refusal = admit(arguments) if admit is not None else None
-            if in_ledger is None:
-                await self._admit(self._session_limits, invocation, admission)
-            if decision.mode == "allow" and refusal is None:
-                # The common call: admitted (in the ledger) and recorded in one transaction, shared with the intents
-                # and outcomes of the calls in flight, if any (one commit for many, issue 17).
-                wait = await self._outcomes.start(invocation, admission=in_ledger, may_share=bool(self._running))
-                if wait is not None:
-                    await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
-                progress = Progress(on_progress) if on_progress else None
-                return await self._run_counted(entry, invocation, arguments, progress, deliver=deliver)
-            if in_ledger is not None:
-                await self._admit(self.ledger.limits, invocation, admission)
-            if decision.mode == "deny":
-                reason = f"policy ({decision.source}) denies {entry.key}"
-                if drift is not None and self.listings.drift_listing(entry.action) == "hide":
-                    reason = f"{entry.key} changed since it was trusted; it is withheld until an approver accepts it"
-                await self._outcomes.refuse(invocation, PolicyDenied(reason))
-            if refusal is not None:
-                await self._outcomes.refuse(invocation, PolicyDenied(f"{entry.key} refused before it ran: {refusal}"))
-            return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
+            self._callers[invocation.id] = context
+            try:
+                if await self.admit(entry, invocation, arguments, context, runs=decision.mode == "allow"):
+                    progress = Progress(on_progress) if on_progress else None
+                    return await self._run_counted(entry, invocation, arguments, progress, deliver=deliver)
+                return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
+            finally:
+                del self._callers[invocation.id]
 
-    async def _admit(self, limits: RateLimits, invocation: Invocation, admission: Admission) -> None:
+    async def call_step(
+        self, parent: Invocation, step_id: str, entry: CatalogEntry, arguments: dict[str, Any], relay: Relay | None
+    ) -> tuple[str, types.CallToolResult]:
+        """One step of the composite invocation `parent` (see `seams.StepRunner.run_step`), through the stages of a
+        host's call, as the composite's caller: it counts against the session's rate limit and passes the same
+        admission. A step that policy holds for an approver runs only under a composite that was held and approved,
+        or that an operator's own entry allows (`covers_held_steps`); a step declared `approval_required` only under
+        an approved one. Its span is a child of the composite's."""
+        if self._draining:
+            raise ConnectorUnavailable(
+                f"Bastion is shutting down: step {step_id!r} of invocation {parent.id} was not started"
+            )
+        entry.validate_arguments(arguments)
+        try:
+            hashed = self.invocations.hash_args(arguments)
+        except InvalidArguments as exc:
+            raise InvalidArguments(f"step {step_id!r} ({entry.key}): {exc.message}") from exc
+        drift = await self.pins.current_drift(entry.source_id, entry.action_id)
+        context = self._callers.get(parent.id) or CallContext(
+            session_id=parent.session_id, profile=parent.profile, principal=parent.principal
+        )
+        decision = self.mode_of(entry, context, drifted=drift is not None, arguments=arguments)
+        invocation = entry.new_invocation(
+            arguments, hashed, decision, context, owner=self.instance_id, drift=drift, parent_id=parent.id
+        )
+        detail: dict[str, Any] = {"step": step_id, "parent_id": parent.id}
+        with (
+            tracing.span(f"bastion.step {entry.key}") as span,
+            self._relaying(invocation.id, relay),
+            self._traces.following(invocation, span),
+        ):
+            if decision.mode == "deny":
+                reason = f"policy ({decision.source}) denies {entry.key} (step {step_id!r} of invocation {parent.id})"
+                await self._outcomes.refuse(invocation, PolicyDenied(reason), detail)
+            approved = parent.mode == "require_approval"
+            if entry.action.spec.approval_required and not approved:
+                reason = (
+                    f"{entry.key} never runs without an approver's decision, and invocation {parent.id} was not "
+                    f"held for one (step {step_id!r})"
+                )
+                await self._outcomes.refuse(invocation, PolicyDenied(reason), detail)
+            if decision.mode == "require_approval":
+                if not (approved or covers_held_steps(ModeDecision(mode=parent.mode, source=parent.mode_source))):
+                    reason = (
+                        f"{entry.key} waits for an approver ({decision.source}), and invocation {parent.id} was "
+                        f"neither approved nor allowed by an operator's entry for it (step {step_id!r})"
+                    )
+                    await self._outcomes.refuse(invocation, PolicyDenied(reason), detail)
+                detail["approval"] = f"covered by invocation {parent.id} ({parent.mode}, {parent.mode_source})"
+            await self.admit(entry, invocation, arguments, context, runs=True, detail=detail)
+            return invocation.id, await self._run_modelled(entry, invocation, arguments, None)
+
+    async def admit(
+        self,
+        entry: CatalogEntry,
+        invocation: Invocation,
+        arguments: dict[str, Any],
+        context: CallContext,
+        *,
+        runs: bool,
+        detail: dict[str, Any] | None = None,
+    ) -> bool:
+        """The admission every call passes once its mode is resolved, a host's or a composite's step: the session's
+        rate limit, the action's own check (`ActionSpec.admit`) and a deny. A call that `runs` now is recorded
+        started (`detail` on its event), in the same transaction as its admission where the ledger counts it, and
+        True comes back; a held one records nothing yet (False). Refusals are recorded, then raised."""
+        # A session other instances may serve is counted in the ledger, against its one budget; one only this
+        # process serves is counted here, and writes no count.
+        per_minute = self.config.settings.limits.invocations_per_minute
+        admission = Admission(context.session_id, per_minute, invocation.created_at)
+        in_ledger = None if context.local_session else admission
+        admit = entry.action.spec.admit
+        refusal = admit(arguments) if admit is not None else None
+        if in_ledger is None:
+            await self._admit(self._session_limits, invocation, admission, detail)
+        if runs and refusal is None:
+            # The common call: admitted (in the ledger) and recorded in one transaction, shared with the intents and
+            # outcomes of the calls in flight, if any (one commit for many).
+            wait = await self._outcomes.start(invocation, detail, admission=in_ledger, may_share=bool(self._running))
+            if wait is not None:
+                await self._outcomes.refuse(invocation, _rate_limited(admission, wait), detail)
+            return True
+        if in_ledger is not None:
+            await self._admit(self.ledger.limits, invocation, admission, detail)
+        if invocation.mode == "deny":
+            reason = f"policy ({invocation.mode_source}) denies {entry.key}"
+            if invocation.drift is not None and self.listings.drift_listing(entry.action) == "hide":
+                reason = f"{entry.key} changed since it was trusted; it is withheld until an approver accepts it"
+            await self._outcomes.refuse(invocation, PolicyDenied(reason), detail)
+        if refusal is not None:
+            error = PolicyDenied(f"{entry.key} refused before it ran: {refusal}")
+            await self._outcomes.refuse(invocation, error, detail)
+        return False
+
+    async def _admit(
+        self, limits: RateLimits, invocation: Invocation, admission: Admission, detail: dict[str, Any] | None
+    ) -> None:
         """Count the call against its session's rate limit in `limits`; over it, record it refused and raise."""
         wait = await limits.admit(admission.key, per_minute=admission.per_minute, now=admission.now)
         if wait is not None:
-            await self._outcomes.refuse(invocation, _rate_limited(admission, wait))
+            await self._outcomes.refuse(invocation, _rate_limited(admission, wait), detail)
 
     @contextmanager
     def _relaying(self, invocation_id: str, relay: Relay | None) -> Iterator[None]:

@@ -177,8 +177,9 @@ class StepRunner(Protocol):
     """What the gateway gives a composite source (manifest actions) to run its steps: other sources' actions.
 
     A step is recorded as a child invocation of the composite's invocation (`parent_id`), in its session and under
-    its principal. Its mode is resolved as for any call: `deny` refuses it (recorded `denied`), while
-    `require_approval` is covered by the composite's own approval (or the policy that allowed it) and runs.
+    its principal, and passes the stages of any call (the rate limit and admission included). Its mode is resolved
+    as for any call: `deny` refuses it (recorded `denied`), while `require_approval` runs only when the composite was
+    approved or an operator's own entry allowed it (`bastion.policies.covers_held_steps`), else it is refused.
     """
 
     def source(self, source_id: str) -> ActionSource | None:

@@ -1,5 +1,5 @@
-"""The gateway's step runner (`seams.StepRunner`): the steps of composite actions (manifest actions), each run as an
-invocation of its own, recorded as a child of the composite's invocation.
+"""The gateway's step runner (`seams.StepRunner`): the steps of composite actions (manifest actions), each run through
+the gateway's pipeline as an invocation of its own, recorded as a child of the composite's invocation.
 
 It also composes a composite's mode from its steps' (`compose`), so the gateway's `mode_of` stays one pipeline
 for every action: a composite never looks safer than its steps.
@@ -7,16 +7,14 @@ for every action: a composite never looks safer than its steps.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import mcp_types as types
 
-from bastion.errors import ConnectorUnavailable, InvalidArguments, NotFound, PolicyDenied
+from bastion.errors import ConnectorUnavailable, NotFound
 from bastion.models import CallContext, Invocation, ModeDecision
 from bastion.pipeline.catalog import CatalogEntry
-from bastion.pipeline.outcomes import Outcomes
 from bastion.pipeline.seams import ActionSource, InvocationStore, Relay
 from bastion.policies import compose_mode
 
@@ -36,14 +34,20 @@ class ModeOf(Protocol):
 
 Lookup = Callable[[str, str], CatalogEntry | None]
 DriftFn = Callable[[str, str], list[str] | None]
-CurrentDriftFn = Callable[[str, str], Awaitable[list[str] | None]]
-RunFn = Callable[[CatalogEntry, Invocation, dict[str, Any], None], Awaitable[types.CallToolResult]]
-"""Runs an `executing` invocation and records its outcome (the gateway's `_run_counted`)."""
-RelayingFn = Callable[[str, Relay | None], AbstractContextManager[None]]
+
+
+class StepCall(Protocol):
+    """The gateway's pipeline for one step (`Gateway.call_step`): the stages of a host's call, as the composite's
+    caller."""
+
+    async def __call__(
+        self, parent: Invocation, step_id: str, entry: CatalogEntry, arguments: dict[str, Any], relay: Relay | None
+    ) -> tuple[str, types.CallToolResult]: ...
 
 
 class GatewaySteps:
-    """Runs steps through the gateway's own pieces: its catalog, policy, pins, ledger, observers and runner."""
+    """Finds the steps of composites in the gateway's catalog, composes their modes, and runs each through the
+    gateway's pipeline (`call_step`)."""
 
     def __init__(
         self,
@@ -52,23 +56,15 @@ class GatewaySteps:
         lookup: Lookup,
         mode_of: ModeOf,
         drift: DriftFn,
-        current_drift: CurrentDriftFn,
         invocations: InvocationStore,
-        outcomes: Outcomes,
-        run: RunFn,
-        relaying: RelayingFn,
-        owner: str,
+        call_step: StepCall,
     ) -> None:
         self._sources = sources
         self._lookup = lookup
         self._mode_of = mode_of
         self._drift = drift
-        self._current_drift = current_drift
         self._invocations = invocations
-        self._outcomes = outcomes
-        self._run = run
-        self._relaying = relaying
-        self._owner = owner
+        self._call_step = call_step
 
     def source(self, source_id: str) -> ActionSource | None:
         return self._sources.get(source_id)
@@ -106,32 +102,7 @@ class GatewaySteps:
         if parent is None:
             raise NotFound(f"no invocation {parent_id} to run step {step_id!r} for")
         entry = self._entry(step_id, source_id, action_id)
-        entry.validate_arguments(arguments)
-        try:
-            hashed = self._invocations.hash_args(arguments)
-        except InvalidArguments as exc:
-            raise InvalidArguments(f"step {step_id!r} ({entry.key}): {exc.message}") from exc
-        drift = await self._current_drift(source_id, action_id)
-        context = CallContext(session_id=parent.session_id, profile=parent.profile, principal=parent.principal)
-        decision = self._mode_of(entry, context, drifted=drift is not None, arguments=arguments)
-        invocation = entry.new_invocation(
-            arguments, hashed, decision, context, owner=self._owner, drift=drift, parent_id=parent.id
-        )
-        if decision.mode == "deny":
-            reason = f"policy ({decision.source}) denies {entry.key} (step {step_id!r} of invocation {parent.id})"
-            await self._outcomes.refuse(invocation, PolicyDenied(reason), {"step": step_id})
-        if entry.action.spec.approval_required and parent.mode != "require_approval":
-            reason = (
-                f"{entry.key} never runs without an approver's decision, and invocation "
-                f"{parent.id} was not held for one (step {step_id!r})"
-            )
-            await self._outcomes.refuse(invocation, PolicyDenied(reason), {"step": step_id})
-        detail: dict[str, Any] = {"step": step_id, "parent_id": parent.id}
-        if decision.mode == "require_approval":
-            detail["approval"] = f"covered by invocation {parent.id} ({parent.mode}, {parent.mode_source})"
-        await self._outcomes.start(invocation, detail)
-        with self._relaying(invocation.id, relay):
-            return invocation.id, await self._run(entry, invocation, arguments, None)
+        return await self._call_step(parent, step_id, entry, arguments, relay)
 
     def _entry(self, step_id: str, source_id: str, action_id: str) -> CatalogEntry:
         """The step's action as hosts may call it; ConnectorUnavailable or NotFound (nothing recorded) when it is not

@@ -126,6 +126,17 @@ def _decision(mode: Mode, source: str) -> ModeDecision:
     return ModeDecision(mode=mode, source=source)
 
 
+OPERATOR_SOURCES: Final = frozenset({"org", "profile", "org_rule", "profile_rule"})
+"""The mode sources that are an operator's own entry for an action (a key's mode, or a rule whose condition held):
+not the risk's default, an undecided condition, drift, or an approver's grant."""
+
+
+def covers_held_steps(own: ModeDecision) -> bool:
+    """Whether a composite allowed by `own` may run steps that policy holds for an approver without asking one: only
+    when an operator's own entry for the composite allows it."""
+    return own.mode == "allow" and own.source in OPERATOR_SOURCES
+
+
 def compose_mode(
     own: ModeDecision,
     *,
@@ -133,12 +144,15 @@ def compose_mode(
     steps: Sequence[tuple[str, ModeDecision, bool]],
     held_steps: Sequence[str] = (),
 ) -> ModeDecision:
-    """The mode of a composite action (a manifest action) from its own and its steps' (policy key, mode, drifted).
+    """The mode of a composite action (a manifest action) from its own and its steps' (policy key, mode, drifted),
+    decided before any step runs.
 
-    A composite never looks safer than its steps: a step that policy denies denies it (source `step:<key>`), and a
+    A composite is never looser than its steps: a step that policy denies denies it (source `step:<key>`), and a
     drifted step holds it for an approver (source `drift:<key>`), who then sees which step changed. A declared
-    `approval_required` holds it too (source `declared`). A step that merely needs approval does not: the
-    composite's own approval, or the policy that allows the composite, covers its steps.
+    `approval_required` holds it too (source `declared`, or `declared:<key>` for a step's). A step that needs an
+    approver holds it (source `step:<key>`), unless an operator's own entry for the composite allows it
+    (`covers_held_steps`): the risk's default or an approver's grant never does. The composite's approval then
+    covers its steps.
     """
     if own.mode == "deny":
         return own
@@ -154,4 +168,9 @@ def compose_mode(
         return ModeDecision(mode="require_approval", source="declared")
     if held_steps:
         return ModeDecision(mode="require_approval", source=f"declared:{held_steps[0]}")
+    if covers_held_steps(own):
+        return own
+    held = next((key for key, step, _ in steps if step.mode == "require_approval"), None)
+    if held is not None:
+        return ModeDecision(mode="require_approval", source=f"step:{held}")
     return own
