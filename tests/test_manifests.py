@@ -561,3 +561,19 @@ async def test_each_step_has_a_span_with_its_invocation_under_the_manifests_down
     assert all(s.parent is not None and s.parent.span_id == composite.context.span_id for s in step_spans)
     downstream = [s for s in finished if s.name == "bastion.downstream fx:echo"]
     assert [d.parent.span_id for d in downstream if d.parent] == [s.context.span_id for s in step_spans]
+
+
+async def test_a_manifest_edited_to_a_lower_risk_is_drift_and_keeps_its_pinned_mode(tmp_path: Path) -> None:
+    fixture = FixtureServer()
+    async with manifest_bastion(tmp_path, {"x.md": manifest("twice", ECHO_TWICE, risk="danger")}, fixture=fixture) as b:
+        await b.wait_listed("actions__twice")
+        assert error_of(await b.client.call_tool("actions__twice", {"text": "hi"}))["class"] == "policy_denied"
+
+    async with manifest_bastion(tmp_path, {"x.md": manifest("twice", ECHO_TWICE, risk="read")}, fixture=fixture) as b:
+        await b.wait_listed("actions__twice")
+        assert b.gateway.pins.drift("actions", "twice") is not None, "the declared risk is in the pinned definition"
+        result = await b.client.call_tool("actions__twice", {"text": "hi"})
+        assert error_of(result)["class"] == "policy_denied", "lowering the risk does not loosen the mode"
+        last = (await b.ledger.invocations.list(source_id="actions"))[0]
+        assert (last.mode, last.drift is not None) == ("deny", True), "judged by the pinned risk: danger"
+    assert fixture.calls == []

@@ -530,3 +530,21 @@ async def test_a_step_dies_with_a_sigkilled_bastion_and_an_approver_can_then_rol
     )
     again_refused = run_cli("invocations", "rollback", invocation_id, "--config", str(config), env=env)
     assert again_refused.returncode == 1  # settled: there is nothing left to roll back
+
+
+async def test_a_package_edited_to_a_lower_risk_is_drift_and_keeps_its_pinned_mode(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    package = write_package(config, "deploy", action_json("deploy", "R3"))
+    async with plugin_bastion(config) as (client, gateway):
+        entry = gateway.catalog.get("plugins__deploy")
+        assert entry is not None and gateway.mode_of(entry, CallContext(session_id="test")).mode == "deny"
+
+    (package / "action.json").write_text(json.dumps(action_json("deploy", "R0"), indent=2))
+    async with plugin_bastion(config) as (client, gateway):
+        entry = gateway.catalog.get("plugins__deploy")
+        assert entry is not None and entry.action.risk == "read"
+        assert gateway.pins.drift("plugins", "deploy") is not None, "the declared risk is in the pinned definition"
+        assert gateway.mode_of(entry, CallContext(session_id="test")).mode == "deny", "judged by the pinned risk"
+        result = await client.call_tool("plugins__deploy", {"path": "docs/a.txt", "text": "x"})
+        assert result.is_error
+    assert _markers(tmp_path) == []

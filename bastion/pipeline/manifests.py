@@ -35,7 +35,7 @@ from bastion.errors import (
 from bastion.manifests import ActionState, Manifest, Step, TemplateError, render
 from bastion.models import MANIFEST_SOURCE_ID, RISKS, Risk, SourceState, SourceStatus
 from bastion.pipeline.seams import ChangeFn, ProgressFn, Relay, StepRunner
-from bastion.policies import canonical_json
+from bastion.policies import canonical_json, declared_risk
 
 logger = logging.getLogger(__name__)
 
@@ -131,9 +131,9 @@ class ManifestSource:
         return sorted(self._views.values(), key=lambda view: view.name)
 
     def risk_of(self, action_id: str, definition: Mapping[str, Any]) -> Risk:
-        """A manifest's risk comes from its file and its steps, never from its tool definition."""
-        view = self._views.get(action_id)
-        return view.risk if view is not None and view.risk is not None else "danger"
+        """The risk `definition` (e.g. the pinned one) carries: a manifest's risk, from its file and its steps, is
+        in its tool's annotations, so an edit that lowers it is drift and does not loosen its mode."""
+        return declared_risk(definition)
 
     def refusal(self, name: str) -> BastionError | None:
         prefix = f"{self.namespace}__"

@@ -34,7 +34,7 @@ from bastion.policies.naming import (
     sanitize,
     tool_name,
 )
-from bastion.policies.risk import RiskSetting, derive_risk, normalize_risk
+from bastion.policies.risk import RiskSetting, declared_risk, derive_risk, normalize_risk
 
 __all__ = [
     "FINGERPRINT_FIELDS",
@@ -53,6 +53,7 @@ __all__ = [
     "canonical_json",
     "compose_mode",
     "covers_held_steps",
+    "declared_risk",
     "derive_risk",
     "diff_definitions",
     "fingerprint",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
@@ -44,6 +45,16 @@ def derive_risk(
     if default_risk is not None:
         return RiskDecision(risk=default_risk, source="default_risk")
     return RiskDecision(risk="write", source="default")
+
+
+def declared_risk(definition: Mapping[str, Any]) -> Risk:
+    """The risk an action Bastion defines itself (a manifest or plugin action) had with this wire-form definition,
+    e.g. its pinned one: its annotations carry it (`destructiveHint` for danger, `readOnlyHint` for read, neither
+    for write). So a declared risk is part of what a pin covers: lowering it is drift, judged by the pinned risk."""
+    annotations = definition.get("annotations") or {}
+    if annotations.get("destructiveHint") is True or not annotations:
+        return "danger"
+    return "read" if annotations.get("readOnlyHint") is True else "write"
 
 
 def _configured_risk(value: Any) -> Any:

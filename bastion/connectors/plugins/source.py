@@ -23,6 +23,7 @@ from bastion.connectors.plugins.package import PluginPackage
 from bastion.connectors.plugins.scope import scope_violation
 from bastion.errors import ConnectorUnavailable, PolicyDenied
 from bastion.models import PLUGIN_SOURCE_ID, Risk, SourceStatus
+from bastion.policies import declared_risk
 
 ChangeFn = Callable[[str], Awaitable[None]]
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
@@ -82,9 +83,9 @@ class PluginSource:
         return list(self._specs) if self._up and self._limits.workspace.is_dir() else []
 
     def risk_of(self, action_id: str, definition: Mapping[str, Any]) -> Risk:
-        """The declared risk; an action it no longer has is judged `danger`."""
-        package = self._packages.get(action_id)
-        return package.risk if package is not None else "danger"
+        """The risk `definition` (e.g. the pinned one) carries: a package's declared risk is in its tool's
+        annotations, so lowering it is drift and does not loosen its mode."""
+        return declared_risk(definition)
 
     async def run(self, on_change: ChangeFn) -> None:
         self._up = True
