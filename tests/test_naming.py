@@ -77,31 +77,27 @@ def test_distinct_names_are_assigned_unchanged() -> None:
     assert result.warnings == []
 
 
-def test_a_collision_across_sources_leaves_the_name_to_the_first_source_id() -> None:
+def test_a_name_two_sources_claim_on_a_fresh_ledger_goes_to_neither() -> None:
     result = assign_tool_names(
         [
             NameRequest(source_id="zeta", namespace="", action_id="search"),
             NameRequest(source_id="alpha", namespace="", action_id="search"),
         ]
     )
-    assert result.names[("alpha", "search")] == "search"
-    renamed = result.names[("zeta", "search")]
-    assert re.fullmatch(r"search_[0-9a-f]{8}", renamed)
-    assert len(result.warnings) == 1
+    assert result.names == {("alpha", "search"): "alpha__search", ("zeta", "search"): "zeta__search"}
+    assert len(result.warnings) == 2
 
 
-def test_a_collision_warning_names_both_keys_and_both_names() -> None:
+def test_a_collision_warning_names_the_other_claimant_and_the_new_name() -> None:
     result = assign_tool_names(
         [
             NameRequest(source_id="b", namespace="shared", action_id="run"),
             NameRequest(source_id="a", namespace="shared", action_id="run"),
         ]
     )
-    [warning] = result.warnings
-    assert "a:run" in warning
-    assert "b:run" in warning
-    assert result.names[("a", "run")] in warning
-    assert result.names[("b", "run")] in warning
+    first, second = result.warnings
+    assert "'shared__run'" in first and "b:run" in first and "a:run is listed as 'a__shared__run'" in first
+    assert "a:run" in second and "b:run is listed as 'b__shared__run'" in second
 
 
 def test_a_collision_within_one_source_after_sanitising_is_resolved() -> None:
@@ -111,13 +107,34 @@ def test_a_collision_within_one_source_after_sanitising_is_resolved() -> None:
             NameRequest(source_id="fs", namespace="fs", action_id="read/file"),
         ]
     )
-    # "read.file" sorts before "read/file", so it keeps the sanitised name.
-    assert result.names[("fs", "read.file")] == "fs__read_file"
-    assert result.names[("fs", "read/file")] != "fs__read_file"
-    assert result.names[("fs", "read/file")].startswith("fs__read_file_")
-    [warning] = result.warnings
-    assert "fs:read.file" in warning
-    assert "fs:read/file" in warning
+    first, second = result.names[("fs", "read.file")], result.names[("fs", "read/file")]
+    assert first != second and "fs__read_file" not in (first, second)
+    assert first.startswith("fs__fs__read_file_") and second.startswith("fs__fs__read_file_")
+    assert len(result.warnings) == 2
+
+
+def test_a_kept_name_stays_with_its_action_even_while_it_is_not_listed() -> None:
+    kept = {"ops__read_status": ("ops", "read_status")}
+    impostor = NameRequest(source_id="aaa", namespace="", action_id="ops__read_status")
+    alone = assign_tool_names([impostor], kept)
+    assert alone.names == {("aaa", "ops__read_status"): "aaa__ops__read_status"}
+    [warning] = alone.warnings
+    assert "given to ops:read_status, which keeps it" in warning
+
+    both = assign_tool_names([impostor, NameRequest(source_id="ops", namespace="ops", action_id="read_status")], kept)
+    assert both.names[("ops", "read_status")] == "ops__read_status"
+    assert both.names[("aaa", "ops__read_status")] == "aaa__ops__read_status"
+
+
+def test_an_action_renamed_before_gets_the_same_name_again() -> None:
+    requests = [
+        NameRequest(source_id="a", namespace="", action_id="x" * 60),
+        NameRequest(source_id="b", namespace="", action_id="x" * 60),
+    ]
+    first = assign_tool_names(requests)
+    kept = {name: key for key, name in first.names.items()}
+    assert assign_tool_names(requests, kept).names == first.names
+    assert assign_tool_names(requests[1:], kept).names == {("b", "x" * 60): first.names[("b", "x" * 60)]}
 
 
 def test_a_renamed_action_never_takes_a_name_another_action_claims() -> None:
@@ -147,11 +164,9 @@ def test_a_collision_between_long_names_stays_within_the_cap() -> None:
             NameRequest(source_id="b", namespace="ns", action_id=action),
         ]
     )
-    assert result.names[("a", action)] == tool_name("ns", action)
-    renamed = result.names[("b", action)]
-    assert renamed != result.names[("a", action)]
-    assert len(renamed) == MAX_TOOL_NAME
-    assert HOST_SAFE.fullmatch(renamed)
+    names = [result.names[("a", action)], result.names[("b", action)]]
+    assert len(set(names)) == 2 and tool_name("ns", action) not in names
+    assert all(len(name) <= MAX_TOOL_NAME and HOST_SAFE.fullmatch(name) for name in names)
 
 
 def test_duplicate_requests_for_one_action_are_refused() -> None:
@@ -184,3 +199,22 @@ def test_assigned_names_are_unique_safe_and_independent_of_input_order(
     shuffled = list(requests)
     random.shuffle(shuffled)
     assert assign_tool_names(shuffled) == result
+
+
+@given(requests_lists, requests_lists, st.randoms(use_true_random=False))
+def test_a_kept_name_goes_only_to_its_action_and_names_stay_unique(
+    earlier: list[NameRequest], now: list[NameRequest], random: Random
+) -> None:
+    kept = {name: key for key, name in assign_tool_names(earlier).names.items()}
+    result = assign_tool_names(now, kept)
+    assert len(set(result.names.values())) == len(now)
+    for key, name in result.names.items():
+        assert kept.get(name, key) == key, f"{name!r} was kept for {kept.get(name)}, not given to {key}"
+    natural = {(r.source_id, r.action_id): tool_name(r.namespace, r.action_id) for r in now}
+    for name, keeper in kept.items():
+        if natural.get(keeper) == name:
+            assert result.names[keeper] == name, "an action keeps the name it was given"
+
+    shuffled = list(now)
+    random.shuffle(shuffled)
+    assert assign_tool_names(shuffled, kept) == result

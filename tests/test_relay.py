@@ -476,13 +476,10 @@ def test_a_uri_nobody_lists_goes_to_the_first_source_whose_template_matches() ->
 def test_prompt_names_are_namespaced_and_collisions_resolved_like_tools() -> None:
     greet = types.Prompt(name="greet")
     catalog = ContentCatalog([content("b", namespace="", prompts=[greet]), content("a", namespace="", prompts=[greet])])
-    names = [p.name for p in catalog.prompts]
-    assert "greet" in names and len(names) == 2
-    kept = catalog.prompt("greet")
-    assert kept is not None and (kept.source_id, kept.upstream_name) == ("a", "greet")
-    (renamed,) = [n for n in names if n != "greet"]
-    entry = catalog.prompt(renamed)
-    assert entry is not None and (entry.source_id, entry.upstream_name) == ("b", "greet")
+    assert sorted(p.name for p in catalog.prompts) == ["a__greet", "b__greet"], "neither source takes the name"
+    for source_id in ("a", "b"):
+        entry = catalog.prompt(f"{source_id}__greet")
+        assert entry is not None and (entry.source_id, entry.upstream_name) == (source_id, "greet")
     spaced = ContentCatalog([content("fx", prompts=[types.Prompt(name="say hi")])])
     assert [p.name for p in spaced.prompts] == ["fx__say_hi"]
     assert spaced.prompt("fx__say_hi") is not None

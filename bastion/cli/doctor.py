@@ -1,12 +1,13 @@
 """`bastion doctor`: check a configuration without starting anything; every problem with file:line and its fix.
 
 Besides what loading finds (syntax, unknown keys, bad values: `Config.issues`), it checks every action file of
-`actions/*.md` (each problem with its seed 002 class: `parse_error`, `validation_error`, `capability_denied`,
+`actions/*.md` (each problem with its class: `parse_error`, `validation_error`, `capability_denied`,
 `not_found`) and the overlay that enables them; that each enabled stdio connector's `command` can be started: an
 absolute or relative path must be an executable file, a bare name must be found on the PATH the connector will get
 (its own `env` PATH, else Bastion's); and that each enabled provider's credential is bound (a provider without it
-is `binding_required`). It never calls a provider's API. It also declares the guarantee the configured ledger
-gives (seed 004's levels: G1 on SQLite, G1 across instances on PostgreSQL).
+is `binding_required`). It never calls a provider's API. From the ledger, if there is one, it warns of the actions
+the next start lists under another name than their own, since another action keeps or also claims it. It also
+declares the guarantee the configured ledger gives (G1 on SQLite, G1 across instances on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -18,14 +19,35 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import typer
 
-from bastion.cli.app import ConfigOption, Exit, JsonOption, action_state, app, emit_json, load_actions, out
-from bastion.config import Config, ConfigIssue, ConnectorConfig, find_config_dir, load_config
+from bastion.cli.app import (
+    ConfigOption,
+    Exit,
+    JsonOption,
+    action_state,
+    app,
+    emit_json,
+    load_actions,
+    open_ledger,
+    out,
+)
+from bastion.config import (
+    SQLITE_PREFIX,
+    Config,
+    ConfigIssue,
+    ConnectorConfig,
+    find_config_dir,
+    load_config,
+    sqlite_path,
+)
 from bastion.connectors.providers import provider_source
-from bastion.errors import ConfigError
+from bastion.errors import BastionError, ConfigError
 from bastion.ledger import guarantee_of
 from bastion.manifests import Manifest
+from bastion.models import MANIFEST_SOURCE_ID, PLUGIN_SOURCE_ID
+from bastion.policies import NameRequest, assign_tool_names
 
 
 @dataclass(frozen=True)
@@ -104,6 +126,29 @@ def examine(
     return checks, problems
 
 
+async def name_warnings(config: Config) -> list[str]:
+    """The host-name collisions the next start resolves, judged on the actions the ledger has seen (their pins) and
+    the names it keeps for them (see `bastion.policies.assign_tool_names`): who is renamed, and why. Nothing when
+    there is no ledger yet; a warning when it cannot be read."""
+    if config.ledger_url.startswith(SQLITE_PREFIX) and not sqlite_path(config.ledger_url).exists():
+        return []
+    disabled = set(config.policy.sources.disabled)
+    namespaces = {c.id: c.effective_namespace for c in config.connectors}
+    namespaces |= {pid: provider.effective_namespace(pid) for pid, provider in config.providers.items()}
+    namespaces |= {MANIFEST_SOURCE_ID: MANIFEST_SOURCE_ID, PLUGIN_SOURCE_ID: PLUGIN_SOURCE_ID}
+    try:
+        async with open_ledger(config) as ledger:
+            pins, kept = await ledger.pins.pins(), await ledger.pins.tool_names()
+    except BastionError as exc:
+        return [f"the names the ledger keeps were not checked: {exc.message}"]
+    requests = [
+        NameRequest(source_id=pin.source_id, namespace=namespaces[pin.source_id], action_id=pin.action_id)
+        for pin in pins
+        if pin.source_id in namespaces and pin.source_id not in disabled
+    ]
+    return assign_tool_names(requests, kept).warnings
+
+
 @app.command()
 def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Check the configuration, each stdio connector's command and each provider's credential (without calling
@@ -115,8 +160,9 @@ def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None
         raise Exit.of(exc) from exc
     manifests, issues = load_actions(config)
     checks, problems = examine(config, manifests, issues, os.environ, Path.cwd())
+    warnings = anyio.run(name_warnings, config)
     if as_json:
-        emit_json(report_json(config, len(manifests), checks, problems))
+        emit_json(report_json(config, len(manifests), checks, problems) | {"warnings": warnings})
         if problems:
             raise typer.Exit(2)  # the report is the whole answer, problems included
         return
@@ -136,6 +182,8 @@ def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None
         if check.check in ("command", "credential"):
             line = f"connector {check.subject} runs" if check.check == "command" else f"provider {check.subject}:"
             out.print(f"ok: {line} {check.detail}", markup=False, highlight=False)
+    for warning in warnings:
+        out.print(f"warning: {warning}", markup=False, highlight=False)
     guarantee = guarantee_of(config.ledger_url)
     out.print(f"guarantee: {guarantee.level} (wrapper-enforced), {guarantee.scope}", markup=False, highlight=False)
     out.print(f"  recovery: {guarantee.recovery}", markup=False, highlight=False)

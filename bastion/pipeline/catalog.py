@@ -175,13 +175,22 @@ Lister = Callable[[PreparedAction], types.Tool | None]
 class Catalog:
     """Host names to entries, plus the ready-made `tools/list` answer."""
 
-    def __init__(self, actions: Iterable[PreparedAction] = (), lister: Lister | None = None) -> None:
+    def __init__(
+        self,
+        actions: Iterable[PreparedAction] = (),
+        lister: Lister | None = None,
+        kept: Mapping[str, tuple[str, str]] | None = None,
+    ) -> None:
+        """`kept`: the host names given before (name -> source_id, action_id), which stay with their actions."""
         by_key = {(a.source_id, a.action_id): a for a in actions}
         assignment = assign_tool_names(
-            NameRequest(source_id=a.source_id, namespace=a.namespace, action_id=a.action_id) for a in by_key.values()
+            (NameRequest(source_id=a.source_id, namespace=a.namespace, action_id=a.action_id) for a in by_key.values()),
+            kept,
         )
+        self.warnings = assignment.warnings
+        """The name collisions resolved, each saying who lists under which name."""
         for warning in assignment.warnings:
-            logger.warning("tool name collision: %s", warning)
+            logger.warning("%s", warning)
         self.entries: dict[str, CatalogEntry] = {}
         self.by_action: dict[tuple[str, str], CatalogEntry] = {}
         """The same entries by (source_id, action_id)."""

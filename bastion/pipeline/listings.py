@@ -127,6 +127,7 @@ class Listings:
             if slow:
                 logger.warning("sources still listing after the timeout, omitted for now: %s", ", ".join(slow))
         self._rebuild()
+        await self._keep_names()
         self._note_if_started()
         tg.start_soon(self._rebuild_loop, name="catalog")
         tg.start_soon(self._follow_pins, name="pins")
@@ -196,7 +197,8 @@ class Listings:
 
     def _rebuild(self) -> frozenset[ListingKind]:
         """Rebuild what hosts list; returns the kinds of listing that changed since the last rebuild."""
-        self.catalog = Catalog((action for actions in self._prepared.values() for action in actions), self._listed)
+        actions = (action for actions in self._prepared.values() for action in actions)
+        self.catalog = Catalog(actions, self._listed, self._pins.names)
         # Names stay known while their source is down, so a call of one is `connector_unavailable`, not `not_found`.
         ready = {sid for sid, source in self.sources.items() if source.status.state == "ready"}
         self._last_seen = {name: sid for name, sid in self._last_seen.items() if sid not in ready}
@@ -212,12 +214,21 @@ class Listings:
             await self._changed.wait()
             self._changed = anyio.Event()
             changed = self._rebuild()
+            await self._keep_names()
             self._note_if_started()
             for listener in self._listeners:
                 await listener()
             if changed:
                 for listing_listener in self._listing_listeners:
                     await listing_listener(changed)
+
+    async def _keep_names(self) -> None:
+        """Keep the names this rebuild gave in the ledger, so they stay with their actions; when another instance
+        gave one of them to another action first, rebuild with its names."""
+        given = {entry.name: key for key, entry in self.catalog.by_action.items()}
+        if await self._pins.keep_names(given):
+            self._dirty.add("tools")
+            self._changed.set()
 
     def _starting(self) -> list[str]:
         """The sources still in their first start (neither listed nor failed yet)."""

@@ -1,9 +1,9 @@
 """Pins and drift (DESIGN.md §5): which actions' definitions changed behind our back.
 
-Pins live in the ledger, keyed by source and upstream tool name. Every listing of a source is
-compared with them: a first sighting is pinned (trust on first use) unless the action's pin policy asks
-new actions of a known source to be approved, or pins it explicitly; a changed definition is recorded
-as drift, with the diff an approver sees.
+Pins live in the ledger, keyed by source and upstream tool name, beside the host name each action was given.
+Every listing of a source is compared with them: a first sighting is pinned (trust on first use) unless the
+action's pin policy asks new actions of a known source to be approved, or pins it explicitly; a changed definition
+is recorded as drift, with the diff an approver sees.
 Only an approver clears drift (`bastion pins accept`); it is re-checked at call time, so an
 acceptance made by another process counts at once, and `refresh` re-reads the drifted pins so that what
 hosts list follows an acceptance made anywhere.
@@ -12,11 +12,11 @@ hosts list follows an acceptance made anywhere.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from bastion.actions import ExplicitPin
-from bastion.models import Pin, PinObservation
+from bastion.models import Pin, PinObservation, utcnow
 from bastion.pipeline.catalog import PreparedAction
 from bastion.pipeline.seams import PinStore
 from bastion.policies import Fingerprints, diff_definitions, is_drifted
@@ -39,11 +39,24 @@ class PinBook:
         """Actions pinned in configuration: their drift clears only when the configuration changes."""
         self._cleared = False
         """Whether some drift was accepted since the last `refresh` (hosts must be shown the new definition)."""
+        self.names: dict[str, tuple[str, str]] = {}
+        """Host name -> the action (source_id, action_id) it was given to, as the ledger keeps them."""
         self.on_drift: list[Callable[[str, str], Awaitable[None]]] = []
         """Awaited with (source_id, action_id) when an action newly drifts (its grants are revoked)."""
 
     async def load(self) -> None:
         self._pins = {(p.source_id, p.action_id): p for p in await self._store.pins()}
+        self.names = await self._store.tool_names()
+
+    async def keep_names(self, given: Mapping[str, tuple[str, str]]) -> bool:
+        """Remember the host names given now that no action kept yet (see `bastion.policies.assign_tool_names`);
+        True when another instance kept one of them for another action first (the names are then re-read)."""
+        new = {name: key for name, key in given.items() if name not in self.names}
+        if not new:
+            return False
+        await self._store.keep_tool_names(new, now=utcnow())
+        self.names = await self._store.tool_names()
+        return any(self.names.get(name) != key for name, key in new.items())
 
     def pinned_definition(self, source_id: str, action_id: str) -> dict[str, Any] | None:
         """The trusted definition of a drifted action, or None when there is none to go by (a new action held for

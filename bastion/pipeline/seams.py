@@ -405,6 +405,14 @@ class PinStore(Protocol):
         `bastion.pipeline.authority` calls it."""
         ...
 
+    async def tool_names(self) -> dict[str, tuple[str, str]]:
+        """Every host name given to an action: name -> (source_id, action_id)."""
+        ...
+
+    async def keep_tool_names(self, names: Mapping[str, tuple[str, str]], *, now: datetime) -> None:
+        """Remember that each name was given to its action; a name already given to one stays with it."""
+        ...
+
 
 class GrantStore(Protocol):
     """Standing approvals (bastion.pipeline.grants): stored with the decision that makes them, never deleted."""

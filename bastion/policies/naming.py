@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
 from typing import Final
 
 from pydantic import BaseModel, ConfigDict
@@ -70,24 +71,37 @@ class NameAssignment(BaseModel):
     warnings: list[str]
 
 
-def _renamed(name: str, key: str, taken: set[str]) -> str:
-    """A free name for the action `key` that lost `name`: `name` plus a hash of `key`, rehashed until free."""
+def _is_form_of(name: str, base: str) -> bool:
+    """Whether `name` is `base`, or `base` renamed with a hash suffix (see `_renamed`)."""
+    if name == base:
+        return True
+    stem = base[: MAX_TOOL_NAME - _HASH_LENGTH - 1]
+    return name.startswith(stem + "_") and re.fullmatch(r"[0-9a-f]{8}", name[len(stem) + 1 :]) is not None
+
+
+def _renamed(name: str, key: str, taken: set[str], owned: Collection[str] = ()) -> str:
+    """A free name for the action `key` that cannot have `name`: `name` plus a hash of `key`, rehashed until free
+    (or until one the action was given before, in `owned`)."""
     attempt = 0
     while True:
         seed = key if attempt == 0 else f"{key}#{attempt}"
         candidate = _with_suffix(name, _short_hash(seed))
-        if candidate not in taken:
+        if candidate in owned or candidate not in taken:
             return candidate
         attempt += 1
 
 
-def assign_tool_names(requests: Iterable[NameRequest]) -> NameAssignment:
+def assign_tool_names(requests: Iterable[NameRequest], kept: Mapping[str, NameKey] | None = None) -> NameAssignment:
     """Give every action a distinct host name, independently of the order of `requests`.
 
-    Each action first claims its `tool_name`. When several claim the same name, the first in
-    `(source_id, action_id)` order keeps it and the others get a hash suffix of their own policy key.
-    Renamed actions never take a name that another action claims as its own.
+    Each action claims its `tool_name`. `kept` holds the names given before (the ledger's): a kept name stays with
+    its action, listed now or not, so a source added later, or listing first, never takes it over; the later
+    claimant is renamed. A name nobody keeps that several actions claim goes to none of them: each gets a
+    source-qualified name (`<source_id>__<name>`, hashed when that is still not unique), so no order of
+    configuration or start-up decides who answers to it. Renamed actions never take a name that another action
+    claims or keeps, and one renamed before gets the same name again.
     """
+    kept = kept or {}
     natural: dict[NameKey, str] = {}
     for request in requests:
         key = (request.source_id, request.action_id)
@@ -95,25 +109,43 @@ def assign_tool_names(requests: Iterable[NameRequest]) -> NameAssignment:
             raise ValueError(f"duplicate action {policy_key(*key)!r} in name requests")
         natural[key] = tool_name(request.namespace, request.action_id)
 
-    ordered = sorted(natural)
-    holders: dict[str, NameKey] = {}
-    for key in ordered:
-        holders.setdefault(natural[key], key)
-
-    taken = set(holders)
+    claimants: dict[str, list[NameKey]] = {}
+    for key in sorted(natural):
+        claimants.setdefault(natural[key], []).append(key)
+    owned: dict[NameKey, list[str]] = {}
+    for name, holder in sorted(kept.items()):
+        owned.setdefault(holder, []).append(name)
     names: dict[NameKey, str] = {}
-    warnings: list[str] = []
-    for key in ordered:
+    losers: list[NameKey] = []
+    for key in sorted(natural):
         name = natural[key]
-        holder = holders[name]
-        if holder == key:
+        keeper = kept.get(name)
+        if keeper == key:
             names[key] = name
-            continue
-        renamed = _renamed(name, policy_key(*key), taken)
-        taken.add(renamed)
-        names[key] = renamed
-        warnings.append(
-            f"tool name collision on {name!r}: {policy_key(*holder)} keeps {name!r}, "
-            f"{policy_key(*key)} is renamed {renamed!r}"
-        )
+        elif keeper is None and len(claimants[name]) == 1:
+            # Alone now; but an action listed under a qualified name before keeps that one.
+            qualified = tool_name(key[0], name)
+            names[key] = next((n for n in owned.get(key, ()) if _is_form_of(n, qualified)), name)
+        else:
+            losers.append(key)
+
+    taken = {*kept, *claimants, *names.values()}
+    qualified_names = {key: tool_name(key[0], natural[key]) for key in losers}
+    contested = Counter(qualified_names.values())
+    warnings: list[str] = []
+    for key in losers:
+        name = qualified_names[key]
+        mine = owned.get(key, [])
+        if name not in mine and (name in taken or contested[name] > 1):
+            name = _renamed(name, policy_key(*key), taken, mine)
+        taken.add(name)
+        names[key] = name
+        claimed = natural[key]
+        keeper = kept.get(claimed)
+        if keeper is not None:
+            why = f"it was given to {policy_key(*keeper)}, which keeps it"
+        else:
+            others = [policy_key(*k) for k in claimants[claimed] if k != key]
+            why = f"{', '.join(others)} also claim(s) it, so none gets it"
+        warnings.append(f"tool name collision on {claimed!r}: {why}; {policy_key(*key)} is listed as {name!r}")
     return NameAssignment(names=names, warnings=warnings)

@@ -3,6 +3,8 @@ definitions kept verbatim (never redacted: they are not secrets, and a scrubbed 
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 
 from bastion.errors import NotFound
@@ -91,3 +93,16 @@ async def test_accepting_without_drift_returns_nothing_and_an_unknown_action_is_
     assert await ledger.pins.accept_drift(source_id="nowhere", action_id=None, principal="alice") == []
     with pytest.raises(NotFound, match="fs:missing"):
         await ledger.pins.accept_drift(source_id="fs", action_id="missing", principal="alice")
+
+
+async def test_a_tool_name_once_kept_stays_with_its_action(ledger: OpenLedger) -> None:
+    assert await ledger.pins.tool_names() == {}
+    now = datetime.fromisoformat("2026-11-28T10:00:00+00:00")
+    await ledger.pins.keep_tool_names({"ops__echo": ("ops", "echo"), "fs__read": ("fs", "read")}, now=now)
+    await ledger.pins.keep_tool_names({"ops__echo": ("aaa", "ops__echo"), "aaa__x": ("aaa", "x")}, now=now)
+
+    assert await ledger.pins.tool_names() == {
+        "ops__echo": ("ops", "echo"),
+        "fs__read": ("fs", "read"),
+        "aaa__x": ("aaa", "x"),
+    }

@@ -4,7 +4,8 @@ never through the redactor, as on SQLite (see bastion.ledger.sqlite.pins for why
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any, Final
 
 from bastion.errors import NotFound
@@ -36,6 +37,13 @@ _ACCEPT: Final = f"""
     RETURNING {_COLUMN_LIST}
 """
 _EXISTS: Final = "SELECT 1 FROM pins WHERE source_id = %s AND action_id = %s"
+_NAMES: Final = "SELECT name, source_id, action_id FROM tool_names"
+_KEEP_NAMES: Final = """
+    INSERT INTO tool_names (name, source_id, action_id, given_at)
+    SELECT name, source_id, action_id, %(now)s
+    FROM unnest(%(names)s::text[], %(sources)s::text[], %(actions)s::text[]) AS given (name, source_id, action_id)
+    ON CONFLICT (name) DO NOTHING
+"""
 
 
 class PostgresPins:
@@ -80,6 +88,21 @@ class PostgresPins:
             return sorted(accepted, key=lambda pin: pin.action_id)
 
         return await self._db.transaction(work)
+
+    async def tool_names(self) -> dict[str, tuple[str, str]]:
+        """Every host name given to an action: name -> (source_id, action_id)."""
+        return {name: (source_id, action_id) for name, source_id, action_id in await self._db.fetchall(_NAMES)}
+
+    async def keep_tool_names(self, names: Mapping[str, tuple[str, str]], *, now: datetime) -> None:
+        """Remember that each name was given to its action; a name already given to one stays with it."""
+        keys = list(names.values())
+        params = {
+            "names": list(names),
+            "sources": [source_id for source_id, _ in keys],
+            "actions": [action_id for _, action_id in keys],
+            "now": now,
+        }
+        await self._db.write(_KEEP_NAMES, params)
 
 
 def _pin_from_row(row: Sequence[Any]) -> Pin:

@@ -265,12 +265,25 @@ _MIGRATION_5: Final = (
     "CREATE INDEX grants_unrevoked ON grants (policy_key) WHERE revoked_at IS NULL",
 )
 
+_MIGRATION_6: Final = (
+    # The host-visible name each action was given, as in SQLite's migration 12: never deleted.
+    """
+    CREATE TABLE tool_names (
+        name      text PRIMARY KEY,
+        source_id text NOT NULL,
+        action_id text NOT NULL,
+        given_at  timestamptz NOT NULL
+    )
+    """,
+)
+
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_1,
     _MIGRATION_2,
     _MIGRATION_3,
     _MIGRATION_4,
     _MIGRATION_5,
+    _MIGRATION_6,
 )
 """Migration N (1-based) brings a database from version N-1 to N."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -49,6 +49,10 @@ _ACCEPT: Final = f"""
     RETURNING {_COLUMN_LIST}
 """
 _EXISTS: Final = "SELECT 1 FROM pins WHERE source_id = ? AND action_id = ?"
+_NAMES: Final = "SELECT name, source_id, action_id FROM tool_names"
+_KEEP_NAME: Final = (
+    "INSERT INTO tool_names (name, source_id, action_id, given_at) VALUES (?, ?, ?, ?) ON CONFLICT (name) DO NOTHING"
+)
 
 
 class SqlitePins:
@@ -81,6 +85,19 @@ class SqlitePins:
             return accept_drift(conn, source_id=source_id, action_id=action_id, principal=principal)
 
         return await self._db.write(work)
+
+    async def tool_names(self) -> dict[str, tuple[str, str]]:
+        """Every host name given to an action: name -> (source_id, action_id)."""
+        return {name: (source_id, action_id) for name, source_id, action_id in await self._db.fetchall(_NAMES)}
+
+    async def keep_tool_names(self, names: Mapping[str, tuple[str, str]], *, now: datetime) -> None:
+        """Remember that each name was given to its action; a name already given to one stays with it."""
+        rows = [(name, source_id, action_id, timestamp(now)) for name, (source_id, action_id) in names.items()]
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.executemany(_KEEP_NAME, rows)
+
+        await self._db.write(work)
 
 
 def select_pins(source_id: str | None) -> tuple[str, tuple[str, ...]]:

@@ -318,6 +318,19 @@ _MIGRATION_11: Final = (
     "CREATE INDEX grants_unrevoked ON grants (policy_key) WHERE revoked_at IS NULL",
 )
 
+_MIGRATION_12: Final = (
+    # The host-visible name each action was given (bastion.policies.naming): a name stays with its action across
+    # restarts, so a source added later cannot take it over. Rows are never deleted.
+    """
+    CREATE TABLE tool_names (
+        name      TEXT PRIMARY KEY,
+        source_id TEXT NOT NULL,
+        action_id TEXT NOT NULL,
+        given_at  TEXT NOT NULL
+    )
+    """,
+)
+
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_1,
     _MIGRATION_2,
@@ -330,6 +343,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_9,
     _MIGRATION_10,
     _MIGRATION_11,
+    _MIGRATION_12,
 )
 """Migration N (1-based) brings a ledger from user_version N-1 to N."""
 
