@@ -30,11 +30,18 @@ STATUSES: Final[tuple[Status, ...]] = get_args(Status)
 
 MANIFEST_SOURCE_ID: Final = "actions"
 """The source id (and namespace) of the manifest actions of `actions/*.md`: policy keys `actions:<name>`, tools
-`actions__<name>`. No connector may take it."""
+`actions__<name>`. Reserved (`RESERVED_SOURCE_IDS`)."""
 
 PLUGIN_SOURCE_ID: Final = "plugins"
 """The source id (and namespace) of the plugin action packages of `actions/<name>/action.json`: policy keys
-`plugins:<name>`, tools `plugins__<name>`. No connector may take it."""
+`plugins:<name>`, tools `plugins__<name>`. Reserved (`RESERVED_SOURCE_IDS`)."""
+
+RESERVED_SOURCE_IDS: Final[dict[str, str]] = {
+    MANIFEST_SOURCE_ID: "the manifest actions of actions/ (a reserved id)",
+    PLUGIN_SOURCE_ID: "the plugin actions of actions/ (a reserved id)",
+    "bastion": "Bastion's own tool, bastion__invocation (a reserved id)",
+}
+"""The source ids Bastion's own sources use, and what holds each: no connector or provider may take one."""
 
 RISK_ALIASES: Final[dict[str, Risk]] = {"R0": "read", "R1": "read", "R2": "write", "R3": "danger", "R4": "danger"}
 """Seed 000's risk tiers, accepted wherever a risk is configured."""

@@ -79,3 +79,26 @@ def test_providers_must_be_tables(tmp_path: Path) -> None:
     assert [issue.line for issue in config.issues] == [1]
     config = load_config(_config_dir(tmp_path, '[providers]\ngithub = "t"\n'), env={})
     assert config.providers == {} and [issue.line for issue in config.issues] == [2]
+
+
+def test_a_source_id_claimed_twice_by_any_two_kinds_is_an_error_naming_both_places(tmp_path: Path) -> None:
+    directory = _config_dir(
+        tmp_path,
+        '[providers.actions]\nkind = "github"\ntoken = "t"\n\n'  # 1: reserved for the manifest actions
+        '[providers.ops]\nkind = "github"\ntoken = "t"\n\n'  # 5: a connector's id
+        '[providers.bastion]\nkind = "slack"\ntoken = "t"\n',  # 9: reserved for bastion__invocation
+    )
+    (directory / "connectors").mkdir()
+    (directory / "connectors" / "ops.toml").write_text('command = "true"\n')
+    (directory / "connectors" / "second.toml").write_text('id = "ops"\ncommand = "true"\n')
+    (directory / "connectors" / "plugins.toml").write_text('command = "true"\n')
+
+    config = load_config(directory)
+    found = {(issue.file.name, issue.line): issue.message for issue in config.issues}
+    assert set(config.providers) == set() and [c.id for c in config.connectors] == ["ops"]
+    assert "already claimed by connectors/ops.toml:1" in found[("second.toml", 1)]
+    assert "the plugin actions of actions/" in found[("plugins.toml", 1)]
+    assert "the manifest actions of actions/" in found[("bastion.toml", 1)]
+    assert "already claimed by connectors/ops.toml:1" in found[("bastion.toml", 5)]
+    assert "bastion__invocation" in found[("bastion.toml", 9)]
+    assert all("rename" in message for message in found.values())

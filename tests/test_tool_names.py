@@ -14,6 +14,7 @@ from mcp import Client
 
 from bastion.config import Config, ConnectorConfig, PolicyConfig, Settings, load_config, sqlite_path
 from bastion.connectors import McpConnector
+from bastion.errors import ConfigError
 from bastion.ledger import Redactor, open_ledger
 from bastion.models import Pin, PinObservation, utcnow
 from bastion.pipeline.gateway import Gateway
@@ -117,3 +118,10 @@ async def test_doctor_warns_of_an_action_listed_under_another_name_than_its_own(
     assert "'ops__echo'" in warning and "ops:echo, which keeps it" in warning and "'aaa__ops__echo'" in warning
     text = run_cli("doctor", "--config", str(config_dir), env=env)
     assert text.returncode == 0 and f"warning: {warning}" in text.stdout
+
+
+async def test_a_gateway_refuses_two_sources_with_one_id(tmp_path: Path) -> None:
+    twice = [(ConnectorConfig(id="ops", command="unused"), FixtureServer()) for _ in range(2)]
+    with pytest.raises(ConfigError, match="'ops'"):
+        async with gateway_over(tmp_path, twice):
+            pass

@@ -54,7 +54,7 @@ from bastion.config.tomlpos import (
     line_containing,
 )
 from bastion.errors import ConfigError
-from bastion.models import MANIFEST_SOURCE_ID, MODES, PLUGIN_SOURCE_ID, PolicyRule
+from bastion.models import MODES, RESERVED_SOURCE_IDS, PolicyRule
 from bastion.policies import strictness
 
 _ENV_REFERENCE: Final = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -100,7 +100,7 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
     settings, settings_file = loader.settings()
     ledger_url = loader.ledger_url(settings, settings_file)
     connectors = loader.connectors()
-    providers = loader.providers(settings_file, {c.id for c in connectors})
+    providers = loader.providers(settings_file)
     policy = loader.policy()
     order = {file: i for i, file in enumerate(dict.fromkeys(issue.file for issue in loader.issues))}
     issues = sorted(loader.issues, key=lambda issue: (order[issue.file], issue.line))
@@ -155,6 +155,13 @@ class _Loader:
         self.unbound: dict[str, ConfigIssue] = {}
         self.unreadable_policies: list[str] = []
         """The policy files that could not be used (`file:line`): while there is one, every call is denied."""
+        self.source_ids: dict[str, str] = dict(RESERVED_SOURCE_IDS)
+        """Every source id claimed so far, and where: one id, one source, whatever the kinds."""
+
+    def claim_source_id(self, source_id: str, where: str) -> str | None:
+        """Claim `source_id` for the source defined at `where`: None when it was free, else where it is claimed."""
+        first = self.source_ids.setdefault(source_id, where)
+        return None if first == where else first
 
     def report(self, file: Path, line: int, message: str) -> None:
         self.issues.append(ConfigIssue(file=file, line=line, message=message))
@@ -276,7 +283,7 @@ class _Loader:
             file.data["providers"] = providers
         return settings, file
 
-    def providers(self, file: _TomlFile | None, connector_ids: set[str]) -> dict[str, ProviderConfig]:
+    def providers(self, file: _TomlFile | None) -> dict[str, ProviderConfig]:
         """Every usable `[providers.<id>]` of bastion.toml (see `bastion.config.providers`)."""
         if file is None:
             return {}
@@ -285,7 +292,9 @@ class _Loader:
             file.path,
             file.index,
             unset_credentials=file.unset_credentials,
-            connector_ids=connector_ids,
+            claim=lambda provider_id, line: self.claim_source_id(
+                provider_id, f"{CONFIG_FILE}:{line} [providers.{provider_id}]"
+            ),
             report=self.report,
         )
         self.unbound.update(unbound)
@@ -310,13 +319,13 @@ class _Loader:
             if found is None:
                 continue
             connector, line = found
-            first = loaded.get(connector.id)
+            first = self.claim_source_id(connector.id, f"{self.name(path)}:{line}")
             if first is not None:
                 self.report(
                     path,
                     line,
-                    f'connector id "{connector.id}" is already used by {self.name(first[1])}, which wins; '
-                    "this file is ignored: rename it or set another id",
+                    f'source id "{connector.id}" is already claimed by {first}; this file is ignored: rename it or '
+                    "set another id",
                 )
                 continue
             loaded[connector.id] = (connector, path)
@@ -344,14 +353,6 @@ class _Loader:
         except ValidationError as exc:
             for error in exc.errors():
                 self.report_invalid(file, ConnectorConfig, error, "this file is ignored")
-            return None
-        if connector.id in (MANIFEST_SOURCE_ID, PLUGIN_SOURCE_ID):
-            self.report(
-                path,
-                file.index.line_of(("id",)),
-                f'connector id "{connector.id}" is reserved for the actions of actions/ (manifests, plugins); rename '
-                "the file or set another id (this file is ignored until then)",
-            )
             return None
         needed = "command" if connector.transport == "stdio" else "url"
         if not getattr(connector, needed):

@@ -18,6 +18,8 @@ from bastion.config.models import PROVIDER_KINDS, ConfigIssue, ProviderConfig
 from bastion.config.tomlpos import KeyIndex, KeyPath, describe_error
 
 ReportFn = Callable[[Path, int, str], None]
+ClaimFn = Callable[[str, int], str | None]
+"""Claims a source id for the provider defined at a line: None when it was free, else where it is claimed."""
 """Records one problem of a file: (file, line, message)."""
 
 _SOURCE_ID: Final = re.compile(r"^[a-z0-9_-]+$")
@@ -38,13 +40,13 @@ def load_providers(
     index: KeyIndex,
     *,
     unset_credentials: Mapping[KeyPath, str],
-    connector_ids: set[str],
+    claim: ClaimFn,
     report: ReportFn,
 ) -> tuple[dict[str, ProviderConfig], dict[str, ConfigIssue]]:
     """The usable providers of bastion.toml's `providers` value, and why each unbound one is unbound.
 
     `unset_credentials` are the `token` keys whose `${env:NAME}` is not set (with the NAME), left out of
-    `tables`; a provider id that a connector also uses is refused (the connector wins)."""
+    `tables`; a provider id already claimed (`claim`: by a connector, or reserved) is refused, naming where."""
     if tables is None:
         return {}, {}
     if not isinstance(tables, dict):
@@ -63,12 +65,12 @@ def load_providers(
             )
         elif not isinstance(table, dict):
             report(file, line, _PROVIDERS_TABLE)
-        elif provider_id in connector_ids:
+        elif (first := claim(provider_id, line)) is not None:
             report(
                 file,
                 line,
-                f'provider id "{provider_id}" is also a connector id (connectors/), which wins; rename '
-                f'[providers.{provider_id}] and set kind = "..." in it (the provider is ignored until then)',
+                f'source id "{provider_id}" is already claimed by {first}; rename [providers.{provider_id}] and set '
+                'kind = "..." in it (the provider is ignored until then)',
             )
         elif (provider := _provider(provider_id, table, file, index, report)) is not None:
             loaded[provider_id] = provider

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Literal, NoReturn
 
@@ -20,7 +21,7 @@ from anyio.abc import TaskGroup
 
 from bastion.actions import DriftListing
 from bastion.config import Config
-from bastion.errors import BindingRequired, ConnectorUnavailable, NotFound, SourceDisabled
+from bastion.errors import BindingRequired, ConfigError, ConnectorUnavailable, NotFound, SourceDisabled
 from bastion.models import SourceStatus
 from bastion.pipeline.catalog import Catalog, CatalogEntry, PreparedAction, listed_tool, prepare_actions
 from bastion.pipeline.content import ContentRelay
@@ -63,6 +64,9 @@ class Listings:
     def __init__(self, config: Config, sources: Sequence[ActionSource], pins: PinBook) -> None:
         """`sources` are every configured source; those disabled by policy are neither run nor listed."""
         self._config = config
+        twice = sorted(sid for sid, n in Counter(s.source_id for s in sources).items() if n > 1)
+        if twice:
+            raise ConfigError(f"more than one source has the id {', '.join(map(repr, twice))}; give each its own id")
         disabled = frozenset(config.policy.sources.disabled)
         self.sources: Mapping[str, ActionSource] = {s.source_id: s for s in sources if s.source_id not in disabled}
         self._disabled = {s.source_id: s for s in sources if s.source_id in disabled}
