@@ -53,7 +53,7 @@ $(BENCH_VENV)/.installed: pyproject.toml Makefile
 	$(BENCH_BIN)/python -m pip install --quiet -e . 'fastmcp==4.1.2' pyinstrument py-spy $(BENCH_HTTP_STACKS)
 	touch $@
 
-## bench: the benchmarks of DESIGN.md §11 and issue 17 in one run of ~10-15 min on 2 cores (latency, CPU profile,
+## bench: the performance benchmarks in one run of ~10-15 min on 2 cores (latency, CPU profile,
 ## throughput, HTTP server stacks, scale, approval wake-up, and across instances on PostgreSQL when it is installed),
 ## then bench/results/summary.md: the ratios against their targets. Any failed call or lost ledger row stops it
 ## (exit 1). `make bench QUICK=1`: a few seconds per bench, to try the pipeline (its figures are not results).

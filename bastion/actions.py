@@ -1,4 +1,4 @@
-"""What a source declares about each of its actions (DESIGN.md §3-§5): the `ActionSpec`.
+"""What a source declares about each of its actions: the `ActionSpec`.
 
 Every source (a downstream MCP connector, a provider, a manifest set) computes its specs from its own
 configuration; the pipeline names, prices (risk), pins and gates actions from the specs alone, so a new
@@ -22,7 +22,7 @@ NewActionPolicy = Literal["trust", "approve"]
 """What a source's action seen for the first time gets: pinned on first use, or held as drifted until accepted."""
 
 DriftListing = Literal["pinned", "current", "hide"]
-"""What hosts list of a drifted action until an approver accepts its new definition (DESIGN.md §5): its pinned
+"""What hosts list of a drifted action until an approver accepts its new definition: its pinned
 (trusted) definition, its current one, or nothing."""
 
 Reconciliation = Literal["manual", "lookup"]
@@ -137,7 +137,7 @@ class ExplicitPin:
 
 @dataclass(frozen=True, slots=True)
 class PinPolicy:
-    """How the pipeline pins an action's definition (DESIGN.md §5)."""
+    """How the pipeline pins an action's definition."""
 
     new_actions: NewActionPolicy = "trust"
     explicit: ExplicitPin | None = None

@@ -1,5 +1,5 @@
-"""The error tree and its registry. Each class carries the stable `class` string of DESIGN.md §7, whether a
-retry may succeed, and its HTTP status.
+"""The error tree and its registry. Each class carries its stable `class` string (what hosts, scripts and the
+ledger see), whether a retry may succeed, and its HTTP status.
 
 Foreign errors (MCPError, httpx2 errors, sqlite3 errors) are translated into these at the edge
 with `raise ... from exc`; the translators back out (to an MCP tool result, an HTTP answer, and from an
@@ -40,7 +40,7 @@ class PolicyDenied(BastionError):
 
 
 class CapabilityDenied(BastionError):
-    """A manifest action's step outside the capabilities its manifest declares for that source (seed 002)."""
+    """A manifest action's step outside the capabilities its manifest declares for that source."""
 
     error_class = "capability_denied"
     http_status = 403

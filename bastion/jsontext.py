@@ -1,5 +1,5 @@
 """JSON both ways on the hot path: orjson where it gives what the standard library gives, the standard library where
-orjson would lose or refuse something (issue 17: the standard library's encoder and parser are several times slower)."""
+orjson would lose or refuse something (the standard library's encoder and parser are several times slower)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The shared vocabulary of Bastion (DESIGN.md §1): risks, modes, statuses, invocations."""
+"""The shared vocabulary of Bastion: risks, modes, statuses, invocations."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ RESERVED_SOURCE_IDS: Final[dict[str, str]] = {
 """The source ids Bastion's own sources use, and what holds each: no connector or provider may take one."""
 
 RISK_ALIASES: Final[dict[str, Risk]] = {"R0": "read", "R1": "read", "R2": "write", "R3": "danger", "R4": "danger"}
-"""Seed 000's risk tiers, accepted wherever a risk is configured."""
+"""The risk tiers R0-R4 and the risk each stands for, accepted wherever a risk is configured."""
 
 
 def utcnow() -> datetime:
@@ -53,7 +53,7 @@ def utcnow() -> datetime:
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """One call counted against the rate limit (DESIGN.md §6): `key` (a session) may have `per_minute` calls in any
+    """One call counted against the rate limit: `key` (a session) may have `per_minute` calls in any
     minute; `now` is when it came."""
 
     key: str
@@ -76,7 +76,7 @@ class ModeDecision(BaseModel):
 
 
 class RiskDecision(BaseModel):
-    """A risk and where it came from (DESIGN.md §4), shown to approvers as part of why a call waits.
+    """A risk and where it came from, shown to approvers as part of why a call waits.
 
     `source` is one of: `override` (the per-tool `risk` in the connector file), `destructiveHint` or `readOnlyHint`
     (the tool's annotations), `default_risk` (the connector's), `default` (none of those: `write`), `declared` (by a
@@ -229,7 +229,7 @@ class PinObservation(BaseModel):
 
 
 class Pin(BaseModel):
-    """The trusted definition of one action (DESIGN.md §5), keyed by source and upstream tool name.
+    """The trusted definition of one action, keyed by source and upstream tool name.
 
     `drift` holds the latest definition seen that differs from the pinned one, until an approver
     accepts it (re-pins) — drift never clears by itself.
@@ -248,7 +248,7 @@ class Pin(BaseModel):
 
 
 class RecoveryReport(BaseModel):
-    """What a start-up found in the ledger (DESIGN.md §6): interrupted, approved-but-not-run and pending work."""
+    """What a start-up found in the ledger: interrupted, approved-but-not-run and pending work."""
 
     unknown: list[str] = Field(default_factory=list)
     """Ids of `executing` invocations of a stopped process, now `unknown`."""
@@ -337,7 +337,7 @@ class TokenInfo(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class Guarantee:
-    """What Bastion guarantees about the side effects it gates, in seed 004's levels (G0 best effort, G1
+    """What Bastion guarantees about the side effects it gates, as a guarantee level (G0 best effort, G1
     wrapper-enforced, G2 durable/transactional), declared by `bastion doctor` and `/healthz` so Bastion never
     claims more than its ledger gives."""
 
@@ -352,7 +352,7 @@ class Guarantee:
 
 
 class ChainedEvent(BaseModel):
-    """An event as the audit chain holds it (seed 004's tamper-evident history): its stored text and hashes."""
+    """An event as the audit chain holds it (the ledger's tamper-evident history): its stored text and hashes."""
 
     id: int
     position: int

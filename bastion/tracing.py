@@ -1,4 +1,4 @@
-"""OpenTelemetry spans of Bastion's calls (issue 16): the attribute names, named once, and the spans the pipeline
+"""OpenTelemetry spans of Bastion's calls: the attribute names, named once, and the spans the pipeline
 and the connectors open.
 
 Only the OpenTelemetry API is used here. Until `use_provider` gives a tracer provider (`bastion serve` does when the
@@ -61,7 +61,7 @@ MODE: Final = "bastion.mode"
 MODE_SOURCE: Final = "bastion.mode.source"
 STATUS: Final = "bastion.status"
 ERROR_CLASS: Final = "bastion.error.class"
-"""The error class of DESIGN.md §7 (`policy_denied`, `unknown_outcome`, ...), as the ledger records it."""
+"""The stable error class of `bastion.errors` (`policy_denied`, `unknown_outcome`, ...), as the ledger records it."""
 
 _TRACER_NAME: Final = "bastion"
 _tracer: trace.Tracer = trace.NoOpTracer()
@@ -195,7 +195,7 @@ def continuing(meta: Mapping[str, Any]) -> AbstractContextManager[None]:
 def inject_context(meta: dict[str, Any]) -> None:
     """Add the current trace context to a request's `_meta` (W3C `traceparent`, `tracestate`), as the MCP SDK's
     client does: with no tracer provider, the context a host sent still reaches the downstream. An empty current
-    context (no host trace, no span, no baggage) has nothing to add: the propagators are not asked (issue 17)."""
+    context (no host trace, no span, no baggage) has nothing to add: the propagators are not asked."""
     if otel_context.get_current():
         inject(meta)
 

@@ -1,4 +1,4 @@
-"""Approval wake-up: time from an approver's decision to the blocked call returning (DESIGN.md §11).
+"""Approval wake-up: time from an approver's decision to the blocked call returning.
 
 Two ways, over `--decisions` calls each: the decision made in the same process as the blocked call
 (the REST API's case), and in another process writing the same ledger (the CLI's case). Each call is
@@ -119,7 +119,7 @@ async def run(decisions: int) -> dict[str, Any]:
         "cores": os.cpu_count(),
         "same_process": summary(local),
         "other_process": summary(remote),
-        "target": "a decision made in another process is noticed within 250 ms (DESIGN.md §6)",
+        "target": "a decision made in another process is noticed within 250 ms",
     }
 
 

@@ -1,4 +1,4 @@
-"""HTTP server stacks: the same streamable-HTTP MCP endpoint on several ASGI servers, parsers and loops (issue 17).
+"""HTTP server stacks: the same streamable-HTTP MCP endpoint on several ASGI servers, parsers and loops.
 
 Before adopting a server stack, measure it: the demo notes server (direct) and Bastion (ledger on, the demo
 server as its stdio connector) are each served by bench/http_serve.py on every stack of `STACKS` (uvicorn with

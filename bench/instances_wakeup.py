@@ -1,4 +1,4 @@
-"""Approval wake-up across instances (DESIGN.md §11, issue 15): two `bastion serve` processes on one ledger; an
+"""Approval wake-up across instances: two `bastion serve` processes on one ledger; an
 agent's call blocks on the first, an approver approves through the second's REST API, and the time from that
 decision (committed when the API answers) to the blocked call returning is measured. Target: under 50 ms.
 
@@ -119,7 +119,7 @@ async def run(decisions: int) -> dict[str, Any]:
     finally:
         if server is not None:
             server.stop()
-    results["target"] = "a decision sent to another instance wakes the blocked call within 50 ms (issue 15)"
+    results["target"] = "a decision sent to another instance wakes the blocked call within 50 ms"
     return results
 
 

@@ -1,4 +1,4 @@
-"""Instructions per call of Bastion's process on the allow path, counted by valgrind (issue 17: a measure that
+"""Instructions per call of Bastion's process on the allow path, counted by valgrind (a measure that
 does not move with the machine's load).
 
 CPU time per call on this machine moves by +-5 % and more from one run to the next (the other processes, the

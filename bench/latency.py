@@ -1,10 +1,10 @@
-"""Per-call latency over stdio: direct, through Bastion, a naive relay and FastMCP's proxy (DESIGN.md §11).
+"""Per-call latency over stdio: direct, through Bastion, a naive relay and FastMCP's proxy.
 
 The same SDK client code calls `read_note` on the same downstream (the bundled demo notes server,
 one note in its file) eight ways: directly; through `bastion serve` (allow path, ledger on), with its express
 lane and without (`[server] express_lane = false`: the MCP SDK's server and client); through the same Bastion
 recording nothing (bench/without.py `records`, a measuring device: what the rest of its path costs without the
-ledger DESIGN.md §6 requires); through a naive relay
+ledger records every call requires); through a naive relay
 on the mcp SDK's low-level server (bench/naive_relay.py), the floor any SDK-based relay pays; through a
 relay that forwards the bytes and reads nothing (bench/pipe_relay.py), the price of a third process alone; through
 that relay recording each call in a ledger file with Bastion's ledger code and nothing else (bench/ledger_relay.py),
@@ -165,7 +165,7 @@ async def run(calls: int, warmup: int, rounds: int) -> dict[str, Any]:
             for p in measured
         },
         "ledger": {name: ledger_check(counts[name], by_name[name].calls) for name in ledgers},
-        "target": "Bastion/direct <= 1.5x at p50 first, then 1.3x (DESIGN.md §11)",
+        "target": "Bastion/direct <= 1.5x at p50 first, then 1.3x",
     }
     results["ratios"] = {
         f"bastion/{other}": {

@@ -1,4 +1,4 @@
-"""Where Bastion's process spends its CPU per call on the allow path (issue 17: measure first).
+"""Where Bastion's process spends its CPU per call on the allow path (measure first).
 
 A client calls `notes__read_note` through `bastion serve` over stdio (ledger on) while py-spy samples Bastion's
 process. Each sample is charged to one part by walking its stack from the innermost frame outwards, the first

@@ -1,4 +1,4 @@
-"""Scale: Bastion with 100 connectors x 50 tools; start-up, `tools/list` latency and memory (DESIGN.md §11).
+"""Scale: Bastion with 100 connectors x 50 tools; start-up, `tools/list` latency and memory.
 
 One Bastion configuration registers `--connectors` stdio connectors, each a generated downstream
 (bench/generated_server.py) exposing 50 tools with realistic schemas. Measured: the time from

@@ -1,11 +1,11 @@
-"""The figures of issue 17 from one `make bench` run, against their targets: bench/results/summary.{md,json}.
+"""The headline figures of one `make bench` run, against their targets: bench/results/summary.{md,json}.
 
 Reads what bench/latency.py, bench/throughput.py and bench/http_stack.py (and bench/profile.py, when there)
 wrote in this run: stdio p50 and p95 latency and HTTP calls/s at each level, for direct, the naive relay,
-Bastion and FastMCP's proxy, with Bastion's ratio to each, and marks each target of DESIGN.md §11 and
-issue 17 met or not. Targets are goals: missing one is reported, not an error. It exits with status 1
-when a file is missing or was written by another run (another $BENCH_RUN, or another commit), or when a
-bench's checks failed (a failed call, a ledger that does not hold one completed invocation per call).
+Bastion and FastMCP's proxy, with Bastion's ratio to each, and marks each target (`TARGETS`) met or not.
+Targets are goals: missing one is reported, not an error. It exits with status 1 when a file is missing or was
+written by another run (another $BENCH_RUN, or another commit), or when a bench's checks failed (a failed call, a
+ledger that does not hold one completed invocation per call).
 Run: `python -m bench.summary` (`make bench` runs it last).
 """
 
@@ -50,13 +50,13 @@ class Target:
 
 
 TARGETS = (
-    Target("stdio p50: Bastion / direct (DESIGN.md §11, issue 17)", P50, "direct", 1.5, at_most=True),
-    Target("stdio p50: Bastion / direct, the next step (DESIGN.md §11)", P50, "direct", 1.3, at_most=True),
-    Target("HTTP, 8 sessions: Bastion / direct (DESIGN.md §11, issue 17)", HTTP_8, "direct", 0.6, at_most=False),
-    Target("HTTP, 32 sessions: Bastion / direct (DESIGN.md §11, issue 17)", HTTP_32, "direct", 0.6, at_most=False),
-    Target("stdio p50: faster than the naive relay (issue 17)", P50, "naive", 1.0, at_most=True),
-    Target("HTTP, 8 sessions: faster than the naive relay (issue 17)", HTTP_8, "naive", 1.0, at_most=False),
-    Target("HTTP, 32 sessions: faster than the naive relay (issue 17)", HTTP_32, "naive", 1.0, at_most=False),
+    Target("stdio p50: Bastion / direct", P50, "direct", 1.5, at_most=True),
+    Target("stdio p50: Bastion / direct, the next step", P50, "direct", 1.3, at_most=True),
+    Target("HTTP, 8 sessions: Bastion / direct", HTTP_8, "direct", 0.6, at_most=False),
+    Target("HTTP, 32 sessions: Bastion / direct", HTTP_32, "direct", 0.6, at_most=False),
+    Target("stdio p50: faster than the naive relay", P50, "naive", 1.0, at_most=True),
+    Target("HTTP, 8 sessions: faster than the naive relay", HTTP_8, "naive", 1.0, at_most=False),
+    Target("HTTP, 32 sessions: faster than the naive relay", HTTP_32, "naive", 1.0, at_most=False),
 )
 
 
@@ -169,7 +169,7 @@ def markdown(summary: dict[str, Any]) -> str:
         for (app, best), cheap in zip(stack["fastest"].items(), stack["cheapest"].values(), strict=True)
     ]
     lines = [
-        f"# Issue 17 summary ({report.machine_line(summary['machine'])})",
+        f"# Benchmark summary ({report.machine_line(summary['machine'])})",
         "",
         f"Commit {measured.get('commit')}{dirty}, measured {measured.get('date')}, "
         f"run {measured.get('run') or 'unnamed (not by make bench)'}. "
@@ -201,7 +201,7 @@ def markdown(summary: dict[str, Any]) -> str:
             lines[-1] += (
                 " Bastion recording nothing (a measuring device, bench/without.py `records`): "
                 f"{floor['bastion_unrecorded/direct p50']}x at p50, {floor['bastion_unrecorded/direct p95']}x at p95: "
-                "the rest of Bastion's path without the ledger DESIGN.md §6 requires."
+                "the rest of Bastion's path without the ledger records every call requires."
             )
     if "round_ratios" in summary:
         spread = summary["round_ratios"]["bastion/direct"]

@@ -1,4 +1,4 @@
-"""Throughput over streamable HTTP: Bastion against the demo server served directly (DESIGN.md §11).
+"""Throughput over streamable HTTP: Bastion against the demo server served directly.
 
 Servers run side by side: `bastion serve --transport http` in front of the demo notes server (a stdio
 connector, ledger on, rate limit raised out of the way); the demo notes server itself over streamable HTTP
@@ -377,7 +377,7 @@ async def run(seconds: float, levels: list[int], processes: int, rounds: int) ->
         },
         "ledger": ledger_check(rows, "bastion", running_counts, stopped_counts),
         "bastion_stderr_error_lines": len(bastion_errors),
-        "target": "Bastion/direct >= 0.6x at 8 and 32 sessions, nothing lost (DESIGN.md §11)",
+        "target": "Bastion/direct >= 0.6x at 8 and 32 sessions, nothing lost",
         **({} if with_fastmcp else {"fastmcp_missing": FASTMCP_MISSING}),
     }
 

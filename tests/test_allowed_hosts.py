@@ -1,4 +1,4 @@
-"""Remote hosts (issue 9 item 11): which Host and Origin names Bastion's HTTP surface answers to.
+"""Remote hosts: which Host and Origin names Bastion's HTTP surface answers to.
 
 DNS rebinding needs a name the attacker controls, so names are served only when listed (loopback names, the
 bound address, `[server] allowed_hosts`, `serve --allowed-host`); IP addresses cannot be rebound, so every one

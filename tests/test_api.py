@@ -1,4 +1,4 @@
-"""The approver REST API and bearer-token authentication, over real HTTP on loopback (DESIGN.md §10).
+"""The approver REST API and bearer-token authentication, over real HTTP on loopback.
 
 Bastion's app runs under uvicorn in this process on a pre-bound loopback socket, over a real SQLite
 ledger; the end-to-end test adds a real gateway with an in-process downstream and a real MCP client.

@@ -1,4 +1,4 @@
-"""How long a host waits for an approver, and what the agent is told while it waits (DESIGN.md §6).
+"""How long a host waits for an approver, and what the agent is told while it waits.
 
 A host that sends a progress token is kept waiting with heartbeats; one that sends none (and so would time out)
 gets `approval_pending` after `wait_without_progress_seconds`. Nothing the agent is told names a command that

@@ -1,4 +1,4 @@
-"""The `bastion` command line as a user runs it: real processes, real files, exit statuses of DESIGN.md §9."""
+"""The `bastion` command line as a user runs it: real processes, real files, exit statuses (see `bastion.cli.app`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`bastion invocations reconcile`, `invocations list --unresolved` and `bastion audit verify|export|prune` as people
-run them: real processes on a real SQLite ledger (issue 16)."""
+run them: real processes on a real SQLite ledger."""
 
 from __future__ import annotations
 

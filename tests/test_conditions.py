@@ -1,4 +1,4 @@
-"""Argument-level policy conditions (issue 13): `[[rules]]` with CEL conditions, compiled at load (problems with
+"""Argument-level policy conditions: `[[rules]]` with CEL conditions, compiled at load (problems with
 file and line), judged on each call's arguments with a cost limit, and never relaxing when they fail."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fingerprints and the drift guard (DESIGN.md §5)."""
+"""Fingerprints and the drift guard."""
 
 from __future__ import annotations
 

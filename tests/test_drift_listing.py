@@ -1,4 +1,4 @@
-"""What hosts list of a drifted tool until an approver accepts it (DESIGN.md §5, `drift_listing`).
+"""What hosts list of a drifted tool until an approver accepts it (`drift_listing`).
 
 A changed description is itself a way to steer the agent (tool poisoning), so by default hosts keep being shown
 the pinned definition; `current` shows the new one, `hide` withholds the tool. An acceptance made anywhere (here

@@ -217,7 +217,7 @@ async def test_ledger_never_holds_a_secret(tmp_path: Path) -> None:
 async def test_over_http_a_session_is_rate_limited_counted_where_other_instances_can_see_it(
     tmp_path: Path, mode: str, counted_in_the_ledger: int
 ) -> None:
-    """A 2025-era HTTP session lives in the instance that opened it: its rate is counted there (issue 17), and the
+    """A 2025-era HTTP session lives in the instance that opened it: its rate is counted there, and the
     ledger holds no count of it. A 2026-07-28 caller (its principal and client name) may be served by any instance
     sharing the ledger: counted in the ledger. Either way the third call in a minute is refused and recorded."""
     notes = tmp_path / "notes.json"

@@ -1,4 +1,4 @@
-"""`/api/events`: the ledger's changes as named server-sent events, resumable with Last-Event-ID (issue 14); each of
+"""`/api/events`: the ledger's changes as named server-sent events, resumable with Last-Event-ID; each of
 the four events shown being sent."""
 
 from __future__ import annotations

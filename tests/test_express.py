@@ -1,4 +1,4 @@
-"""The express lane (issue 17): every call it takes is answered, recorded and relayed as through the SDK's server,
+"""The express lane: every call it takes is answered, recorded and relayed as through the SDK's server,
 on stdio and over HTTP, in both protocol eras; what it cannot serve it leaves to the SDK; and it skips no check.
 
 The downstream is a real child process (tests/wire_server.py) that Bastion runs over stdio, so the calls the lane

@@ -304,7 +304,7 @@ def _intents(transaction: list[str]) -> int:
 
 async def test_calls_that_start_while_another_runs_record_their_intents_in_one_commit(tmp_path: Path) -> None:
     """A call alone commits its intent at once; calls that start while another is in flight may wait for the loop's
-    next turn to share one commit (issue 17: fewer commits under concurrency), each still durable before it runs."""
+    next turn to share one commit (fewer commits under concurrency), each still durable before it runs."""
     async with harness(tmp_path, modes={"fx:sleep": "allow", "fx:echo": "allow"}) as h:
         statements = await _traced_writes(h)
         context = CallContext(session_id="s", local_session=True)
@@ -334,7 +334,7 @@ async def test_an_answered_call_records_its_outcome_with_the_next_calls_intent_w
     tmp_path: Path,
 ) -> None:
     """An express call answered while another runs records its outcome off its own task, in the next call's intent
-    transaction: one commit for both (issue 17); a read of this process sees it at once."""
+    transaction: one commit for both; a read of this process sees it at once."""
     async with harness(tmp_path, modes={"fx:sleep": "allow", "fx:echo": "allow"}) as h:
         statements = await _traced_writes(h)
         context = CallContext(session_id="s", local_session=True)

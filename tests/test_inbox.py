@@ -1,4 +1,4 @@
-"""`/inbox` (issue 14): login into an HTTP-only session cookie, CSRF on every form, agents refused, an "always"
+"""`/inbox`: login into an HTTP-only session cookie, CSRF on every form, agents refused, an "always"
 approval through the form leaving a grant the grants page shows and revokes, the history's filters; and a real headless
 Chromium (Debian's package) driven by Playwright that logs in, sees the pending calls with redacted args, why they
 wait and the drift diff, denies one with a reason and approves another, while the blocked MCP calls return

@@ -1,4 +1,4 @@
-"""The import direction of DESIGN.md §2, read from every module's imports."""
+"""The import direction of Bastion's layers (`LAYERS`), read from every module's imports."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ LAYERS: dict[str, int] = {
     "bastion.tracing": 2,  # OpenTelemetry attribute names and spans, for the pipeline and the connectors
     "bastion.policies": 2,  # pure functions over the vocabulary: anyone above may call them
     "bastion.schemas": 2,  # JSON Schema checks of arguments and results (jsonschema-rs, then jsonschema)
-    "bastion.manifests": 3,  # action files (seed 002), beside config: parsed and checked; the pipeline runs them
+    "bastion.manifests": 3,  # action files, beside config: parsed and checked; the pipeline runs them
     "bastion.config": 3,
     "bastion.connectors": 4,  # sources, beside the ledger: they never import each other
     "bastion.ledger": 4,

@@ -1,4 +1,4 @@
-"""The ledger's stored forms, computed the fast way, are exactly the reference ones (issue 17): timestamps as
+"""The ledger's stored forms, computed the fast way, are exactly the reference ones: timestamps as
 `isoformat` writes them in UTC, argument hashes as one HMAC-SHA256 call gives them. A hash or a timestamp that
 changed form would break every stored chain and every waiting approval."""
 

@@ -1,5 +1,5 @@
 """Logging of the `bastion` command: `BASTION_LOG_LEVEL` reaches Bastion's loggers only, and every line is
-redacted (DESIGN.md §6 "Redaction")."""
+redacted."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Action files (seed 002): the front matter and body read into a manifest, every problem of a folder of files with
+"""Action files: the front matter and body read into a manifest, every problem of a folder of files with
 its class, boundary, file and line in one pass, the enabled overlay, and `${...}` interpolation."""
 
 from __future__ import annotations

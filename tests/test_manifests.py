@@ -1,4 +1,4 @@
-"""Manifest actions (seed 002) through the whole pipeline: a real MCP client, Bastion's front door and gateway, a
+"""Manifest actions through the whole pipeline: a real MCP client, Bastion's front door and gateway, a
 real SQLite ledger, and real connectors (the demo notes server and mcp-server-time as subprocesses, or the
 in-process fixture server)."""
 

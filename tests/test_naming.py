@@ -1,4 +1,4 @@
-"""Host-safe tool names (DESIGN.md §3)."""
+"""Host-safe tool names."""
 
 from __future__ import annotations
 

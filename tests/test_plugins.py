@@ -1,4 +1,4 @@
-"""Plugin action packages (seed 000, issue 13): loaded from `actions/<name>/action.json` only when allowed, run in
+"""Plugin action packages: loaded from `actions/<name>/action.json` only when allowed, run in
 child processes through execute, verify, repair and rollback, with their gates enforced by the pipeline: R3/R4
 held for an approver whatever the policy says, scopes checked before anything runs, verification commands only
 from the global allowlist. Driven through a real MCP client and a real gateway over a real configuration."""

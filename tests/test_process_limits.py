@@ -1,5 +1,5 @@
 """A session only this process serves (a stdio host's, a handshake-era HTTP session) counts its rate limit in
-memory (`ProcessLimits`, issue 17): for any sequence of admissions it decides as the ledger's count does, with the
+memory (`ProcessLimits`): for any sequence of admissions it decides as the ledger's count does, with the
 same waits, and writes nothing to the ledger."""
 
 from __future__ import annotations

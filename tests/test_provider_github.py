@@ -19,7 +19,7 @@ MARKER = "<!-- bastion:invocation inv-1 -->"
 def issue(number: int, **extra: Any) -> dict[str, Any]:
     return {
         "number": number,
-        "title": f"issue {number}",
+        "title": f"Issue #{number}",
         "state": "open",
         "user": {"login": "octocat", "id": 1},
         "labels": [{"name": "bug", "color": "f00"}],
@@ -87,7 +87,7 @@ async def test_list_issues_sends_its_filters_follows_pages_to_the_limit_and_leav
     assert result.structured_content["truncated"] is True
     assert result.structured_content["issues"][0] == {
         "number": 1,
-        "title": "issue 1",
+        "title": "Issue #1",
         "state": "open",
         "author": "octocat",
         "labels": ["bug"],

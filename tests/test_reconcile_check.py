@@ -1,4 +1,4 @@
-"""Reconcile by check (issue 16): a provider call whose outcome is unknown is settled by asking the provider.
+"""Reconcile by check: a provider call whose outcome is unknown is settled by asking the provider.
 
 A real gateway behind the real front door, a real MCP client and a real SQLite ledger; the provider's API is a
 stateful fake (tests/fake_apis.py) that can apply a write and drop the connection before answering, so the ledger

@@ -1,4 +1,4 @@
-"""Redaction and structural truncation of what the ledger persists (DESIGN.md §6 "Redaction")."""
+"""Redaction and structural truncation of what the ledger persists."""
 
 from __future__ import annotations
 

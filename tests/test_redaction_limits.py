@@ -1,4 +1,4 @@
-"""Redaction and truncation are total (DESIGN.md §6 "Redaction"): deep, wide, huge or odd input never makes them
+"""Redaction and truncation are total: deep, wide, huge or odd input never makes them
 raise, what they return is valid JSON (under the budget, for what is stored), and a cut says what it cut."""
 
 from __future__ import annotations

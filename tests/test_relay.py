@@ -1,4 +1,4 @@
-"""Relay (DESIGN.md §3): resources, templates, subscriptions, prompts, completion, logging, sampling and
+"""Relay: resources, templates, subscriptions, prompts, completion, logging, sampling and
 elicitation of a downstream, through an in-process Bastion, in both protocol eras on both hops.
 
 Real parts: the SDK host client, Bastion's front door and gateway, a SQLite ledger, and the

@@ -1,4 +1,4 @@
-"""Risk derivation and mode resolution (DESIGN.md §4)."""
+"""Risk derivation and mode resolution."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bastion reaches past the MCP SDK's public API in one place only, `bastion/server/sdk.py` (issue 10 item 7).
+"""Bastion reaches past the MCP SDK's public API in one place only, `bastion/server/sdk.py`.
 
 Read from every module's syntax tree: outside that module, no module that imports the SDK (`mcp`,
 `mcp_types`) reads a private attribute (`x._name`) of anything but itself (`self`, `cls`), nor imports a

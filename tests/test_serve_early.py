@@ -1,4 +1,4 @@
-"""Bastion serves hosts at once while its connectors start (issue 9 item 8).
+"""Bastion serves hosts at once while its connectors start.
 
 A host that connects early is answered `initialize` at once. During the start-up wait
 (`[server] startup_wait_seconds` after Bastion starts) its listings wait for the sources still starting,
@@ -128,7 +128,7 @@ async def test_after_the_start_up_wait_a_host_gets_what_is_ready_and_hears_list_
 
 
 async def test_serving_freezes_the_start_up_heap_and_again_once_every_source_has_started(tmp_path: Path) -> None:
-    # `bastion serve` takes what start-up built out of the garbage collector's sight (issue 17: otherwise each
+    # `bastion serve` takes what start-up built out of the garbage collector's sight (otherwise each
     # collection of the oldest generation walks it all, ~50-100 ms under load); what a late source builds too.
     counter = GatedCounter()
     try:

@@ -1,4 +1,4 @@
-"""MCP tasks (SEP-2663) for calls that wait for approval (issue 14): a 2026-07-28 host that declares the extension gets
+"""MCP tasks (SEP-2663) for calls that wait for approval: a 2026-07-28 host that declares the extension gets
 a task handle at once, polls it with `tasks/get` and may withdraw it with `tasks/cancel`; other hosts keep blocking.
 
 The host is the SDK's own client, over streamable HTTP on loopback (and over stdio to a `bastion serve` process),

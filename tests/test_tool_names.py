@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ async def gateway_over(
 ) -> AsyncIterator[tuple[Client, Gateway]]:
     """A Bastion over in-process downstreams, every action allowed, on the ledger in `tmp_path` (kept across)."""
     connectors = [config for config, _ in served]
-    sources = [McpConnector(config, target=lambda server=server: server.server) for config, server in served]
+    sources = [McpConnector(config, target=partial(getattr, server, "server")) for config, server in served]
     config = Config(
         directory=None,
         settings=Settings(),

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans of calls (issue 16), captured with the SDK's in-memory exporter from a real client's calls
+"""OpenTelemetry spans of calls, captured with the SDK's in-memory exporter from a real client's calls
 through an in-process Bastion (tests/harness.py) to its downstream."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Webhooks (issue 14): a receiver on loopback gets every event exactly once, signed, across a restart of Bastion and a
+"""Webhooks: a receiver on loopback gets every event exactly once, signed, across a restart of Bastion and a
 receiver that was down for a while (in-process, and from a real `bastion serve` stopped with SIGTERM and started
 again); the Slack format; configuration errors."""
 

@@ -1,4 +1,4 @@
-"""`bastion actions`: the manifest actions of `actions/*.md` (seed 002): list, show, enable, disable.
+"""`bastion actions`: the manifest actions of `actions/*.md`: list, show, enable, disable.
 
 Whether an action is enabled is kept outside its file, in `action-state.json` beside the ledger, so the choice
 survives a re-install of the file and a restart; a running Bastion notices it within a second. A disabled action is

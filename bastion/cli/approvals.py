@@ -1,4 +1,4 @@
-"""`bastion approvals`: pending invocations and the approver's decision on them (DESIGN.md §6, §9).
+"""`bastion approvals`: pending invocations and the approver's decision on them.
 
 Decisions go straight to the ledger; a Bastion process holding the call notices them (across processes)
 and runs or refuses it. Of two racing decisions exactly one wins; the other exits 1 with `conflict`.

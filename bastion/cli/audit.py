@@ -1,4 +1,4 @@
-"""Observable actions (seed 004, issue 16): `bastion invocations reconcile` settles a call whose outcome was unknown,
+"""Observable actions: `bastion invocations reconcile` settles a call whose outcome was unknown,
 by hand or by asking its provider (`--check`), and `bastion audit verify|export|prune` checks, exports and trims the
 ledger's tamper-evident history."""
 

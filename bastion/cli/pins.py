@@ -1,4 +1,4 @@
-"""`bastion pins`: the trusted definitions of actions and their drift (DESIGN.md §5).
+"""`bastion pins`: the trusted definitions of actions and their drift.
 
 Drift never clears by itself: only an approver accepts a drifted definition, which re-pins it.
 """

@@ -1,4 +1,4 @@
-"""The approver commands against a remote Bastion, through its REST API (DESIGN.md §10).
+"""The approver commands against a remote Bastion, through its REST API.
 
 `--url URL --token T` (or `$BASTION_URL`, `$BASTION_TOKEN`) switch `bastion approvals|grants ...` from the
 local ledger to this client. The API answers with the same JSON shapes the local commands print, and

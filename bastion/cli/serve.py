@@ -282,7 +282,7 @@ def freeze_startup_heap(gateway: Gateway) -> None:
     """Take what start-up built (modules, the configuration, the SDK's models, the catalog) out of the garbage
     collector's sight, now and once more when every connector has started. Otherwise every collection of the
     oldest generation walks all of it again: about 150,000 objects, a pause of 50-115 ms for every session, every few
-    thousand calls under load (issue 17; then ~1 ms). What is frozen is only ever freed by reference counting: at
+    thousand calls under load (~1 ms once frozen). What is frozen is only ever freed by reference counting: at
     most the start-up's own cycles are kept, once."""
     gc.freeze()
     frozen_again = False

@@ -1,4 +1,4 @@
-"""`bastion tokens`: the bearer tokens of the HTTP surface (DESIGN.md §10).
+"""`bastion tokens`: the bearer tokens of the HTTP surface.
 
 A token's secret is shown once, when it is created; the ledger keeps only its SHA-256, so neither
 `list` nor anything else can show it again. A lost secret is replaced by revoking the token and creating

@@ -1,4 +1,4 @@
-"""Configuration (DESIGN.md §8): the models of what the files say (`models`), the loading of a configuration
+"""Configuration: the models of what the files say (`models`), the loading of a configuration
 directory with file:line problems (`loader`; bastion.toml's `[providers.<id>]` tables in `providers`), where it
 and its state live and the starter directory (`places`), and the
 TOML position scanner behind those lines (`tomlpos`)."""

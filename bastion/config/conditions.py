@@ -1,4 +1,4 @@
-"""Argument-level conditions of policy rules (issue 13): CEL expressions over a call's arguments (`args`).
+"""Argument-level conditions of policy rules: CEL expressions over a call's arguments (`args`).
 
 CEL is evaluated by `common-expression-language` (Python bindings of the Rust `cel` crate): maintained, typed,
 Apache-2.0, no dependency on protobuf, and fast enough to run on every call. CEL always terminates, so what a

@@ -1,8 +1,8 @@
-"""Loading a configuration directory (DESIGN.md §8): parsing, validation and policy merging (finding it, the
+"""Loading a configuration directory: parsing, validation and policy merging (finding it, the
 embedded default and `init` are in `places`).
 
 Loading never raises for what a file says: every problem becomes a `ConfigIssue` with its file, line and
-fix, every file is checked in the same pass, and a broken file never stops the others (DESIGN.md §7).
+fix, every file is checked in the same pass, and a broken file never stops the others.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The configuration's pydantic models (DESIGN.md §8): `bastion.toml` settings, connector files, policies.
+"""The configuration's pydantic models: `bastion.toml` settings, connector files, policies.
 
 They validate what a file says; `bastion.config.loader` finds the files, reports every problem with its
 file and line, and builds a `Config` from what is usable.
@@ -138,7 +138,7 @@ class NotifySettings(_Strict):
 
 
 class PluginSettings(_Strict):
-    """`[plugins]` in `bastion.toml`: plugin action packages `actions/<name>/action.json` (seed 000)."""
+    """`[plugins]` in `bastion.toml`: plugin action packages `actions/<name>/action.json`."""
 
     allow_plugin_code: bool = False
     """Plugin packages run code of their own; they are loaded only when this is true."""
@@ -168,7 +168,7 @@ class Settings(_Strict):
 
 
 class ToolPin(_Strict):
-    """An explicit pin of a tool's definition (DESIGN.md §5)."""
+    """An explicit pin of a tool's definition."""
 
     fingerprint: str
     structural: str | None = None
@@ -212,7 +212,7 @@ PROVIDER_KINDS: Final[tuple[ProviderKind, ...]] = get_args(ProviderKind)
 
 
 class ProviderConfig(_Strict):
-    """`[providers.<id>]` in `bastion.toml`: one provider source (DESIGN.md §1), enabled by being there.
+    """`[providers.<id>]` in `bastion.toml`: one provider source, enabled by being there.
 
     The table key is its source id; `kind` says which API it speaks (default: the id), so two GitHub
     instances can be `[providers.github]` and `[providers.ghe] kind = "github"`.
@@ -240,7 +240,7 @@ class ProviderConfig(_Strict):
 
 class Profile(_Strict):
     modes: dict[str, str] = Field(default_factory=dict)
-    """Mode values stay strings: an unknown value must fail safe to `deny` at resolution (§4)."""
+    """Mode values stay strings: an unknown value must fail safe to `deny` at resolution (`bastion.policies.modes`)."""
     rules: list[PolicyRule] = Field(default_factory=list)
     """Conditional modes (`[[profiles.<name>.rules]]`), tried before `modes` for their key."""
     inline_approval: bool = False
@@ -269,8 +269,8 @@ class ConfigIssue(BaseModel):
     line: int
     message: str
     error_class: str = "config_error"
-    """`config_error`, or for an action file seed 002's `parse_error`, `validation_error`, `capability_denied` or
-    `not_found`."""
+    """`config_error`, or for an action file one of the manifest error classes `parse_error`, `validation_error`,
+    `capability_denied` or `not_found`."""
     boundary: str = "config"
     """Which side to fix: `config` (the file), or for an action file `manifest` (it) or `connector` (one it needs)."""
 

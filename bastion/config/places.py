@@ -1,4 +1,4 @@
-"""Where a configuration and its state live (DESIGN.md §8): finding the directory, the embedded default and its
+"""Where a configuration and its state live: finding the directory, the embedded default and its
 state directory, ledger URLs and the key file, and writing a starter directory (`bastion init`)."""
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ DEFAULT_POSTGRES_KEY: Final = "state/ledger.key"
 
 
 def find_config_dir(explicit: Path | None, *, env: Mapping[str, str], cwd: Path, home: Path) -> Path | None:
-    """The configuration directory in DESIGN.md §8 order, or None for the embedded default.
+    """The configuration directory: `explicit` (`--config`), else `$BASTION_CONFIG`, else the current directory
+    when it holds `bastion.toml`, else `~/.config/bastion` when it exists; None for the embedded default.
 
     `--config` and `$BASTION_CONFIG` must name an existing directory: a typo there must not silently
     fall back to another configuration.

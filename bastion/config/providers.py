@@ -1,4 +1,4 @@
-"""`[providers.<id>]` in bastion.toml (DESIGN.md §8): each table checked alone, its credential optional to load.
+"""`[providers.<id>]` in bastion.toml: each table checked alone, its credential optional to load.
 
 A broken table is reported with its line and left out; the rest of the file still applies. A table whose
 `token` is missing, empty, or an `${env:NAME}` that is not set still loads: the provider is then `unbound`

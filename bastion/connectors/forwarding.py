@@ -1,4 +1,4 @@
-"""A tool call forwarded to a stdio connector's process as JSON (the express lane, issue 17), with what the SDK's
+"""A tool call forwarded to a stdio connector's process as JSON (the express lane), with what the SDK's
 client does around it: the same request `_meta`, the same checks of the result, the same errors, and a 2026-07-28
 downstream's input rounds followed as the SDK's client follows them.
 
@@ -27,7 +27,7 @@ from bastion.connectors.wire import OutputSchemaError, ResultChecks, WireCalls, 
 from bastion.errors import CallTimeout, UnknownOutcome, UpstreamError
 
 CORRELATION_META_KEY: Final = "io.bastion/correlation-id"
-"""The request `_meta` key that carries an invocation's correlation id to the downstream (DESIGN.md §6)."""
+"""The request `_meta` key that carries an invocation's correlation id to the downstream."""
 
 MAX_ROUNDS: Final = 10
 """Input rounds followed before giving up (the SDK client's `input_required_max_rounds`)."""

@@ -1,4 +1,4 @@
-"""Which host request a downstream's own messages belong to (DESIGN.md §3).
+"""Which host request a downstream's own messages belong to.
 
 An `mcp.Client` has one sampling, elicitation and logging callback for the whole connection, while
 a connector serves many calls at once. `InFlightCalls` keeps the relay of every call in flight and

@@ -1,4 +1,4 @@
-"""One supervised downstream MCP server (DESIGN.md §3): connect, list, watch, reconnect, call, relay.
+"""One supervised downstream MCP server: connect, list, watch, reconnect, call, relay.
 
 `McpConnector` satisfies the pipeline's `ActionSource` and `ContentSource` protocols structurally.
 `run()` keeps one `mcp.Client` connected: it lists every page of tools (and of resources, resource
@@ -136,7 +136,7 @@ class McpConnector:
         return list(self._listing.tools)
 
     def actions(self) -> list[ActionSpec]:
-        """The listed tools as action specs, with the connector file's overrides applied (DESIGN.md §4, §5)."""
+        """The listed tools as action specs, with the connector file's overrides applied."""
         return action_specs(self._config, self._listing.tools)
 
     def risk_of(self, action_id: str, definition: Mapping[str, Any]) -> Risk:

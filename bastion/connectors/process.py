@@ -220,7 +220,7 @@ async def _read_stdout(
 def line_sender(stdin: ByteSendStream) -> SendFn:
     """How the express wire writes a line to the process's stdin: into the pipe's asyncio transport, waiting only
     while its buffer is full, as anyio's `send` does; but that also yields to the loop after every write (a shielded
-    checkpoint: a cancel scope and a loop turn per call, 2.4 % of Bastion's instructions per call, issue 17), which
+    checkpoint: a cancel scope and a loop turn per call, 2.4 % of Bastion's instructions per call), which
     a line that is written whole does not need. Lines never interleave: each is one `write`, in call order.
 
     The asyncio stream is anyio's private `_stream` of its wrapper; where it is not one (another anyio, another

@@ -1,4 +1,4 @@
-"""A connector's tools as action specs: the connector file's overrides applied (DESIGN.md §4, §5, §8).
+"""A connector's tools as action specs: the connector file's overrides applied.
 
 Risk of a connector tool, first match wins: the per-tool `risk` in the connector file, the annotations
 (`destructiveHint` gives danger, else `readOnlyHint` gives read), the connector's `default_risk`, `write`.

@@ -1,4 +1,4 @@
-"""Resource subscriptions on one downstream, kept across reconnects (DESIGN.md §3).
+"""Resource subscriptions on one downstream, kept across reconnects.
 
 `ResourceWatch` holds the URIs hosts want updates for. On a 2025-era connection each one is a
 `resources/subscribe` request (replayed after a reconnect); on 2026-07-28, where that request no

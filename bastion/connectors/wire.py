@@ -2,7 +2,7 @@
 
 The SDK's client models each request and each answer: it builds a request model, dumps it, parses the answer line
 into a message model, validates the result once for the protocol version and once more into a `CallToolResult`.
-For a call whose result Bastion forwards as it came (the express lane, issue 17) that is most of the CPU a call
+For a call whose result Bastion forwards as it came (the express lane) that is most of the CPU a call
 costs Bastion. `WireCalls` sends such a call as one JSON line under an id of its own (`bastion-<n>`, never one of
 the SDK client's integer ids), and the reader of the process's stdout offers it every line first (`claims`): the
 answer to one of its calls is taken, anything else goes on to the SDK's session. Everything else on the connection
@@ -74,7 +74,7 @@ class _Call:
     __slots__ = ("answered", "closed", "error", "expired", "logs_before", "result", "unreadable")
 
     def __init__(self) -> None:
-        self.answered = asyncio.Event()  # the loop's own: anyio's wraps it in a per-call object more (issue 17)
+        self.answered = asyncio.Event()  # the loop's own: anyio's wraps it in a per-call object more
         self.result: dict[str, Any] | None = None
         self.error: WireError | None = None
         self.closed = False
@@ -207,7 +207,7 @@ class WireCalls:
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
                 raise WireClosed("the process's stdin is closed") from exc
             # The timeout is a timer of the loop that ends the wait, not a deadline scope around it: a scope with a
-            # deadline costs several times the wait itself, on every call (issue 17).
+            # deadline costs several times the wait itself, on every call.
             timer = asyncio.get_running_loop().call_later(timeout, call.expire)
             try:
                 await call.answered.wait()
@@ -284,7 +284,7 @@ class ResultChecks:
     def _surface(self, version: str) -> TypeAdapter[Any]:
         """The SDK's result surface of `tools/call` at `version`, the model its `validate_server_result` checks
         against. That function also dumps what it validated, which a check does not need: the same validation,
-        without the dump, is a third cheaper (issue 17). ValueError for a version the SDK does not know, KeyError
+        without the dump, is a third cheaper. ValueError for a version the SDK does not know, KeyError
         for one without that surface, as from the SDK's function."""
         surface = self._surfaces.get(version)
         if surface is None:

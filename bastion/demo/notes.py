@@ -1,4 +1,4 @@
-"""A small notes MCP server: the bundled demo connector (DESIGN.md §8).
+"""A small notes MCP server: the bundled demo connector.
 
 Run it with `python -m bastion.demo.notes [--transport stdio|http] [--host 127.0.0.1] [--port N]`.
 Over stdio it stops quietly, with status 0, when its input ends, when its host stops reading its

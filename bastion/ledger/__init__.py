@@ -1,4 +1,4 @@
-"""The ledger (DESIGN.md §6): where every invocation, pin and token is kept, opened from its URL in one place.
+"""The ledger: where every invocation, pin and token is kept, opened from its URL in one place.
 
 `open_ledger` composes a backend's stores (`bastion.ledger.sqlite` for one machine, `bastion.ledger.postgres` for
 several instances on one database) into an `OpenLedger`, with the invocation store behind the `Recorder`, so
@@ -136,7 +136,7 @@ POSTGRES_GUARANTEE: Final = Guarantee(
 
 
 def guarantee_of(url: str) -> Guarantee:
-    """The guarantee a ledger at `url` gives (seed 004's levels)."""
+    """The guarantee (level, scope, recovery) a ledger at `url` gives."""
     return POSTGRES_GUARANTEE if is_postgres_url(url) else SQLITE_GUARANTEE
 
 

@@ -1,4 +1,4 @@
-"""The audit chain (seed 004, issue 16): every event carries the hash of the event before it, so editing, removing
+"""The audit chain: every event carries the hash of the event before it, so editing, removing
 or reordering stored events is noticed by `verify_chain`.
 
 An event's hash is the SHA-256 (hex) of these fields joined by newlines, as UTF-8: the previous event's hash, the
@@ -46,7 +46,7 @@ _STORED_FORM: Final = "%04d-%02d-%02dT%02d:%02d:%02d.%06d+00:00"
 def stored_time(moment: datetime) -> str:
     """The fixed-width UTC form the chain hashes timestamps in (the SQLite ledger stores exactly this text): what
     `isoformat(timespec="microseconds")` gives in UTC, in half its time, and kept for the next ones: a call's row
-    and events are stamped with one moment (issue 17). A naive moment is taken as UTC."""
+    and events are stamped with one moment. A naive moment is taken as UTC."""
     if moment.tzinfo is not UTC:
         moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
     return _STORED_FORM % (

@@ -1,4 +1,4 @@
-"""The ledger's own secret: the key of its argument hashes (DESIGN.md §6), kept in a file beside the database,
+"""The ledger's own secret: the key of its argument hashes, kept in a file beside the database,
 never in it.
 
 An invocation stores a hash of its raw arguments so an approval can check that what runs is what was
@@ -74,7 +74,7 @@ def _create(path: Path) -> bytes:
 
 def keyed_hash(key: bytes, arguments: Any) -> str:
     """HMAC-SHA256 of the canonical JSON of the raw arguments: a copy of the key's HMAC, its key already taken in
-    (`hmac.digest` looks the algorithm up in OpenSSL on every call: twice the time, issue 17)."""
+    (`hmac.digest` looks the algorithm up in OpenSSL on every call: twice the time)."""
     mac = _keyed(key).copy()
     mac.update(canonical_json(arguments, strict=True))
     return mac.hexdigest()

@@ -1,4 +1,4 @@
-"""The rate limit's arithmetic (DESIGN.md §6), shared by every backend: admissions are counted per key in
+"""The rate limit's arithmetic, shared by every backend: admissions are counted per key in
 one-second buckets, and a key may have at most `per_minute` admissions in the last `WINDOW_SECONDS + 1` buckets.
 
 Counting the whole current second and the 60 before it makes the limit hold in every 60-second window (an
@@ -44,7 +44,7 @@ def retry_after(buckets: Iterable[tuple[int, int]], *, per_minute: int, now: dat
 class ProcessLimits:
     """The rate limit of the keys only this process counts against: the sessions no other process serves (a stdio
     host's own, a handshake-era HTTP session held in this process's memory). The same buckets and window as the
-    ledger's table, counted in memory, so such a session's calls write no count to the ledger (issue 17: the count
+    ledger's table, counted in memory, so such a session's calls write no count to the ledger (the count
     was a statement and a page of every call's first transaction). Satisfies `bastion.pipeline.seams.RateLimits`.
 
     Once a second at most, the seconds that left the window are dropped, and the keys left with none forgotten:

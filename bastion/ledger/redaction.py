@@ -1,4 +1,4 @@
-"""Redaction and structural truncation of what the ledger persists (DESIGN.md §6 "Redaction").
+"""Redaction and structural truncation of what the ledger persists.
 
 Everything here is pure and total: a `Redactor` takes any JSON-like value and returns JSON data, never
 mutating its input and never raising (however deep, wide or odd the value). Secrets are removed first (by key
@@ -84,7 +84,7 @@ _CREDENTIALS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
 )
 # Every credential shape and every `key=value` pair contains one of these (or `bearer` or `basic`, in any case);
 # most strings contain none. Tested with `in`, one after the other: one regex alternating them all tries each at
-# every character of the text, several times slower (issue 17).
+# every character of the text, several times slower.
 _TRIGGERS: Final = ("=", ":", *dict.fromkeys(trigger for trigger, _ in _CREDENTIALS))
 # `Bearer <token>`: the token needs a digit and 8 characters, or 20 characters, so prose keeps its words.
 _BEARER: Final = re.compile(

@@ -1,4 +1,4 @@
-"""How long the ledger's writes take to commit (issue 16): each backend times its transactions and tells whoever
+"""How long the ledger's writes take to commit: each backend times its transactions and tells whoever
 listens (the server's `/metrics`), so the ledger knows nothing of what reads the figures."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bearer tokens (DESIGN.md §10), whatever backend keeps them: their shape, their names and roles, and the hash
+"""Bearer tokens, whatever backend keeps them: their shape, their names and roles, and the hash
 that is all a ledger ever stores of a secret.
 
 A secret is `bst_` and 32 random bytes in URL-safe base64, so its SHA-256 can be looked up directly: nobody can

@@ -1,4 +1,4 @@
-"""Manifest actions (seed 002, DESIGN.md §8): composite actions declared in `actions/*.md` files.
+"""Manifest actions: composite actions declared in `actions/*.md` files.
 
 Pure but for reading files (and the enabled overlay's atomic writes): `model` (what a file says), `parse` (the
 front matter and body of every file, each problem with class, boundary, file and line), `templates` (`${...}`

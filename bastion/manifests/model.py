@@ -1,4 +1,4 @@
-"""What a manifest action file says (seed 002, DESIGN.md §8): the front matter's models, the loaded manifest,
+"""What a manifest action file says: the front matter's models, the loaded manifest,
 and the problems found in a file.
 
 The models validate one file on its own; what needs the rest of the configuration (which sources exist, what a
@@ -154,7 +154,7 @@ class Manifest(_Strict):
         return defaults | given
 
     def enforce_capabilities(self) -> None:
-        """Refuse, before any step runs, a manifest with a step outside its declared capabilities (seed 002's
+        """Refuse, before any step runs, a manifest with a step outside its declared capabilities (the
         action-boundary check, beside the policy each step still goes through)."""
         for _, step in self.front.outside_capabilities():
             requirement = self.requirement(step.source)
@@ -171,7 +171,7 @@ class Manifest(_Strict):
 
 
 class ManifestProblem(BaseModel):
-    """One problem of one action file (seed 002's structured error): class, boundary, file, line and the fix."""
+    """One problem of one action file (a structured error): class, boundary, file, line and the fix."""
 
     model_config = ConfigDict(frozen=True)
 

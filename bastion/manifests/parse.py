@@ -1,4 +1,4 @@
-"""Reading action files (seed 002): `+++` TOML front matter, then a Markdown body whose first paragraph is the
+"""Reading action files: `+++` TOML front matter, then a Markdown body whose first paragraph is the
 tool's description.
 
 Every file of a folder is checked in one pass, and a broken file never stops the others: each problem is a

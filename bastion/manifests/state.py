@@ -1,4 +1,4 @@
-"""Which manifest actions are enabled: an overlay kept outside the manifests (seed 002's action state).
+"""Which manifest actions are enabled: an overlay kept outside the manifests.
 
 A re-install may overwrite an action file; whether the action is enabled is the operator's choice, so it lives
 in its own file beside the ledger (`action-state.json`), as `{"<name>": {"enabled": false}, ...}`. An action

@@ -1,4 +1,4 @@
-"""Interpolation of a step's inputs (seed 002): `${args.<input>}` and `${<step>.<field>...}`.
+"""Interpolation of a step's inputs: `${args.<input>}` and `${<step>.<field>...}`.
 
 A string that is exactly one reference takes the referenced value with its JSON type (a number stays a number);
 a reference inside a longer string is written as text (numbers and booleans as JSON, objects and arrays as

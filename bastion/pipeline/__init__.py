@@ -1,4 +1,4 @@
-"""The call pipeline (DESIGN.md §2): the seams it consumes, the catalog, pins, approvals, authority, and the
+"""The call pipeline: the seams it consumes, the catalog, pins, approvals, authority, and the
 Gateway that composes them.
 
 Read it bottom-up: `seams` (what a source and a ledger offer), `catalog` and `content` (what hosts list),

@@ -1,4 +1,4 @@
-"""Calls that wait for a human (DESIGN.md §6): pending invocations, heartbeats, decisions, expiry.
+"""Calls that wait for a human: pending invocations, heartbeats, decisions, expiry.
 
 A held call keeps its raw arguments in memory (the ledger only has them redacted). Decisions come
 from anywhere that writes the ledger — this process, the CLI, another Bastion — and the ledger's change

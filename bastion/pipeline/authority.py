@@ -1,4 +1,4 @@
-"""Who may do what (DESIGN.md §6, §10): only approvers decide or re-pin, and nobody decides their own call.
+"""Who may do what: only approvers decide or re-pin, and nobody decides their own call.
 
 Every way of deciding — the REST API, the local CLI, a remote CLI — goes through these functions.
 """
@@ -181,7 +181,7 @@ async def reconcile(
     rolled_back: Mapping[str, Any] | None = None,
     from_statuses: Collection[Status] = RECONCILABLE,
 ) -> Invocation:
-    """Record what came of a call whose outcome was unknown (seed 004: reconciled, not left to "ask a human"):
+    """Record what came of a call whose outcome was unknown, so it is settled on the record, not left open:
     unknown or executing -> `outcome`, with a `reconciled` event naming who, how (by hand, by check with what was
     `found`, or by the rollback whose report is `rolled_back`) and why. Approvers only; NotFound, or Conflict when
     the invocation is not unresolved (naming its status)."""
@@ -271,7 +271,7 @@ async def reconcile_by_check(
     note: str | None = None,
     stale_after: timedelta = STALE_AFTER,
 ) -> Checked:
-    """Ask the call's source what came of it (issue 16: `bastion invocations reconcile ID --check`) and record it as
+    """Ask the call's source what came of it (`bastion invocations reconcile ID --check`) and record it as
     `reconcile` does, the `reconciled` event saying it was found by check and what. The call must be unknown, or
     executing and not updated for `stale_after` (Conflict otherwise), and its action must declare
     `reconcile = "lookup"` (InvalidArguments otherwise, naming the fix: by hand). Nothing found that the source
@@ -325,7 +325,7 @@ async def reconcile_by_check(
 
 
 async def unresolved(ledger: Ledger, *, stale_after: timedelta, now: datetime, limit: int = 100) -> list[Invocation]:
-    """The calls whose outcome is not known (seed 004's stale `sent_or_waiting` detector): every `unknown` one and
+    """The calls whose outcome is not known: every `unknown` one and
     every `executing` one not updated for `stale_after`, oldest first."""
     unknown = await ledger.invocations.list(status="unknown", limit=limit)
     executing = await ledger.invocations.list(status="executing", limit=limit)

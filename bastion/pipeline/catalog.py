@@ -1,8 +1,8 @@
-"""The merged catalog: every source's actions under host-safe names (DESIGN.md §3).
+"""The merged catalog: every source's actions under host-safe names.
 
 A source's action specs are prepared once when its listing changes (definition, fingerprints); naming
 runs over all sources together because collisions are resolved across them. What hosts list of an action is
-its tool, except for a drifted one (DESIGN.md §5): until an approver accepts the new definition, the gateway
+its tool, except for a drifted one: until an approver accepts the new definition, the gateway
 may list the pinned (trusted) one instead, or nothing (`listed_tool`), since a changed description is itself
 a way to steer the agent.
 """
@@ -143,7 +143,7 @@ class CatalogEntry:
 
 
 def prepare_actions(source_id: str, specs: Sequence[ActionSpec]) -> list[PreparedAction]:
-    """Wire-form definitions and fingerprints of one source's actions (DESIGN.md §5)."""
+    """Wire-form definitions and fingerprints of one source's actions."""
     prepared = []
     for spec in specs:
         definition = spec.tool.model_dump(by_alias=True, mode="json", exclude_none=True)

@@ -1,4 +1,4 @@
-"""The merged resources, resource templates and prompts of every source: naming, routing and relaying (DESIGN.md §3).
+"""The merged resources, resource templates and prompts of every source: naming, routing and relaying.
 
 - Resource URIs stay verbatim: they are the identifiers hosts read and subscribe by, and they appear
   inside tool results. Only the `name` of a resource or template is namespaced like a tool's

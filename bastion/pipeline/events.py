@@ -1,4 +1,4 @@
-"""What approvers are told as it happens (issue 14): the ledger's change feed read as named events.
+"""What approvers are told as it happens: the ledger's change feed read as named events.
 
 Four events are announced: `approval_requested` (a call waits for an approver), `approval_decided` (approved,
 denied or expired), `invocation_finished` (completed, failed or unknown) and `drift_detected` (a call was made to an

@@ -1,4 +1,4 @@
-"""The call pipeline and the Gateway that owns catalog, policy and ledger (DESIGN.md §2, §6).
+"""The call pipeline and the Gateway that owns catalog, policy and ledger.
 
 Every call: resolve the tool, validate its arguments, apply the session's rate limit, resolve the
 mode (tightened by drift), record the intent, then run it, hold it for an approver, or refuse it,
@@ -78,7 +78,7 @@ class Gateway:
         self.conditions = Conditions(
             [*config.policy.rules, *(r for p in config.policy.profiles.values() for r in p.rules)]
         )
-        """The policy rules' conditions, compiled once (DESIGN.md §4)."""
+        """The policy rules' conditions, compiled once."""
         self.ledger = ledger
         self.invocations = ledger.invocations
         self.instance = Instance(ledger.instances, instance_id)
@@ -202,7 +202,7 @@ class Gateway:
         arguments: Mapping[str, Any] | None = None,
         grant: Grant | None = None,
     ) -> ModeDecision:
-        """The mode of one action for one session (DESIGN.md §4); a drifted one is judged by §5.
+        """The mode of one action for one session; a drifted one is judged by the drift guard (`guard_drift`).
 
         Policy rules with conditions are judged on `arguments`; without them (a listing, the catalog) a rule is
         undecided, so the mode shown is the strictest the rule could give (source `conditional:<key>`). `grant`:
@@ -252,7 +252,7 @@ class Gateway:
         arguments: Mapping[str, Any] | None,
         grant: Grant | None,
     ) -> ModeDecision:
-        if self.config.unreadable_policies:  # a policy file that cannot be read fails closed (DESIGN.md §4)
+        if self.config.unreadable_policies:  # a policy file that cannot be read fails closed
             return ModeDecision(mode="deny", source=f"unreadable_policy:{self.config.unreadable_policies[0]}")
         policy = self.config.policy
         profile = policy.profiles.get(context.profile) if context.profile else None
@@ -306,10 +306,10 @@ class Gateway:
         relay: Relay | None = None,
         on_progress: ProgressFn | None = None,
     ) -> WireResult:
-        """`call` for the express lane (issue 17): the same pipeline, checks and records, but the result is its JSON,
+        """`call` for the express lane: the same pipeline, checks and records, but the result is its JSON,
         forwarded as the downstream sent it where the source can (`WireSource`; a call relaying progress goes the
         usual way). The result of a call that ran is handed to `deliver` (the host's answer) before its outcome is
-        recorded, so the recording is not on the host's wait (DESIGN.md §6), and comes back too. A call that would
+        recorded, so the recording is not on the host's wait, and comes back too. A call that would
         wait for an approver raises HandOff before anything is recorded; refusals raise a BastionError, as from
         `call`, and failures after the call was sent are recorded first."""
         with tracing.span(f"bastion.call {name}", not_failures=(HandOff,)) as span:
@@ -642,7 +642,7 @@ class Gateway:
             await deliver(delivered)
         finally:
             # Answered: with other calls running (this one's own scope is among them), the outcome is recorded off
-            # this task, in the next call's commit (issue 17); alone, at the loop's next turn, here.
+            # this task, in the next call's commit; alone, at the loop's next turn, here.
             others_run = len(self._running) > 1
             with anyio.CancelScope(shield=True):
                 await self._outcomes.finish(

@@ -1,4 +1,4 @@
-"""Which Bastion instances are alive (DESIGN.md §6): this one's identity and lease, and everyone else's.
+"""Which Bastion instances are alive: this one's identity and lease, and everyone else's.
 
 Each instance registers in the ledger under `host:pid:start` and renews a lease while it runs. Another instance
 is alive while its lease holds. On this very host a stopped process is known at once (its pid is gone or reused),

@@ -1,4 +1,4 @@
-"""What hosts list (DESIGN.md §3): the sources, their prepared actions, the merged catalog, and its rebuilds.
+"""What hosts list: the sources, their prepared actions, the merged catalog, and its rebuilds.
 
 Every source runs in the gateway's task group and calls back when its listing changed; the change is prepared
 (definitions, fingerprints), checked against the pins, and folded into a new catalog by one rebuild loop that

@@ -1,4 +1,4 @@
-"""Manifest actions as a source (seed 002): every loaded `actions/*.md` file is one action of the source `actions`.
+"""Manifest actions as a source: every loaded `actions/*.md` file is one action of the source `actions`.
 
 An action is listed while it is enabled (the overlay of `bastion actions enable|disable`) and available: every
 source it requires is ready, matches the version and content hash the manifest pins (if it pins them), and

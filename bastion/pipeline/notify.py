@@ -1,4 +1,4 @@
-"""Webhooks (issue 14): every named event (bastion.pipeline.events) POSTed to each `[[notify.webhook]]`, through an
+"""Webhooks: every named event (bastion.pipeline.events) POSTed to each `[[notify.webhook]]`, through an
 outbox in the ledger so that neither a restart nor a receiver that is down loses one.
 
 The filler follows the change feed and adds one outbox item per webhook and event; after a restart it resumes after

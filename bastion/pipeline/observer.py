@@ -1,4 +1,4 @@
-"""The pipeline's observer hook (DESIGN.md §6): whoever wants to know what happens to calls — the event stream,
+"""The pipeline's observer hook: whoever wants to know what happens to calls — the event stream,
 webhooks, metrics, tracing — registers an `Observer` instead of editing the pipeline.
 
 The pipeline calls every observer at four moments of an invocation's life, with the invocation as it is then:

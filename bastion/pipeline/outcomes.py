@@ -1,4 +1,4 @@
-"""Recording what came of a call that was sent (DESIGN.md §6), whatever goes wrong while recording it.
+"""Recording what came of a call that was sent, whatever goes wrong while recording it.
 
 Once a call may have left Bastion its host gets its answer, so recording the outcome must never fail the call:
 a result that cannot be stored is recorded without it, saying why, and an outcome the ledger refuses (a full
@@ -6,7 +6,8 @@ disk, say) is kept and offered again until it takes, so no call that ran stays `
 
 The outcome of a call answered while other calls run is recorded off the call's task (`may_defer`): its host has its
 answer already, the task (an HTTP request's, whose connection waits for it) ends at once, and the store may commit the
-outcome with the next call's intent, one commit for both (issue 17). Stopping waits for those records.
+outcome with the next call's intent, one commit for both (fewer commits under concurrency). Stopping waits for those
+records.
 """
 
 from __future__ import annotations

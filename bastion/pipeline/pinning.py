@@ -1,4 +1,4 @@
-"""Pins and drift (DESIGN.md §5): which actions' definitions changed behind our back.
+"""Pins and drift: which actions' definitions changed behind our back.
 
 Pins live in the ledger, keyed by source and upstream tool name, beside the host name each action was given.
 Every listing of a source is compared with them: a first sighting is pinned (trust on first use) unless the

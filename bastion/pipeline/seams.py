@@ -1,4 +1,4 @@
-"""The seams of the pipeline (DESIGN.md §2): what a source and a ledger must offer the gateway.
+"""The seams of the pipeline: what a source and a ledger must offer the gateway.
 
 They are `typing.Protocol`s owned by the pipeline; connectors/ and ledger/ satisfy them structurally
 without importing this module. The ledger is split by what each consumer needs: invocations (the call
@@ -45,7 +45,7 @@ ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 """Called with (progress, total, message) for each progress notification of a downstream call."""
 
 Deliver = Callable[[WireResult], Awaitable[None]]
-"""Hands the result of an express call that ran to its host, before its outcome is recorded (issue 17)."""
+"""Hands the result of an express call that ran to its host, before its outcome is recorded."""
 
 ChangeFn = Callable[[str], Awaitable[None]]
 """Called with a source_id whenever that source's listing changed (tools, resources or prompts came,
@@ -56,7 +56,7 @@ UpdatedFn = Callable[[str], Awaitable[None]]
 
 
 class Relay(Protocol):
-    """The host request a downstream call is made for (DESIGN.md §3).
+    """The host request a downstream call is made for.
 
     While the call runs, the downstream's log messages and its own requests (sampling, elicitation)
     go back to that request. Implemented by the front door over the host's connection; sources
@@ -144,7 +144,7 @@ class ActionSource(Protocol):
 @runtime_checkable
 class WireSource(Protocol):
     """A source that can also answer a call with the result's JSON as its downstream sent it, checked but not
-    modelled (the express lane, issue 17)."""
+    modelled (the express lane)."""
 
     async def call_wire(
         self,
@@ -162,7 +162,7 @@ class WireSource(Protocol):
 
 @runtime_checkable
 class LookupSource(Protocol):
-    """A source that can find out what came of one of its calls (issue 16: `bastion invocations reconcile --check`):
+    """A source that can find out what came of one of its calls (`bastion invocations reconcile --check`):
     it looks in its downstream for the call's idempotency key or correlation marker. Only actions whose spec
     declares `reconcile = "lookup"` are asked."""
 
@@ -261,7 +261,7 @@ class ContentSource(Protocol):
 
 
 class InvocationStore(Protocol):
-    """Invocations and their events (DESIGN.md §6). Whatever it is given is stored redacted and truncated."""
+    """Invocations and their events. Whatever it is given is stored redacted and truncated."""
 
     def hash_args(self, arguments: Any) -> str:
         """The keyed hash of raw arguments an invocation is recorded with (never shown to anyone)."""
@@ -392,7 +392,7 @@ class InvocationStore(Protocol):
 
 
 class PinStore(Protocol):
-    """The trusted definition of every action and its drift (DESIGN.md §5), stored verbatim."""
+    """The trusted definition of every action and its drift, stored verbatim."""
 
     async def pins(self, source_id: str | None = None) -> builtins.list[Pin]: ...
 
@@ -441,7 +441,7 @@ class GrantStore(Protocol):
 
 
 class TokenStore(Protocol):
-    """Bearer tokens (DESIGN.md §10), kept only as the SHA-256 of their secret."""
+    """Bearer tokens, kept only as the SHA-256 of their secret."""
 
     async def create_token(self, name: str, *, role: Role, profile: str | None, now: datetime) -> str:
         """Store a new token (only its SHA-256) and return its secret, once. Conflict if the name is taken."""
@@ -511,7 +511,7 @@ class InstanceRegistry(Protocol):
 
 
 class RateLimits(Protocol):
-    """The rate limit (DESIGN.md §6) counted in the ledger, so every instance sharing it counts against one budget
+    """The rate limit counted in the ledger, so every instance sharing it counts against one budget
     per key (a session)."""
 
     async def admit(self, key: str, *, per_minute: int, now: datetime) -> float | None:
@@ -521,7 +521,7 @@ class RateLimits(Protocol):
 
 
 class Outbox(Protocol):
-    """Messages for webhooks, kept until delivered (issue 14): a restart or a receiver that is down loses none.
+    """Messages for webhooks, kept until delivered: a restart or a receiver that is down loses none.
 
     One item per (target, event id): enqueuing it again does nothing, so a notifier that re-reads the change feed
     after a restart adds no duplicates. Items are claimed for a while before being sent, so two instances sharing
@@ -593,7 +593,7 @@ class CommitTimes(Protocol):
 
 
 class Ledger(Protocol):
-    """The durable store (DESIGN.md §6), as the stores each consumer takes what it needs from."""
+    """The durable store, as the stores each consumer takes what it needs from."""
 
     @property
     def invocations(self) -> InvocationStore: ...

@@ -1,4 +1,4 @@
-"""The span of each call the gateway serves, kept while its invocation lives (issue 16).
+"""The span of each call the gateway serves, kept while its invocation lives.
 
 The gateway opens one span per call, from the host's intent to its outcome (`bastion.tracing.span`), and follows
 its invocation here. As an observer of the pipeline, `CallTraces` keeps the span's status the ledger's, opens a

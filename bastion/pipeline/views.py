@@ -84,7 +84,7 @@ def check_json(invocation: Invocation, found: Found | None) -> dict[str, Any]:
 
 
 def invocation_json(invocation: Invocation) -> dict[str, Any]:
-    """The JSON shape of an invocation for scripts (DESIGN.md §9)."""
+    """The JSON shape of an invocation for scripts (what `--json` prints)."""
     return invocation.model_dump(mode="json")
 
 

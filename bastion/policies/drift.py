@@ -1,4 +1,4 @@
-"""Drift guard (DESIGN.md §5): fingerprints of tool definitions, and tightening a mode when they change."""
+"""Drift guard: fingerprints of tool definitions, and tightening a mode when they change."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ FINGERPRINT_FIELDS: Final = ("name", "title", "description", "inputSchema", "out
 """The wire-form (camelCase) fields of a tool definition that a pin covers."""
 
 _DOC_KEYWORDS: Final = frozenset({"description", "default", "enum"})
-"""Schema keywords seed 003 strips before its structural hash."""
+"""Schema keywords `structural_fingerprint` strips before it hashes."""
 
 # JSON Schema keywords (2020-12 and draft 4-7) whose value holds subschemas; everything else is data.
 _SCHEMA_KEYWORDS: Final = frozenset(
@@ -120,7 +120,7 @@ def _strip_docs(schema: Any) -> Any:
 
 
 def structural_fingerprint(definition: Mapping[str, Any]) -> str:
-    """Seed 003's hash: name, schemas without documentation keywords, and annotations.
+    """The structural hash: name, schemas without documentation keywords, and annotations.
 
     It changes only when the shape of the tool changes, which tells an approver a change is more than wording.
     """

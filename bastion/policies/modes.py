@@ -1,4 +1,4 @@
-"""Mode resolution (DESIGN.md §4): what actually happens to a call, and which rule decided it."""
+"""Mode resolution: what actually happens to a call, and which rule decided it."""
 
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def _first_match(
 @functools.lru_cache(maxsize=256)
 def _decision(mode: Mode, source: str) -> ModeDecision:
     """One decision per mode and source, shared (it is frozen): building the model costs a call more than looking it
-    up (issue 17)."""
+    up."""
     return ModeDecision(mode=mode, source=source)
 
 

@@ -1,4 +1,4 @@
-"""Host-safe tool names (DESIGN.md §3): `<namespace>__<action_id>`, sanitised, capped and collision-free."""
+"""Host-safe tool names: `<namespace>__<action_id>`, sanitised, capped and collision-free."""
 
 from __future__ import annotations
 

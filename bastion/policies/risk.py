@@ -1,4 +1,4 @@
-"""Risk of an action (DESIGN.md §4): a default hint for mode inference, never enforcement by itself."""
+"""Risk of an action: a default hint for mode inference, never enforcement by itself."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ _ACCEPTED = ", ".join([*RISKS, *RISK_ALIASES])
 
 
 def normalize_risk(value: str) -> Risk:
-    """Read a configured risk: `read`, `write`, `danger` or seed 000's tiers `R0`..`R4`, in any case."""
+    """Read a configured risk: `read`, `write`, `danger` or the risk tiers `R0`..`R4`, in any case."""
     for risk in RISKS:
         if value.lower() == risk:
             return risk
@@ -58,7 +58,7 @@ def declared_risk(definition: Mapping[str, Any]) -> Risk:
 
 
 def _configured_risk(value: Any) -> Any:
-    """A risk or one of seed 000's tiers, in any case; anything else is left for pydantic to refuse."""
+    """A risk or one of the risk tiers `R0`..`R4`, in any case; anything else is left for pydantic to refuse."""
     try:
         return normalize_risk(value) if isinstance(value, str) else value
     except ValueError:

@@ -1,4 +1,4 @@
-"""The approver REST API under `/api` (DESIGN.md §10): invocations, pending approvals, decisions, grants, pins.
+"""The approver REST API under `/api`: invocations, pending approvals, decisions, grants, pins.
 
 JSON in and out. Every route is declared once, in `OPERATIONS`; the Starlette routes and the OpenAPI
 document (`GET /api/openapi.json`) are both built from that table, and the response schemas from the
@@ -505,5 +505,5 @@ def openapi_document() -> dict[str, Any]:
     return describe(
         OPERATIONS,
         title="Bastion approver API",
-        description="Decide pending tool calls and re-pin drifted tool definitions (DESIGN.md §10).",
+        description="Decide pending tool calls and re-pin drifted tool definitions.",
     )

@@ -1,4 +1,4 @@
-"""`/approver/mcp`: an MCP endpoint for approvers who decide from their own MCP host (issue 14).
+"""`/approver/mcp`: an MCP endpoint for approvers who decide from their own MCP host.
 
 Six tools: `list_pending` (each call with the scopes it may be approved with), `show_invocation`, `approve` (scoped
 "once", "session", "hour" or "always", a standing grant narrowed by an optional condition), `deny` (with a reason),

@@ -1,4 +1,4 @@
-"""Who is calling over HTTP (DESIGN.md §10), and how a refusal reads there (§7).
+"""Who is calling over HTTP, and how a refusal reads there.
 
 `BearerAuth` resolves `Authorization: Bearer <secret>` through the ledger before any routing, so a
 wrong or revoked token learns nothing about what it asked for. The principal it finds is left in the

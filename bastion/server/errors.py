@@ -1,4 +1,4 @@
-"""Every translation of a Bastion error at a boundary, side by side (DESIGN.md §7, §10).
+"""Every translation of a Bastion error at a boundary, side by side (the classes are in `bastion.errors`).
 
 - to an MCP tool result, for the host that made the call (`tool_result`);
 - to an HTTP answer, for the REST API and the HTTP middleware (`http_response`);

@@ -1,4 +1,4 @@
-"""The express lane (issue 17): a host's `tools/call` answered without the SDK's server models.
+"""The express lane: a host's `tools/call` answered without the SDK's server models.
 
 Through the SDK's server a call is parsed into a message model, dumped back to a dict, its params validated twice,
 wrapped in middleware and a per-request session, and its result modelled, dumped, validated for the protocol

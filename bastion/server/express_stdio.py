@@ -63,7 +63,7 @@ class StdioLane:
         for. A call that fails unexpectedly ends it (with that error), as a task group would.
 
         Each call runs in an asyncio task of its own rather than in a task group's: anyio's `start_soon` costs a
-        call about twice the task itself, a cancel scope and an event more (issue 17)."""
+        call about twice the task itself, a cancel scope and an event more."""
         self._outlet, self._pass_on = _Stdout(write), pass_on
         self._failure = asyncio.get_running_loop().create_future()
         try:

@@ -1,4 +1,4 @@
-"""The HTTP surface (DESIGN.md §10): `/mcp` streamable HTTP, `/sse` + `/messages/` legacy SSE, the approver
+"""The HTTP surface: `/mcp` streamable HTTP, `/sse` + `/messages/` legacy SSE, the approver
 API under `/api` (its event stream `/api/events`), the approvers' MCP endpoint `/approver/mcp`, the approvers'
 web page `/inbox`, `/healthz`.
 
@@ -68,7 +68,7 @@ _NAMES_KEPT: Final = 256
 
 async def require_tokens_beyond_loopback(host: str, tokens: TokenStore, config_option: str = "") -> None:
     """Refuse (ConfigError) to serve on a non-loopback `host` while the ledger holds no active token: anyone who
-    could reach it could call tools and decide (DESIGN.md §10). `bastion serve` asks before starting anything;
+    could reach it could call tools and decide. `bastion serve` asks before starting anything;
     `serve_http` asks again for every other caller."""
     if not is_loopback(host) and not await tokens.has_tokens():
         raise ConfigError(
@@ -327,7 +327,7 @@ async def serve_http(
     The socket is bound before `on_ready` is called with the base URL, so a caller that reads it
     (a person, a test, a supervisor) can connect at once; `port=0` picks a free port. A caller that
     bound `listener` itself (`bastion serve`, before starting anything) passes it, and it is closed here.
-    Binding beyond loopback is refused (ConfigError) while the ledger holds no active token (DESIGN.md §10).
+    Binding beyond loopback is refused (ConfigError) while the ledger holds no active token.
 
     A caller that passes `stop` owns the signals (`bastion serve` lets running calls finish first). When it
     is set, the listener closes, open event streams end, connections get `STREAMS_CLOSE_TIMEOUT` seconds

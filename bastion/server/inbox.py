@@ -1,4 +1,4 @@
-"""`/inbox`: the approvers' web page (issue 14), server-rendered, with a little vanilla JS for countdowns and live
+"""`/inbox`: the approvers' web page, server-rendered, with a little vanilla JS for countdowns and live
 updates.
 
 Login is by an owner or admin token, posted once in a form: the server keeps it in memory against a random session

@@ -1,4 +1,4 @@
-"""The inbox's HTML (issue 14): plain functions from views to escaped HTML strings; no template engine, no build step.
+"""The inbox's HTML: plain functions from views to escaped HTML strings; no template engine, no build step.
 
 Every value shown is escaped here. Every form carries the session's CSRF token. Scripts and styles come from
 `/inbox/static/` only, so the pages' Content-Security-Policy forbids inline script.
@@ -119,7 +119,7 @@ def _pending_card(invocation: Invocation, now: datetime, csrf: str, offered: Seq
 
 
 def why(invocation: Invocation) -> str:
-    """Why a call waits, in a phrase: the rule that gave its mode, and where its risk came from (DESIGN.md §4, §5)."""
+    """Why a call waits, in a phrase: the rule that gave its mode, and where its risk came from."""
     reason = _why_mode(invocation)
     risk = _why_risk(invocation)
     if risk:

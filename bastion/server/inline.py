@@ -1,4 +1,4 @@
-"""Inline approval (DESIGN.md §6): ask the host's own user with a form, beside the approver path.
+"""Inline approval: ask the host's own user with a form, beside the approver path.
 
 Only for a profile with `inline_approval = true`, a host that supports form elicitation, and an
 anonymous local session: the host's user answers for the agent's own client, so with tokens (where

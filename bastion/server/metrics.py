@@ -1,4 +1,4 @@
-"""Prometheus metrics at `/metrics` (issue 16), in the text format, with the maintained client library.
+"""Prometheus metrics at `/metrics`, in the text format, with the maintained client library.
 
 An observer of the gateway (bastion.pipeline.observer) counts calls as they end and times the approvals; what is a
 state rather than an event (calls pending, sources up) is read when the scrape comes, so every instance sharing a
@@ -86,7 +86,7 @@ class Metrics:
     def _count(self, invocation: Invocation) -> None:
         labels = (invocation.source_id, invocation.mode, invocation.status)
         counter = self._counters.get(labels)
-        if counter is None:  # a child per label set, kept: `labels()` checks and locks on every call (issue 17)
+        if counter is None:  # a child per label set, kept: `labels()` checks and locks on every call
             counter = self._counters[labels] = self._calls.labels(*labels)
         counter.inc()
 

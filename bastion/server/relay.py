@@ -1,4 +1,4 @@
-"""The host side of relaying (DESIGN.md §3): a downstream's log messages, sampling and elicitation
+"""The host side of relaying: a downstream's log messages, sampling and elicitation
 reach the host request that made the call, inside that request.
 
 - 2025-era host: log messages are sent on the request's own channel (`related_request_id`), at or

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 class ErrorDetail(BaseModel):
     """What was refused, why, and which invocation it concerns (when one does)."""
 
-    error_class: str = Field(alias="class", description="The stable error class of DESIGN.md §7.")
+    error_class: str = Field(alias="class", description="The stable error class, e.g. `policy_denied` or `not_found`.")
     message: str
     invocation_id: str | None
 

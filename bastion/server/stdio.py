@@ -166,7 +166,7 @@ async def _read_lines_until_end(
                 await readable.wait()
             try:
                 chunk = os.read(fd, _READ_SIZE)
-                # A pipe read short was emptied: the next read would only fail, so the next turn waits first (issue 17).
+                # A pipe read short was emptied: the next read would only fail, so the next turn waits first.
                 wait_first = blocking_tty or (not blocking and 0 < len(chunk) < _READ_SIZE)
             except BlockingIOError:
                 await readable.wait()
@@ -211,7 +211,7 @@ async def _read_lines_until_end(
 class _Readable:
     """Waits until `fd` is readable, with the loop watching it from one wait to the next: `anyio.wait_readable` asks
     the loop to watch and stop watching on every wait, which on uvloop is a handle made and closed and seven system
-    calls more per line read (issue 17). The watch stops when `fd` is readable while nobody waits (the loop would
+    calls more per line read. The watch stops when `fd` is readable while nobody waits (the loop would
     otherwise call back on every turn until it is read), and at the end."""
 
     def __init__(self, fd: int) -> None:

@@ -1,4 +1,4 @@
-"""Sending Bastion's spans to an OpenTelemetry collector over OTLP, when the standard environment asks (issue 16).
+"""Sending Bastion's spans to an OpenTelemetry collector over OTLP, when the standard environment asks.
 
 `bastion serve` exports when `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set, unless
 `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`. The exporter reads the other `OTEL_EXPORTER_OTLP_*`

@@ -110,7 +110,7 @@ def baseline_scenarios(baseline: Path) -> set[str]:
 
 
 async def check_express_lane(base_url: str) -> int:
-    """The suite's tool calls went through Bastion's express lane (issue 17): read from `/metrics`, 1 if none did."""
+    """The suite's tool calls went through Bastion's express lane: read from `/metrics`, 1 if none did."""
     async with httpx2.AsyncClient() as client:
         scraped = (await client.get(f"{base_url}/metrics")).text
     counts = {

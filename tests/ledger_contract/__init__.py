@@ -1,4 +1,4 @@
-"""The ledger contract (DESIGN.md §6): what every ledger backend must do, run against each one in `BACKENDS`.
+"""The ledger contract: what every ledger backend must do, run against each one in `BACKENDS`.
 
 Transitions and conflicts, races between connections, expiry, recovery, redaction at rest, the change feed,
 instance leases, the pending limit, pins and tokens, observed only through the seams the pipeline uses. What

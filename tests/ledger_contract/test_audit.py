@@ -1,4 +1,4 @@
-"""The audit chain (issue 16): every event carries the hash of the one before it; verification reports the first
+"""The audit chain: every event carries the hash of the one before it; verification reports the first
 break; an export resumes from a cursor; a retention prune removes finished history and keeps the rest verifiable."""
 
 from __future__ import annotations

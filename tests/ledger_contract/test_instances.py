@@ -1,4 +1,4 @@
-"""Instance leases (DESIGN.md §6): an instance registers and renews a lease while it runs, ends it when it stops,
+"""Instance leases: an instance registers and renews a lease while it runs, ends it when it stops,
 and every instance sharing the store sees everyone's leases."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The webhook outbox (issue 14): one message per webhook and event, claimed before sending so two instances never
+"""The webhook outbox: one message per webhook and event, claimed before sending so two instances never
 send the same one at once, kept until delivered, retried when told, given up when told."""
 
 from __future__ import annotations

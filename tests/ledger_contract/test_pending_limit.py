@@ -1,4 +1,4 @@
-"""The pending limit (DESIGN.md §6): a call that waits for approval is recorded only while its session has fewer
+"""The pending limit: a call that waits for approval is recorded only while its session has fewer
 than the limit pending, counted in the transaction that records it, so racing instances never exceed it."""
 
 from __future__ import annotations

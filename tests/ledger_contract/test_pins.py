@@ -1,4 +1,4 @@
-"""Pins (DESIGN.md §5): saved whole, listed in order, drift accepted for one action or a whole source, and tool
+"""Pins: saved whole, listed in order, drift accepted for one action or a whole source, and tool
 definitions kept verbatim (never redacted: they are not secrets, and a scrubbed copy would make diffs lie)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The rate limit (DESIGN.md §6), counted in the ledger: at most `per_minute` admissions of a key in any minute,
+"""The rate limit, counted in the ledger: at most `per_minute` admissions of a key in any minute,
 atomically across connections, so every instance sharing a ledger counts against one budget per session."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bearer tokens (DESIGN.md §10): a secret shown once that authenticates as its principal until revoked, names
+"""Bearer tokens: a secret shown once that authenticates as its principal until revoked, names
 unique among active tokens, and the questions the HTTP door asks (any tokens? any approver tokens?)."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Plugin action packages (seed 000): `actions/<name>/action.json` with `execute`, `verify`, `repair` and `rollback`
+"""Plugin action packages: `actions/<name>/action.json` with `execute`, `verify`, `repair` and `rollback`
 executables, loaded only when `[plugins] allow_plugin_code = true`.
 
 `package` loads and checks packages (file and line for every problem), `runner` runs one step in a child process,
-`scope` checks path arguments, `flow` runs execute, verify, repair and rollback into seed 000's result envelope,
+`scope` checks path arguments, `flow` runs execute, verify, repair and rollback into the plugin result envelope,
 and `source` offers the packages to the catalog as the source `plugins`.
 """
 

@@ -1,7 +1,7 @@
-"""The flow of one plugin call (seed 000): execute, verify; on a failed verification one repair if the package has
+"""The flow of one plugin call: execute, verify; on a failed verification one repair if the package has
 one, then verify again; still failing (or execute itself failing), roll back.
 
-Its result is seed 000's result envelope: `status` (`succeeded`, `reverted` or `failed` here; `queued` and
+Its result is the plugin result envelope: `status` (`succeeded`, `reverted` or `failed` here; `queued` and
 `rejected` are the pipeline's, before anything runs), the output, and the verification, repair and rollback
 sections with a report of every step that ran.
 """

@@ -1,4 +1,4 @@
-"""Loading plugin action packages (seed 000): `actions/<name>/action.json` beside its executables.
+"""Loading plugin action packages: `actions/<name>/action.json` beside its executables.
 
 A package is checked whole before it is offered: its `action.json` fits the frozen contract, its name is its own
 (never a manifest action's, never another package's), its executables are there, an R2 action declares rollback,
@@ -54,7 +54,7 @@ class Rollback(_Strict):
 
 
 class Scope(_Strict):
-    """Seed 000's scope, relative to the workspace; `pathArguments` names the arguments it is checked on."""
+    """A package's scope, relative to the workspace; `pathArguments` names the arguments it is checked on."""
 
     allowed_files: list[str] = Field(default_factory=list, alias="allowedFiles")
     allowed_dirs: list[str] = Field(default_factory=list, alias="allowedDirs")
@@ -63,7 +63,7 @@ class Scope(_Strict):
 
 
 class ActionFile(_Strict):
-    """`action.json`, as seed 000 freezes it (plus `title`, `description` and `scope`)."""
+    """`action.json`, as the frozen plugin action contract has it (plus `title`, `description` and `scope`)."""
 
     name: str
     title: str | None = None

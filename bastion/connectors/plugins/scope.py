@@ -1,4 +1,4 @@
-"""Seed 000's argument scope: the paths a plugin call names must stay where its package allows.
+"""A plugin package's argument scope: the paths a plugin call names must stay where its package allows.
 
 Paths are resolved the way the child would open them (relative to the workspace, symlinks and `..` followed),
 so a link inside the workspace that points out of it, or at a forbidden file, is caught. Checked before the call

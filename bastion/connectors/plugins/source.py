@@ -32,7 +32,7 @@ _SECTION = {"type": "object", "properties": {"attempted": {"type": "boolean"}, "
 
 
 def envelope_schema(output_schema: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The output schema of a plugin tool: seed 000's result envelope, its `output` the package's outputSchema."""
+    """The output schema of a plugin tool: the plugin result envelope, its `output` the package's outputSchema."""
     return {
         "type": "object",
         "properties": {

@@ -1,4 +1,4 @@
-"""Provider actions: Bastion's own adapters to HTTP APIs (DESIGN.md §1), one module per API.
+"""Provider actions: Bastion's own adapters to HTTP APIs, one module per API.
 
 `base` holds what they share (the action declaration and the `ProviderSource` that serves a provider's
 actions), `api` one call's HTTP requests and the translation of their failures; `github`, `linear`, `sentry`

@@ -8,7 +8,7 @@ Every foreign failure becomes a Bastion error here, by whether the request could
 - a timeout or a dropped connection once a *mutating* request was sent: `UnknownOutcome` (it may have acted);
   the same after a request that changes nothing (a read) is an `UpstreamError`: a retry is safe.
 
-A mutating request carries the call's correlation id as its `Idempotency-Key` header (DESIGN.md §6).
+A mutating request carries the call's correlation id as its `Idempotency-Key` header.
 """
 
 from __future__ import annotations

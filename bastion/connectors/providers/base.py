@@ -1,4 +1,4 @@
-"""What every provider shares: its actions as code, and the source that serves them (DESIGN.md §1, §4, §6).
+"""What every provider shares: its actions as code, and the source that serves them.
 
 A provider action is a pydantic params model (its JSON Schema is the tool's input schema), a declared risk, a
 description an agent can act on, an output model (its JSON Schema is the tool's output schema) and an execute

@@ -1,4 +1,4 @@
-"""The `pins` table on PostgreSQL (DESIGN.md §5): the pin store (`PostgresPins`). Definitions are stored verbatim,
+"""The `pins` table on PostgreSQL: the pin store (`PostgresPins`). Definitions are stored verbatim,
 never through the redactor, as on SQLite (see bastion.ledger.sqlite.pins for why)."""
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ _MIGRATION_1: Final = (
 )
 
 _MIGRATION_2: Final = (
-    # Webhook messages (issue 14), as in SQLite's migration 8 (the audit chain is migration 3 here, 9 there).
+    # Webhook messages, as in SQLite's migration 8 (the audit chain is migration 3 here, 9 there).
     """
     CREATE TABLE outbox (
         id           bigserial PRIMARY KEY,

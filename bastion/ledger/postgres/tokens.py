@@ -1,4 +1,4 @@
-"""The `tokens` table on PostgreSQL (DESIGN.md §10): the token store (`PostgresTokens`). Tokens are stored as the
+"""The `tokens` table on PostgreSQL: the token store (`PostgresTokens`). Tokens are stored as the
 SHA-256 of their secret, never the secret (see bastion.ledger.tokens); a revoked token keeps its row."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ events are always a prefix of the ids: reading `WHERE id > last` after a commit 
 This process's own commits are read once the task that committed them yields while someone waits for news (one
 indexed read on the writer, on the loop: a tool call's request is then on its way to the downstream); while nobody
 waits they are read when asked for (`cursor`, `next`) or by `run`, at most `interval` seconds later, many at once
-(issue 17: no read-back per commit that nobody waits for). Other processes' commits are noticed by `run`, which
+(no read-back per commit that nobody waits for). Other processes' commits are noticed by `run`, which
 polls `PRAGMA data_version` every `interval` seconds.
 
 `run` also checkpoints the WAL off the event loop once enough transactions accumulated, and forgets rate counts

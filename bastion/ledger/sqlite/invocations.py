@@ -136,7 +136,7 @@ def append_events(conn: sqlite3.Connection, events: Sequence[NewEvent]) -> None:
     head read first stays the head): each hashed here, after the one before it, and inserted with its hash. An event
     without a seq takes its invocation's next (after the ones appended before it in the same call).
 
-    (Chained in SQL instead, with the hash a function SQLite calls back, an event cost twice as much: issue 17.)"""
+    (Chained in SQL instead, with the hash a function SQLite calls back, an event cost twice as much.)"""
     if not events:
         return
     head_id, head_hash = conn.execute(_HEAD_NOW).fetchone()

@@ -1,4 +1,4 @@
-"""The `pins` table (DESIGN.md §5): the SQLite pin store (`SqlitePins`), how a `Pin` is stored, and its statements.
+"""The `pins` table: the SQLite pin store (`SqlitePins`), how a `Pin` is stored, and its statements.
 
 The functions taking a `sqlite3.Connection` run inside the transaction `SqliteDatabase.write` opened for them.
 

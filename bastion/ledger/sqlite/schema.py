@@ -85,7 +85,7 @@ _MIGRATION_2: Final = (
     # The diff (pinned -> current) of the action's definition when it had drifted at call time: a JSON
     # list of lines, or NULL.
     "ALTER TABLE invocations ADD COLUMN drift TEXT",
-    # The trusted definition of each action (DESIGN.md §5) and, until an approver accepts it, the latest
+    # The trusted definition of each action and, until an approver accepts it, the latest
     # definition seen that differs from it. The drift columns are all NULL or all set.
     """
     CREATE TABLE pins (
@@ -111,7 +111,7 @@ _MIGRATION_2: Final = (
 )
 
 _MIGRATION_3: Final = (
-    # Bearer tokens (DESIGN.md §10), kept only as the SHA-256 of their secret. A revoked token keeps its
+    # Bearer tokens, kept only as the SHA-256 of their secret. A revoked token keeps its
     # row, so a name is unique only among active tokens and may be reused once revoked.
     """
     CREATE TABLE tokens (
@@ -172,7 +172,7 @@ _MIGRATION_5: Final = (
     "ALTER TABLE events_v5 RENAME TO events",
     "CREATE UNIQUE INDEX events_invocation_seq ON events (invocation_id, seq)",
     *_APPEND_ONLY_EVENTS,
-    # Bastion instances and their leases (DESIGN.md §6): an instance renews its lease while it runs; one
+    # Bastion instances and their leases: an instance renews its lease while it runs; one
     # whose lease lapsed is gone, and its executing invocations are unknown, its approved ones free to run.
     """
     CREATE TABLE instances (
@@ -192,7 +192,7 @@ _MIGRATION_5: Final = (
 )
 
 _MIGRATION_6: Final = (
-    # The rate limit (DESIGN.md §6), counted in the file so every process sharing it counts together: admissions
+    # The rate limit, counted in the file so every process sharing it counts together: admissions
     # per key (a session) and second since the epoch (see bastion.ledger.limits). Rows older than the window are
     # deleted as the key is admitted again, and by the change feed's upkeep.
     """
@@ -214,7 +214,7 @@ _MIGRATION_7: Final = (
 )
 
 _MIGRATION_8: Final = (
-    # Webhook messages (issue 14), kept until the receiver takes them: one per webhook (`target`) and named event
+    # Webhook messages, kept until the receiver takes them: one per webhook (`target`) and named event
     # (`event_id`, the change feed's id), so re-reading the feed after a restart adds none twice. `next_at` is when
     # it is due (claimed until then while being sent); NULL once delivered or given up.
     """

@@ -1,4 +1,4 @@
-"""The `tokens` table (DESIGN.md §10): the SQLite token store (`SqliteTokens`) and its statements. Tokens are
+"""The `tokens` table: the SQLite token store (`SqliteTokens`) and its statements. Tokens are
 stored as the SHA-256 of their secret, never the secret (see bastion.ledger.tokens).
 
 The functions taking a `sqlite3.Connection` run inside the transaction `SqliteDatabase.write` opened for them.
