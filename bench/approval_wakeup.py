@@ -26,12 +26,12 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client
 
 from bastion.config import Config, ConnectorConfig, LimitSettings, PolicyConfig, Settings
-from bastion.connectors import McpConnector
 from bastion.demo.notes import NoteStore, create_server
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.server.mcp import FrontDoor
+from bastion.sources.mcp import McpConnector
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

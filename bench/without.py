@@ -12,11 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from bastion.cli import main as bastion_main
-from bastion.connectors.wire import ResultChecks
 from bastion.ledger.recorder import Recorder
 from bastion.ledger.redaction import Redactor
 from bastion.ledger.sqlite.invocations import SqliteInvocations
 from bastion.pipeline.observer import Observers
+from bastion.sources.mcp.wire import ResultChecks
 
 
 async def _nothing(*args: Any, **kwargs: Any) -> None:

@@ -16,12 +16,12 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from bastion.config import Config, ConnectorConfig, PolicyConfig, Settings
-from bastion.connectors import McpConnector
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import Invocation, Role, utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.server.http import allowed_hosts_for, build_app
 from bastion.server.mcp import FrontDoor
+from bastion.sources.mcp import McpConnector
 from tests.downstream import FixtureServer
 from tests.test_api import WAIT, serving
 

@@ -24,11 +24,11 @@ from bastion.config import (
     Settings,
     ToolOverride,
 )
-from bastion.connectors import McpConnector
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import Invocation
 from bastion.pipeline.gateway import Gateway
 from bastion.server.mcp import FrontDoor
+from bastion.sources.mcp import McpConnector
 from tests.downstream import FixtureServer, StreamTarget
 
 

@@ -19,7 +19,7 @@ import httpx2
 import mcp_types as types
 
 from bastion.config import ProviderConfig
-from bastion.connectors.providers import ProviderSource, provider_source
+from bastion.sources.providers import ProviderSource, provider_source
 
 CANARY = "canary-4f1d2c9e7b"
 """A provider token that no redaction pattern matches."""

@@ -29,16 +29,16 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from bastion.config import Config, ConnectorConfig, PolicyConfig, Settings
-from bastion.connectors import McpConnector
 from bastion.errors import ConfigError
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import Invocation, Pin, PinObservation, Role, utcnow
 from bastion.pipeline.gateway import Gateway
-from bastion.pipeline.seams import ActionSource
 from bastion.server.api import OPERATIONS
 from bastion.server.auth import BearerAuth, principal_of
 from bastion.server.http import allowed_hosts_for, bind_listener, build_app, serve_http
 from bastion.server.mcp import FrontDoor
+from bastion.sources.mcp import McpConnector
+from bastion.sources.seam import ActionSource
 from tests.downstream import FixtureServer
 from tests.test_cli import INVOCATION_KEYS
 

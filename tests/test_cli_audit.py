@@ -12,8 +12,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bastion.connectors.providers.github import marker
 from bastion.models import utcnow
+from bastion.sources.providers.github import marker
 from tests.fake_apis import FakeGitHub
 from tests.processes import bastion_command, bastion_env
 from tests.processes import run_cli as run_any_cli

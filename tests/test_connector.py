@@ -20,9 +20,9 @@ import pytest
 from mcp import MCPError
 
 from bastion.config import ConnectorConfig
-from bastion.connectors import McpConnector
-from bastion.connectors.mcp import CORRELATION_META_KEY
 from bastion.errors import CallTimeout, ConnectorUnavailable, UnknownOutcome, UpstreamError
+from bastion.sources.mcp import McpConnector
+from bastion.sources.mcp.connector import CORRELATION_META_KEY
 from tests.downstream import FAILURE_CODE, FixtureServer, StreamTarget, default_tools
 from tests.harness import harness
 from tests.test_gateway import error_of
@@ -417,7 +417,7 @@ class ConnectorLog(logging.Handler):
 @pytest.fixture
 def connector_log() -> Iterator[ConnectorLog]:
     handler = ConnectorLog()
-    logger = logging.getLogger("bastion.connectors.mcp")
+    logger = logging.getLogger("bastion.sources.mcp.connector")
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)

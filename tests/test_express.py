@@ -2,7 +2,7 @@
 on stdio and over HTTP, in both protocol eras; what it cannot serve it leaves to the SDK; and it skips no check.
 
 The downstream is a real child process (tests/wire_server.py) that Bastion runs over stdio, so the calls the lane
-takes are also forwarded over the wire path (bastion.connectors.forwarding). Each scenario runs twice, with
+takes are also forwarded over the wire path (bastion.sources.mcp.forwarding). Each scenario runs twice, with
 `[server] express_lane` on and off, and the two runs must agree: what the host got, and what the ledger holds.
 """
 
@@ -35,8 +35,6 @@ from pydantic import ValidationError
 from bastion.actions import WireResult
 from bastion.config import ApprovalSettings, Config, ConnectorConfig, LimitSettings, PolicyConfig, Settings
 from bastion.config.models import ServerSettings
-from bastion.connectors import McpConnector
-from bastion.connectors.wire import ResultChecks, WireCalls, WireUnreadable
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import CallContext, Invocation
 from bastion.pipeline.gateway import Gateway
@@ -44,6 +42,8 @@ from bastion.server.express import ExpressCall, LaneCounts, express_call
 from bastion.server.express_stdio import StdioLane
 from bastion.server.mcp import FrontDoor
 from bastion.server.stdio import pipe_streams
+from bastion.sources.mcp import McpConnector
+from bastion.sources.mcp.wire import ResultChecks, WireCalls, WireUnreadable
 from tests.processes import bastion_env, bastion_http
 from tests.wire_server import HUGE
 

@@ -18,13 +18,13 @@ import pytest
 
 from bastion.actions import WireResult
 from bastion.config import Profile, ToolOverride
-from bastion.connectors.mcp import CORRELATION_META_KEY
 from bastion.errors import InvalidArguments
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.models import CallContext, Invocation, utcnow
 from bastion.pipeline.catalog import new_invocation_id
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.outcomes import Outcomes
+from bastion.sources.mcp.connector import CORRELATION_META_KEY
 from tests.downstream import FixtureServer
 from tests.harness import Harness, harness
 

@@ -15,10 +15,10 @@ import pytest
 from mcp import Client
 
 from bastion.config import Config, PolicyConfig, ProviderConfig, Settings
-from bastion.connectors.providers import ProviderSource, provider_source
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.pipeline.gateway import Gateway
 from bastion.server.mcp import FrontDoor
+from bastion.sources.providers import ProviderSource, provider_source
 from tests.providers import CANARY, ScriptedApi, ok
 from tests.test_gateway import error_of
 

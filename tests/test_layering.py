@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "bastion"
 
 # Lower number = lower layer. A module may import only modules of a strictly lower layer, or of its
 # own group (a package importing its own submodules). Sibling groups at the same layer never import
-# each other: connectors and ledger are independent; policies are pure functions below both.
+# each other: the kinds of source and the ledger are independent; policies are pure functions below both.
 LAYERS: dict[str, int] = {
     "bastion": 0,  # the package root (__init__: version only)
     "bastion.models": 1,
@@ -19,12 +19,18 @@ LAYERS: dict[str, int] = {
     "bastion.starter": 1,
     "bastion.actions": 2,  # what a source declares about its actions (ActionSpec)
     "bastion.jsontext": 1,  # JSON both ways on the hot path (orjson, the standard library where it must)
-    "bastion.tracing": 2,  # OpenTelemetry attribute names and spans, for the pipeline and the connectors
+    "bastion.tracing": 2,  # OpenTelemetry attribute names and spans, for the pipeline and the sources
     "bastion.policies": 2,  # pure functions over the vocabulary: anyone above may call them
     "bastion.schemas": 2,  # JSON Schema checks of arguments and results (jsonschema-rs, then jsonschema)
-    "bastion.manifests": 3,  # action files, beside config: parsed and checked; the pipeline runs them
     "bastion.config": 3,
-    "bastion.connectors": 4,  # sources, beside the ledger: they never import each other
+    "bastion.sources": 4,  # the package docstring only
+    "bastion.sources.seam": 3,  # what the pipeline needs of a source, beneath every kind
+    "bastion.sources.secrets": 3,  # scrubbing bound secrets by value: providers and plugins
+    # The kinds of source, beside the ledger: none imports another, nor the ledger.
+    "bastion.sources.mcp": 4,
+    "bastion.sources.providers": 4,
+    "bastion.sources.plugins": 4,
+    "bastion.sources.manifests": 4,  # action files parsed and checked, and run as the source `actions`
     "bastion.ledger": 4,
     "bastion.pipeline": 5,  # the package docstring only
     "bastion.pipeline.seams": 5,  # the pipeline: seams and catalog, then pins, approvals and content, then the gateway
@@ -40,7 +46,6 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.views": 6,  # the JSON shapes the CLI prints and the API answers
     "bastion.pipeline.outcomes": 6,  # recording what came of a call that was sent
     "bastion.pipeline.steps": 7,  # the gateway's step runner: a composite's steps, each a child invocation
-    "bastion.pipeline.manifests": 6,  # manifest actions as a source, run through the step runner
     "bastion.pipeline.listings": 7,  # the sources and what hosts list of them
     "bastion.pipeline.events": 7,  # the change feed read as named events (event stream, inbox, webhooks)
     "bastion.pipeline.notify": 8,  # webhooks: the outbox filled from the events and delivered
@@ -59,12 +64,17 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.errors": set(),
     "bastion.jsontext": {"orjson"},
     "bastion.config": {"pydantic", "cel"},  # cel: policy conditions, compiled at load
-    "bastion.manifests": {"pydantic"},
     "bastion.policies": {"pydantic"},
     "bastion.schemas": {"jsonschema", "jsonschema_rs"},
     "bastion.ledger": {"pydantic", "aiosqlite", "anyio", "psycopg", "psycopg_pool"},
-    # jsonschema: plugins' action.json; referencing: an output schema that cannot be resolved
-    "bastion.connectors": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic", "jsonschema", "referencing"},
+    "bastion.sources": set(),
+    "bastion.sources.seam": {"mcp_types", "anyio"},
+    "bastion.sources.secrets": set(),
+    # referencing: an output schema that cannot be resolved
+    "bastion.sources.mcp": {"mcp", "mcp_types", "httpx2", "anyio", "pydantic", "referencing"},
+    "bastion.sources.providers": {"mcp_types", "httpx2", "anyio", "pydantic"},
+    "bastion.sources.plugins": {"mcp_types", "anyio", "pydantic", "jsonschema"},  # jsonschema: action.json
+    "bastion.sources.manifests": {"pydantic", "mcp_types", "anyio"},
     "bastion.config.tomlpos": set(),
     "bastion.starter": set(),
     "bastion.pipeline": set(),
@@ -84,7 +94,6 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.notify": {"anyio", "httpx2"},
     "bastion.pipeline.outcomes": {"mcp_types", "anyio"},
     "bastion.pipeline.steps": {"mcp_types"},
-    "bastion.pipeline.manifests": {"mcp_types", "anyio"},
     "bastion.pipeline.gateway": {"mcp_types", "anyio", "pydantic"},
     "bastion.server": None,
     "bastion.cli": None,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bastion.errors import CapabilityDenied, ConfigError
-from bastion.manifests import ActionState, TemplateError, load_manifests, parse_manifest, render
+from bastion.sources.manifests import ActionState, TemplateError, load_manifests, parse_manifest, render
 
 GOOD = """+++
 name = "stamp"

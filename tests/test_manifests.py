@@ -23,14 +23,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from bastion import tracing
 from bastion.actions import ActionSpec
 from bastion.config import Config, ConnectorConfig, PolicyConfig, Profile, Settings
-from bastion.connectors import McpConnector
 from bastion.ledger import OpenLedger, Redactor, open_ledger
-from bastion.manifests import ActionState, ManifestProblem, load_manifests
 from bastion.models import CallContext, Grant, Invocation, PolicyRule, SourceStatus, utcnow
 from bastion.pipeline.gateway import Gateway
-from bastion.pipeline.manifests import ManifestSource, connector_hash
-from bastion.pipeline.seams import ActionSource
 from bastion.server.mcp import FrontDoor
+from bastion.sources.manifests import ActionState, ManifestProblem, load_manifests
+from bastion.sources.manifests.source import ManifestSource, connector_hash
+from bastion.sources.mcp import McpConnector
+from bastion.sources.seam import ActionSource
 from tests.downstream import FixtureServer, default_tools
 from tests.test_gateway import error_of
 

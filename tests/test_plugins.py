@@ -24,14 +24,14 @@ from mcp import Client
 
 from bastion.cli.app import load_actions, open_gateway
 from bastion.config import load_config
-from bastion.connectors.plugins import load_plugins
-from bastion.connectors.plugins.runner import run_step
-from bastion.connectors.plugins.sandbox import sandbox
 from bastion.ledger import Redactor, open_ledger
 from bastion.models import CallContext, Invocation, ModeDecision, utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.policies import compose_mode
 from bastion.server.mcp import FrontDoor
+from bastion.sources.plugins import load_plugins
+from bastion.sources.plugins.runner import run_step
+from bastion.sources.plugins.sandbox import sandbox
 from tests.processes import bastion_env, bastion_http, run_cli
 from tests.test_gateway import error_of
 

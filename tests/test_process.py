@@ -1,4 +1,4 @@
-"""A stdio connector's child process (bastion.connectors.process): how the express wire writes to its stdin."""
+"""A stdio connector's child process (bastion.sources.mcp.process): how the express wire writes to its stdin."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 import anyio
 import pytest
 
-from bastion.connectors.process import line_sender
-from bastion.connectors.wire import SendFn
+from bastion.sources.mcp.process import line_sender
+from bastion.sources.mcp.wire import SendFn
 
 pytestmark = pytest.mark.anyio
 
@@ -48,7 +48,7 @@ async def test_lines_reach_the_process_whole_and_in_order_past_a_full_pipe() -> 
 
 
 async def test_a_process_gone_refuses_the_line_with_errors_the_wire_expects() -> None:
-    """The wire turns these into WireClosed (bastion.connectors.wire.WireCalls.request); nothing else escapes."""
+    """The wire turns these into WireClosed (bastion.sources.mcp.wire.WireCalls.request); nothing else escapes."""
     async with await anyio.open_process([sys.executable, "-c", "pass"]) as process:
         assert process.stdin is not None
         send = line_sender(process.stdin)

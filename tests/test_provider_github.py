@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from bastion.connectors.providers.github import BODY_CHARS
 from bastion.errors import UpstreamError
+from bastion.sources.providers.github import BODY_CHARS
 from tests.providers import CANARY, ScriptedApi, body_of, call, ok, query_of, running, source
 
 pytestmark = pytest.mark.anyio

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from bastion.connectors.providers.linear import issue_id_for
 from bastion.errors import BastionError, RateLimited, UnknownOutcome, UpstreamError
+from bastion.sources.providers.linear import issue_id_for
 from tests.providers import CANARY, ScriptedApi, body_of, call, ok, running, source
 
 pytestmark = pytest.mark.anyio

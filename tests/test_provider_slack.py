@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from bastion.connectors.providers.slack import METADATA_EVENT
 from bastion.errors import BastionError, RateLimited, UpstreamError
+from bastion.sources.providers.slack import METADATA_EVENT
 from tests.providers import CANARY, ScriptedApi, body_of, call, ok, query_of, running, source
 
 pytestmark = pytest.mark.anyio

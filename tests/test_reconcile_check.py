@@ -19,8 +19,6 @@ import pytest
 from mcp import Client
 
 from bastion.config import Config, PolicyConfig, ProviderConfig, Settings
-from bastion.connectors.providers import provider_source
-from bastion.connectors.providers.github import marker
 from bastion.errors import Conflict, Forbidden, InvalidArguments
 from bastion.ledger import Redactor, open_ledger
 from bastion.models import EventKind, Invocation, Principal, utcnow
@@ -28,6 +26,8 @@ from bastion.pipeline.authority import Checked, reconcile_by_check
 from bastion.pipeline.gateway import Gateway
 from bastion.server.http import allowed_hosts_for, build_app
 from bastion.server.mcp import FrontDoor
+from bastion.sources.providers import provider_source
+from bastion.sources.providers.github import marker
 from tests.fake_apis import FakeApi, FakeGitHub, FakeLinear, FakeSlack
 from tests.providers import CANARY, dumped
 from tests.test_api import error_class, serving

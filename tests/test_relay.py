@@ -20,10 +20,10 @@ from mcp import MCPError
 from mcp.client.session import ClientRequestContext, IncomingMessage
 from mcp.client.subscriptions import PromptsListChanged, ResourcesListChanged, ResourceUpdated, Subscription
 
-from bastion.connectors import McpConnector
-from bastion.connectors.inflight import InFlightCalls
 from bastion.errors import NotFound
 from bastion.pipeline.content import ContentCatalog, ContentRelay, SourceContent
+from bastion.sources.mcp import McpConnector
+from bastion.sources.mcp.inflight import InFlightCalls
 from tests.downstream import ContentFixture, StreamTarget
 from tests.harness import Harness, harness
 from tests.test_connector import Changes, config, down, ready, running
@@ -530,6 +530,10 @@ class Recorder:
     @property
     def answers(self) -> bool:
         return False
+
+    @property
+    def protocol_version(self) -> str:
+        return types.LATEST_PROTOCOL_VERSION
 
     async def log(self, params: types.LoggingMessageNotificationParams) -> None:
         self.logged.append(str(params.data))

@@ -31,8 +31,8 @@ from bastion.cli.serve import freeze_startup_heap
 from bastion.config import Config, PolicyConfig, ServerSettings, Settings
 from bastion.ledger import Redactor, open_ledger
 from bastion.pipeline.gateway import Gateway
-from bastion.pipeline.seams import ChangeFn
 from bastion.server.mcp import FrontDoor
+from bastion.sources.seam import ChangeFn
 from tests.processes import bastion_command, bastion_env, served, write_config
 from tests.test_e2e import ERAS, NOTES_TOOLS, host_client
 from tests.test_gateway import error_of

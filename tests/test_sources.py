@@ -19,9 +19,9 @@ from bastion.errors import ConnectorUnavailable
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import Invocation, Risk, SourceStatus, utcnow
 from bastion.pipeline.gateway import Gateway
-from bastion.pipeline.seams import ChangeFn, ProgressFn, Relay
 from bastion.policies import fingerprints
 from bastion.server.mcp import FrontDoor
+from bastion.sources.seam import ChangeFn, ProgressFn, Relay
 from tests.test_gateway import error_of
 
 pytestmark = pytest.mark.anyio

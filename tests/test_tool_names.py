@@ -14,12 +14,12 @@ import pytest
 from mcp import Client
 
 from bastion.config import Config, ConnectorConfig, PolicyConfig, Settings, load_config, sqlite_path
-from bastion.connectors import McpConnector
 from bastion.errors import ConfigError
 from bastion.ledger import Redactor, open_ledger
 from bastion.models import Pin, PinObservation, utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.server.mcp import FrontDoor
+from bastion.sources.mcp import McpConnector
 from tests.downstream import FixtureServer
 from tests.processes import bastion_env, run_cli
 

@@ -2,7 +2,7 @@
 (tests/downstream.py: echo, progress, fail, shapes, chatty, sample, ask, sleep) and a few whose answers are hard to
 forward: a result nested deeply, one off its own output schema, one with an integer beyond 64 bits, one whose
 structured content is an array. Run by Bastion as a real child process, so its calls go over the wire path
-(bastion.connectors.wire)."""
+(bastion.sources.mcp.wire)."""
 
 from __future__ import annotations
 

@@ -27,10 +27,10 @@ from bastion.cli.app import (
 from bastion.cli.tables import Column, fitted_table
 from bastion.config import Config
 from bastion.errors import BastionError, NotFound
-from bastion.manifests import Manifest
 from bastion.models import MANIFEST_SOURCE_ID, CallContext
 from bastion.pipeline.gateway import Gateway
-from bastion.pipeline.manifests import ManifestSource, ManifestView
+from bastion.sources.manifests import Manifest
+from bastion.sources.manifests.source import ManifestSource, ManifestView
 
 actions_app = typer.Typer(
     help="Manifest actions (actions/*.md): list, show, enable and disable them.", no_args_is_help=True

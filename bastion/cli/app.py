@@ -29,19 +29,19 @@ from bastion import __version__
 from bastion.cli.logs import use_redactor
 from bastion.cli.remote import TOKEN_ENV_VAR, RemoteApi, remote_api
 from bastion.config import SQLITE_PREFIX, Config, ConfigIssue, config_hint, find_config_dir, load_config, sqlite_path
-from bastion.connectors import McpConnector
-from bastion.connectors.plugins import ACTION_FILE, PluginProblem, PluginSource, StepLimits, load_plugins
-from bastion.connectors.plugins.sandbox import sandbox
-from bastion.connectors.providers import provider_source
 from bastion.errors import BastionError, ConfigError, NotFound, Unauthenticated
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
-from bastion.manifests import ACTIONS_DIR, STATE_FILE, ActionState, Manifest, load_manifests
 from bastion.models import PLUGIN_SOURCE_ID, Invocation, Principal
 from bastion.pipeline.authority import local_owner, resolve_invocation_id
 from bastion.pipeline.gateway import Gateway
-from bastion.pipeline.manifests import ManifestSource
-from bastion.pipeline.seams import ActionSource
+from bastion.sources.manifests import ACTIONS_DIR, STATE_FILE, ActionState, Manifest, load_manifests
+from bastion.sources.manifests.source import ManifestSource
+from bastion.sources.mcp import McpConnector
+from bastion.sources.plugins import ACTION_FILE, PluginProblem, PluginSource, StepLimits, load_plugins
+from bastion.sources.plugins.sandbox import sandbox
+from bastion.sources.providers import provider_source
+from bastion.sources.seam import ActionSource
 
 USAGE_ERROR: Final = "usage_error"
 """The error class of a command line used wrongly (exit 2), in `--json` error output."""

@@ -30,13 +30,13 @@ from bastion.cli.app import (
 )
 from bastion.cli.inspect import invocations_app
 from bastion.config import Config
-from bastion.connectors.providers import provider_source
 from bastion.errors import BastionError, ConnectorUnavailable
 from bastion.models import AuditReport, Invocation, PruneReport, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.authority import MIN_ID_PREFIX, SourceOf
-from bastion.pipeline.seams import ActionSource
 from bastion.pipeline.views import audit_record_json, check_json, invocation_json
+from bastion.sources.providers import provider_source
+from bastion.sources.seam import ActionSource
 
 audit_app = typer.Typer(
     help="The ledger's tamper-evident history: verify its hash chain, export it, prune it by age.",

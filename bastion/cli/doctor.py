@@ -42,12 +42,12 @@ from bastion.config import (
     load_config,
     sqlite_path,
 )
-from bastion.connectors.providers import provider_source
 from bastion.errors import BastionError, ConfigError
 from bastion.ledger import guarantee_of
-from bastion.manifests import Manifest
 from bastion.models import MANIFEST_SOURCE_ID, PLUGIN_SOURCE_ID
 from bastion.policies import NameRequest, assign_tool_names
+from bastion.sources.manifests import Manifest
+from bastion.sources.providers import provider_source
 
 
 @dataclass(frozen=True)

@@ -207,7 +207,7 @@ class ConnectorConfig(_Strict):
 
 
 ProviderKind = Literal["github", "linear", "sentry", "slack"]
-"""The HTTP APIs Bastion has its own actions for (`bastion.connectors.providers`)."""
+"""The HTTP APIs Bastion has its own actions for (`bastion.sources.providers`)."""
 PROVIDER_KINDS: Final[tuple[ProviderKind, ...]] = get_args(ProviderKind)
 
 

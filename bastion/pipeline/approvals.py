@@ -41,7 +41,8 @@ from bastion.errors import (
 from bastion.models import PLUGIN_SOURCE_ID, Invocation, Status, utcnow
 from bastion.pipeline.catalog import CatalogEntry
 from bastion.pipeline.observer import Observers
-from bastion.pipeline.seams import ChangeFeed, InvocationStore, ProgressFn
+from bastion.pipeline.seams import ChangeFeed, InvocationStore
+from bastion.sources.seam import ProgressFn
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from bastion.errors import (
 )
 from bastion.models import PLUGIN_SOURCE_ID, Invocation, InvocationEvent, Pin, Principal, Scope, Status
 from bastion.pipeline.grants import Grants
-from bastion.pipeline.seams import ActionSource, InvocationStore, Ledger, LookupSource
+from bastion.pipeline.seams import InvocationStore, Ledger
+from bastion.sources.seam import ActionSource, LookupSource
 
 MIN_ID_PREFIX: Final = 6
 """The fewest characters of an invocation id that name it (when no other id starts with them)."""

@@ -30,8 +30,8 @@ import mcp_types as types
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
 from bastion.errors import BastionError, CallTimeout, NotFound
-from bastion.pipeline.seams import ContentSource, UpdatedFn
 from bastion.policies import NameRequest, assign_tool_names
+from bastion.sources.seam import ContentSource, UpdatedFn
 
 logger = logging.getLogger(__name__)
 

@@ -49,10 +49,11 @@ from bastion.pipeline.listings import INVOCATION_TOOL, Listings, ListingsFn
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.outcomes import Outcomes
 from bastion.pipeline.pinning import PinBook
-from bastion.pipeline.seams import ActionSource, Deliver, Ledger, ProgressFn, RateLimits, Relay, WireSource
+from bastion.pipeline.seams import Deliver, Ledger, RateLimits
 from bastion.pipeline.steps import GatewaySteps
 from bastion.pipeline.traces import CallTraces
 from bastion.policies import LIFTABLE, covers_held_steps, guard_drift, resolve_mode
+from bastion.sources.seam import ActionSource, ProgressFn, Relay, WireSource
 
 logger = logging.getLogger(__name__)
 
@@ -360,11 +361,11 @@ class Gateway:
     async def call_step(
         self, parent: Invocation, step_id: str, entry: CatalogEntry, arguments: dict[str, Any], relay: Relay | None
     ) -> tuple[str, types.CallToolResult]:
-        """One step of the composite invocation `parent` (see `seams.StepRunner.run_step`), through the stages of a
-        host's call, as the composite's caller: it counts against the session's rate limit and passes the same
-        admission. A step that policy holds for an approver runs only under a composite that was held and approved,
-        or that an operator's own entry allows (`covers_held_steps`); a step declared `approval_required` only under
-        an approved one. Its span is a child of the composite's."""
+        """One step of the composite invocation `parent` (see `bastion.sources.seam.StepRunner.run_step`), through
+        the stages of a host's call, as the composite's caller: it counts against the session's rate limit and
+        passes the same admission. A step that policy holds for an approver runs only under a composite that was
+        held and approved, or that an operator's own entry allows (`covers_held_steps`); a step declared
+        `approval_required` only under an approved one. Its span is a child of the composite's."""
         if self._draining:
             raise ConnectorUnavailable(
                 f"Bastion is shutting down: step {step_id!r} of invocation {parent.id} was not started"

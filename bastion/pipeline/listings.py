@@ -26,7 +26,7 @@ from bastion.models import SourceStatus
 from bastion.pipeline.catalog import Catalog, CatalogEntry, PreparedAction, listed_tool, prepare_actions
 from bastion.pipeline.content import ContentRelay
 from bastion.pipeline.pinning import PinBook
-from bastion.pipeline.seams import ActionSource, CompositeSource, ContentSource
+from bastion.sources.seam import ActionSource, CompositeSource, ContentSource
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
-"""The gateway's step runner (`seams.StepRunner`): the steps of composite actions (manifest actions), each run through
-the gateway's pipeline as an invocation of its own, recorded as a child of the composite's invocation.
+"""The gateway's step runner (`bastion.sources.seam.StepRunner`): the steps of composite actions (manifest
+actions), each run through the gateway's pipeline as an invocation of its own, recorded as a child of the
+composite's invocation.
 
 It also composes a composite's mode from its steps' (`compose`), so the gateway's `mode_of` stays one pipeline
 for every action: a composite never looks safer than its steps.
@@ -15,8 +16,9 @@ import mcp_types as types
 from bastion.errors import ConnectorUnavailable, NotFound
 from bastion.models import CallContext, Invocation, ModeDecision
 from bastion.pipeline.catalog import CatalogEntry
-from bastion.pipeline.seams import ActionSource, InvocationStore, Relay
+from bastion.pipeline.seams import InvocationStore
 from bastion.policies import compose_mode
+from bastion.sources.seam import ActionSource, Relay
 
 
 class ModeOf(Protocol):
@@ -97,7 +99,7 @@ class GatewaySteps:
         arguments: dict[str, Any],
         relay: Relay | None = None,
     ) -> tuple[str, types.CallToolResult]:
-        """See `seams.StepRunner.run_step`."""
+        """See `bastion.sources.seam.StepRunner.run_step`."""
         parent = await self._invocations.get(parent_id)
         if parent is None:
             raise NotFound(f"no invocation {parent_id} to run step {step_id!r} for")

@@ -30,7 +30,7 @@ from bastion.pipeline.authority import (
     visible_invocation,
 )
 from bastion.pipeline.grants import Grants
-from bastion.pipeline.seams import ActionSource, Ledger
+from bastion.pipeline.seams import Ledger
 from bastion.pipeline.views import (
     DEFAULT_LIMIT,
     CheckReport,
@@ -49,6 +49,7 @@ from bastion.pipeline.views import (
 )
 from bastion.server.events import MAX_EVENT_ID, event_id
 from bastion.server.rest import Call, Operation, Query, describe, endpoint, routing_error
+from bastion.sources.seam import ActionSource
 
 logger = logging.getLogger(__name__)
 

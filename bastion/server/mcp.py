@@ -38,7 +38,6 @@ from bastion.models import CallContext, Invocation, caller_session_id
 from bastion.pipeline.approvals import AwaitingInput
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.listings import ListingKind
-from bastion.pipeline.seams import ProgressFn, Relay
 from bastion.server import inline, tasks
 from bastion.server.auth import principal_of
 from bastion.server.content import ContentHandlers
@@ -46,6 +45,7 @@ from bastion.server.errors import tool_result
 from bastion.server.pages import Pager, page_cursor
 from bastion.server.relay import CallRelays, background
 from bastion.server.sdk import connection_of
+from bastion.sources.seam import ProgressFn, Relay
 
 logger = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from pydantic import ValidationError
 
 from bastion.errors import BastionError, UnknownOutcome
 from bastion.pipeline.approvals import AwaitingInput
-from bastion.pipeline.seams import ProgressFn, Relay
 from bastion.server.sdk import connection_of
+from bastion.sources.seam import ProgressFn, Relay
 
 logger = logging.getLogger(__name__)
 

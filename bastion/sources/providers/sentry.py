@@ -12,8 +12,8 @@ from typing import Annotated, Any, Final
 from pydantic import AliasPath, BeforeValidator, Field
 
 from bastion.config import ProviderConfig
-from bastion.connectors.providers.api import Api
-from bastion.connectors.providers.base import Output, Params, ProviderAction, ProviderDefinition
+from bastion.sources.providers.api import Api
+from bastion.sources.providers.base import Output, Params, ProviderAction, ProviderDefinition
 
 DEFAULT_BASE_URL: Final = "https://sentry.io"
 

@@ -15,10 +15,10 @@ from typing import Any, Final, Literal
 
 from jsonschema.validators import validator_for
 
-from bastion.connectors.plugins.package import PluginPackage, Step, allowed
-from bastion.connectors.plugins.runner import StepRun, run_step
-from bastion.connectors.plugins.sandbox import Sandbox
-from bastion.connectors.secrets import scrub
+from bastion.sources.plugins.package import PluginPackage, Step, allowed
+from bastion.sources.plugins.runner import StepRun, run_step
+from bastion.sources.plugins.sandbox import Sandbox
+from bastion.sources.secrets import scrub
 
 Outcome = Literal["succeeded", "reverted", "failed"]
 TERMINAL_STATUSES: Final = ("succeeded", "reverted", "queued", "rejected", "failed")

@@ -25,15 +25,15 @@ from bastion.config.tomlpos import (
     describe_syntax_error,
     dotted_key,
 )
-from bastion.manifests.model import (
+from bastion.models import MANIFEST_SOURCE_ID
+from bastion.sources.manifests.model import (
     Boundary,
     FrontMatter,
     Manifest,
     ManifestProblem,
     ProblemClass,
 )
-from bastion.manifests.templates import ARGS, TemplateError, references
-from bastion.models import MANIFEST_SOURCE_ID
+from bastion.sources.manifests.templates import ARGS, TemplateError, references
 
 DELIMITER: Final = "+++"
 ACTIONS_DIR: Final = "actions"

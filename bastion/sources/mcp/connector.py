@@ -53,17 +53,18 @@ from pydantic import ValidationError
 
 from bastion.actions import ActionSpec, WireResult
 from bastion.config import ConnectorConfig
-from bastion.connectors.failures import describe, first_line, is_expected
-from bastion.connectors.forwarding import CORRELATION_META_KEY, Forwarding
-from bastion.connectors.inflight import CallRelay, InFlightCalls
-from bastion.connectors.link import Link
-from bastion.connectors.listing import Listing, list_prompts, list_resources, list_tools
-from bastion.connectors.process import Child, child_process
-from bastion.connectors.specs import action_specs, risk_of
-from bastion.connectors.subscriptions import ResourceWatch, UpdatedFn
-from bastion.connectors.wire import ResultChecks, strip_protocol_meta
 from bastion.errors import BastionError, CallTimeout, ConnectorUnavailable, UnknownOutcome, UpstreamError
 from bastion.models import Risk, SourceStatus, utcnow
+from bastion.sources.mcp.failures import describe, first_line, is_expected
+from bastion.sources.mcp.forwarding import CORRELATION_META_KEY, Forwarding
+from bastion.sources.mcp.inflight import InFlightCalls
+from bastion.sources.mcp.link import Link
+from bastion.sources.mcp.listing import Listing, list_prompts, list_resources, list_tools
+from bastion.sources.mcp.process import Child, child_process
+from bastion.sources.mcp.specs import action_specs, risk_of
+from bastion.sources.mcp.subscriptions import ResourceWatch
+from bastion.sources.mcp.wire import ResultChecks, strip_protocol_meta
+from bastion.sources.seam import ChangeFn, ProgressFn, Relay, UpdatedFn
 
 __all__ = ["CORRELATION_META_KEY", "ClientTarget", "McpConnector", "strip_protocol_meta"]
 
@@ -81,8 +82,6 @@ ClientTarget: TypeAlias = Any
 (in tests) an in-process `Server`/`MCPServer`. Kept loose: naming the server types would import mcp.server."""
 
 # The same shapes as `bastion.pipeline.gateway.ChangeFn`/`ProgressFn` (this layer cannot import the pipeline).
-ChangeFn = Callable[[str], Awaitable[None]]
-ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 
 _Result = TypeVar("_Result", bound=types.Result)
 
@@ -192,7 +191,7 @@ class McpConnector:
         correlation_id: str,
         timeout: float,
         on_progress: ProgressFn | None = None,
-        relay: CallRelay | None = None,
+        relay: Relay | None = None,
     ) -> types.CallToolResult:
         """Call one downstream tool; see `ActionSource.call` for the errors raised."""
         link = self._ready_link()
@@ -245,9 +244,9 @@ class McpConnector:
         *,
         correlation_id: str,
         timeout: float,
-        relay: CallRelay | None = None,
+        relay: Relay | None = None,
     ) -> WireResult | None:
-        """`call`, written to the downstream's process and answered as JSON (bastion.connectors.forwarding), with the
+        """`call`, written to the downstream's process and answered as JSON (bastion.sources.mcp.forwarding), with the
         same checks and errors; None, having sent nothing, when this call cannot go that way: a downstream not run
         by Bastion over stdio, or a 2026-07-28 one while the host could answer its questions (the SDK's client then
         drives those rounds)."""

@@ -1,6 +1,6 @@
 """One step of a plugin action in a child process: an argument vector (never a shell), the configured working
 directory, an environment of the bound credentials only, JSON on stdin and stdout, a timeout and an output cap,
-confined as its package's permissions say (bastion.connectors.plugins.sandbox).
+confined as its package's permissions say (bastion.sources.plugins.sandbox).
 
 A step that runs too long or writes too much is killed (its whole process group) and reported as such; nothing
 of it outlives the call, nor Bastion (the sandbox dies with it).
@@ -62,7 +62,7 @@ async def run_step(
     confine: Callable[[Sequence[str]], Sequence[str]] | None = None,
 ) -> StepRun:
     """Run `argv` with `payload` as JSON on its stdin (nothing for a verification command) and read its stdout;
-    `confine` turns the command into the one that runs it confined (bastion.connectors.plugins.sandbox)."""
+    `confine` turns the command into the one that runs it confined (bastion.sources.plugins.sandbox)."""
     shown = tuple(argv)
     program = shutil.which(argv[0]) if os.sep not in argv[0] else argv[0]
     if program is None:

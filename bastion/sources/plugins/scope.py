@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bastion.connectors.plugins.package import Scope
+from bastion.sources.plugins.package import Scope
 
 
 def scope_violation(scope: Scope, workspace: Path, arguments: Mapping[str, Any]) -> str | None:

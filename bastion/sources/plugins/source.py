@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,15 +18,13 @@ import anyio
 import mcp_types as types
 
 from bastion.actions import ActionSpec
-from bastion.connectors.plugins.flow import TERMINAL_STATUSES, StepLimits, run_flow, run_rollback
-from bastion.connectors.plugins.package import PluginPackage
-from bastion.connectors.plugins.scope import scope_violation
 from bastion.errors import ConnectorUnavailable, PolicyDenied
 from bastion.models import PLUGIN_SOURCE_ID, Risk, SourceStatus
 from bastion.policies import declared_risk
-
-ChangeFn = Callable[[str], Awaitable[None]]
-ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+from bastion.sources.plugins.flow import TERMINAL_STATUSES, StepLimits, run_flow, run_rollback
+from bastion.sources.plugins.package import PluginPackage
+from bastion.sources.plugins.scope import scope_violation
+from bastion.sources.seam import ChangeFn, ProgressFn
 
 _SECTION = {"type": "object", "properties": {"attempted": {"type": "boolean"}, "ok": {"type": "boolean"}}}
 

@@ -13,8 +13,8 @@ from typing import Final
 import httpx2
 
 from bastion.config import ProviderConfig, ProviderKind
-from bastion.connectors.providers import github, linear, sentry, slack
-from bastion.connectors.providers.base import ProviderAction, ProviderDefinition, ProviderSource
+from bastion.sources.providers import github, linear, sentry, slack
+from bastion.sources.providers.base import ProviderAction, ProviderDefinition, ProviderSource
 
 DEFINITIONS: Final[dict[ProviderKind, Callable[[ProviderConfig], ProviderDefinition]]] = {
     "github": github.definition,

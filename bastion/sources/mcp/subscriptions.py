@@ -10,7 +10,6 @@ message handler, which hands the URI to `updated()`; a task forwards it to the s
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Final
 
 import anyio
@@ -22,11 +21,10 @@ from mcp.client.subscriptions import Subscription, SubscriptionLost
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from bastion.errors import ConnectorUnavailable, UpstreamError
+from bastion.sources.seam import UpdatedFn
 
 logger = logging.getLogger(__name__)
 
-UpdatedFn = Callable[[str], Awaitable[None]]
-"""The same shape as `bastion.pipeline.seams.UpdatedFn` (this layer cannot import the pipeline)."""
 
 UPDATE_BUFFER: Final = 256
 """Updates waiting to be forwarded; beyond this they are dropped (each is only a hint to re-read)."""

@@ -21,8 +21,8 @@ from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from bastion.connectors.plugins.sandbox import Filesystem
 from bastion.models import RISK_ALIASES, Risk
+from bastion.sources.plugins.sandbox import Filesystem
 
 ACTION_FILE: Final = "action.json"
 STEPS: Final = ("execute", "verify", "repair", "rollback")
@@ -41,7 +41,7 @@ class Permissions(_Strict):
     """The commands the package may have run for it: its verification commands, which Bastion runs (and nothing
     else: what a step runs itself cannot be confined to a list, so a package declaring more is refused)."""
     filesystem: Filesystem = "workspace"
-    """What the steps may do with the workspace, applied by the sandbox (bastion.connectors.plugins.sandbox)."""
+    """What the steps may do with the workspace, applied by the sandbox (bastion.sources.plugins.sandbox)."""
 
 
 class Verification(_Strict):

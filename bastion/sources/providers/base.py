@@ -27,10 +27,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from bastion import __version__
 from bastion.actions import ActionSpec, Found, Reconciliation
 from bastion.config import ProviderConfig
-from bastion.connectors.providers.api import Api
-from bastion.connectors.secrets import scrub
 from bastion.errors import BastionError, BindingRequired, ConnectorUnavailable, InvalidArguments, UpstreamError
 from bastion.models import Invocation, Risk, SourceStatus
+from bastion.sources.providers.api import Api
+from bastion.sources.seam import ChangeFn, ProgressFn
+from bastion.sources.secrets import scrub
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +41,6 @@ CONNECT_TIMEOUT: Final = 10.0
 CLOCK_SKEW: Final = timedelta(minutes=10)
 """A look-up searches what was made from this long before the invocation was recorded (the API's clock may lag)."""
 
-ChangeFn = Callable[[str], Awaitable[None]]
-ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 LookUpFn = Callable[[Api, Mapping[str, Any], datetime], Awaitable[Found | None]]
 """Find what one call made: (the call's view of the API, its arguments as the ledger kept them, the earliest time
 it can have been made). The invocation id is `api.correlation_id`."""

@@ -21,10 +21,11 @@ from pydantic import ValidationError
 
 from bastion import tracing
 from bastion.actions import WireResult
-from bastion.connectors.failures import first_line
-from bastion.connectors.inflight import CallRelay, InFlightCalls, nowhere
-from bastion.connectors.wire import OutputSchemaError, ResultChecks, WireCalls, WireClosed, WireError, WireUnreadable
 from bastion.errors import CallTimeout, UnknownOutcome, UpstreamError
+from bastion.sources.mcp.failures import first_line
+from bastion.sources.mcp.inflight import InFlightCalls, nowhere
+from bastion.sources.mcp.wire import OutputSchemaError, ResultChecks, WireCalls, WireClosed, WireError, WireUnreadable
+from bastion.sources.seam import Relay
 
 CORRELATION_META_KEY: Final = "io.bastion/correlation-id"
 """The request `_meta` key that carries an invocation's correlation id to the downstream."""
@@ -56,7 +57,7 @@ class Forwarding:
         *,
         correlation_id: str,
         timeout: float,
-        relay: CallRelay | None,
+        relay: Relay | None,
     ) -> WireResult:
         """Call `action_id` and return its checked result; raises what `ActionSource.call` raises."""
         meta: dict[str, Any] = {CORRELATION_META_KEY: correlation_id}
@@ -101,7 +102,7 @@ class Forwarding:
             ) from exc
 
     async def _rounds(
-        self, action_id: str, params: dict[str, Any], raw: dict[str, Any], timeout: float, relay: CallRelay
+        self, action_id: str, params: dict[str, Any], raw: dict[str, Any], timeout: float, relay: Relay
     ) -> dict[str, Any]:
         """Follow input rounds until the downstream's final result (see the module docstring)."""
         backoff = _BACKOFF_INITIAL
@@ -130,7 +131,7 @@ class Forwarding:
         return raw
 
 
-async def _ask(relay: CallRelay, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
+async def _ask(relay: Relay, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
     """One input request, answered by the call's relay as the SDK client's callbacks would answer it."""
     if isinstance(request, types.CreateMessageRequest):
         return await relay.sample(request.params)

@@ -39,8 +39,8 @@ from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
-from bastion.connectors.wire import SendFn, WireCalls
 from bastion.errors import ConnectorUnavailable
+from bastion.sources.mcp.wire import SendFn, WireCalls
 
 __all__ = ["Child", "Streams", "child_process"]
 

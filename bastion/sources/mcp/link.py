@@ -12,7 +12,7 @@ from mcp import Client
 from mcp.client.session import IncomingMessage
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from bastion.connectors.listing import Kind
+from bastion.sources.mcp.listing import Kind
 
 logger = logging.getLogger(__name__)
 

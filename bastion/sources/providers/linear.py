@@ -28,9 +28,9 @@ from pydantic import AliasPath, Field
 
 from bastion.actions import Found
 from bastion.config import ProviderConfig
-from bastion.connectors.providers.api import Api, Json, check_status, retry_after
-from bastion.connectors.providers.base import Output, Params, ProviderAction, ProviderDefinition
 from bastion.errors import RateLimited, UpstreamError
+from bastion.sources.providers.api import Api, Json, check_status, retry_after
+from bastion.sources.providers.base import Output, Params, ProviderAction, ProviderDefinition
 
 DEFAULT_BASE_URL: Final = "https://api.linear.app"
 GRAPHQL_PATH: Final = "/graphql"

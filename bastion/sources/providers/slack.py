@@ -25,9 +25,9 @@ from pydantic import AliasPath, Field
 
 from bastion.actions import Found
 from bastion.config import ProviderConfig
-from bastion.connectors.providers.api import Api, Json, retry_after
-from bastion.connectors.providers.base import Output, Params, ProviderAction, ProviderDefinition, arguments_for
 from bastion.errors import RateLimited, UpstreamError
+from bastion.sources.providers.api import Api, Json, retry_after
+from bastion.sources.providers.base import Output, Params, ProviderAction, ProviderDefinition, arguments_for
 
 DEFAULT_BASE_URL: Final = "https://slack.com/api"
 METADATA_EVENT: Final = "bastion_invocation"

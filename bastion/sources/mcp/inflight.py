@@ -22,30 +22,13 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Protocol
 
 import mcp_types as types
 from mcp.client.session import ClientRequestContext
 
+from bastion.sources.seam import Relay
+
 logger = logging.getLogger(__name__)
-
-
-class CallRelay(Protocol):
-    """The host request a call was made for; the same shape as the pipeline's `Relay` seam."""
-
-    @property
-    def log_level(self) -> types.LoggingLevel | None: ...
-
-    @property
-    def answers(self) -> bool: ...
-
-    async def log(self, params: types.LoggingMessageNotificationParams) -> None: ...
-
-    async def sample(
-        self, params: types.CreateMessageRequestParams
-    ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData: ...
-
-    async def elicit(self, params: types.ElicitRequestParams) -> types.ElicitResult | types.ErrorData: ...
 
 
 class _Nowhere:
@@ -62,6 +45,10 @@ class _Nowhere:
     def answers(self) -> bool:
         return False
 
+    @property
+    def protocol_version(self) -> str:
+        return types.LATEST_PROTOCOL_VERSION  # nobody receives the result through it
+
     async def log(self, params: types.LoggingMessageNotificationParams) -> None:
         logger.debug("connector %s logged for no host request: %s %r", self._source_id, params.level, params.data)
 
@@ -74,12 +61,12 @@ class _Nowhere:
         return _refused("elicitation", self._source_id)
 
 
-def nowhere(source_id: str) -> CallRelay:
+def nowhere(source_id: str) -> Relay:
     """The relay of a request made without one (see `_Nowhere`)."""
     return _Nowhere(source_id)
 
 
-_calling: ContextVar[CallRelay | None] = ContextVar("bastion_calling", default=None)
+_calling: ContextVar[Relay | None] = ContextVar("bastion_calling", default=None)
 """The relay of the downstream request the current task is making, if any."""
 
 
@@ -88,12 +75,12 @@ class InFlightCalls:
 
     def __init__(self, source_id: str) -> None:
         self._source_id = source_id
-        self._relays: list[CallRelay] = []
+        self._relays: list[Relay] = []
         """In start order: the last one is the most recently started."""
         self._nowhere = _Nowhere(source_id)
 
     @contextmanager
-    def calling(self, relay: CallRelay | None) -> Iterator[None]:
+    def calling(self, relay: Relay | None) -> Iterator[None]:
         """Mark a downstream request in flight for the duration of the block (in the calling task).
 
         Without a relay, what comes back in this task goes nowhere, and the request is not a candidate
@@ -113,7 +100,7 @@ class InFlightCalls:
             self._relays.remove(relay)
             _calling.reset(token)
 
-    def _target(self) -> CallRelay | None:
+    def _target(self) -> Relay | None:
         relay = _calling.get()
         if relay is not None:
             return relay

@@ -6,10 +6,10 @@ executables, loaded only when `[plugins] allow_plugin_code = true`.
 and `source` offers the packages to the catalog as the source `plugins`.
 """
 
-from bastion.connectors.plugins.flow import StepLimits, run_flow
-from bastion.connectors.plugins.package import ACTION_FILE, PluginPackage, PluginProblem, load_plugins
-from bastion.connectors.plugins.scope import scope_violation
-from bastion.connectors.plugins.source import PluginSource
+from bastion.sources.plugins.flow import StepLimits, run_flow
+from bastion.sources.plugins.package import ACTION_FILE, PluginPackage, PluginProblem, load_plugins
+from bastion.sources.plugins.scope import scope_violation
+from bastion.sources.plugins.source import PluginSource
 
 __all__ = [
     "ACTION_FILE",

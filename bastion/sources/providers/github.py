@@ -22,8 +22,8 @@ from pydantic import AliasPath, BeforeValidator, Field
 
 from bastion.actions import Found
 from bastion.config import ProviderConfig
-from bastion.connectors.providers.api import Api, Json
-from bastion.connectors.providers.base import Output, Params, ProviderAction, ProviderDefinition, arguments_for
+from bastion.sources.providers.api import Api, Json
+from bastion.sources.providers.base import Output, Params, ProviderAction, ProviderDefinition, arguments_for
 
 DEFAULT_BASE_URL: Final = "https://api.github.com"
 API_VERSION: Final = "2022-11-28"

@@ -32,10 +32,10 @@ from bastion.errors import (
     NotFound,
     UpstreamError,
 )
-from bastion.manifests import ActionState, Manifest, Step, TemplateError, render
 from bastion.models import MANIFEST_SOURCE_ID, RISKS, Risk, SourceState, SourceStatus
-from bastion.pipeline.seams import ChangeFn, ProgressFn, Relay, StepRunner
 from bastion.policies import canonical_json, declared_risk
+from bastion.sources.manifests import ActionState, Manifest, Step, TemplateError, render
+from bastion.sources.seam import ChangeFn, ProgressFn, Relay, StepRunner
 
 logger = logging.getLogger(__name__)
 
