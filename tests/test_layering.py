@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "bastion.sources.providers": 4,
     "bastion.sources.plugins": 4,
     "bastion.sources.manifests": 4,  # action files parsed and checked, and run as the source `actions`
+    "bastion.sources.registry": 5,  # the only code that knows every kind: builds and checks the sources
     "bastion.ledger": 4,
     "bastion.pipeline": 5,  # the package docstring only
     "bastion.pipeline.seams": 5,  # the pipeline: seams and catalog, then pins, approvals and content, then the gateway
@@ -75,6 +76,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.sources.providers": {"mcp_types", "httpx2", "anyio", "pydantic"},
     "bastion.sources.plugins": {"mcp_types", "anyio", "pydantic", "jsonschema"},  # jsonschema: action.json
     "bastion.sources.manifests": {"pydantic", "mcp_types", "anyio"},
+    "bastion.sources.registry": {"pydantic"},
     "bastion.config.tomlpos": set(),
     "bastion.starter": set(),
     "bastion.pipeline": set(),

@@ -22,7 +22,7 @@ import mcp_types as types
 import pytest
 from mcp import Client
 
-from bastion.cli.app import load_actions, open_gateway
+from bastion.cli.app import open_gateway
 from bastion.config import load_config
 from bastion.ledger import Redactor, open_ledger
 from bastion.models import CallContext, Invocation, ModeDecision, utcnow
@@ -32,6 +32,7 @@ from bastion.server.mcp import FrontDoor
 from bastion.sources.plugins import load_plugins
 from bastion.sources.plugins.runner import run_step
 from bastion.sources.plugins.sandbox import sandbox
+from bastion.sources.registry import load_sources
 from tests.processes import bastion_env, bastion_http, run_cli
 from tests.test_gateway import error_of
 
@@ -278,7 +279,7 @@ async def test_a_verification_command_outside_the_allowlist_is_refused_at_load_w
     verification = {"required": True, "commands": ["git diff --exit-code", "rm -rf docs"]}
     package = write_package(config, "edit", action_json("edit", permissions=listed, verification=verification))
     loaded = load_config(config)
-    _, issues = load_actions(loaded)
+    issues = load_sources(loaded).problems
     [issue] = issues
     assert issue.file == package / "action.json"
     lines = (package / "action.json").read_text().splitlines()
@@ -337,7 +338,7 @@ async def test_a_step_whose_output_is_not_a_json_object_fails(tmp_path: Path) ->
 def test_packages_are_not_loaded_without_allow_plugin_code(tmp_path: Path) -> None:
     config = make_config(tmp_path, allow=False)
     package = write_package(config, "edit", action_json("edit"))
-    _, issues = load_actions(load_config(config))
+    issues = load_sources(load_config(config)).problems
     [issue] = issues
     assert issue.file == package / "action.json"
     assert "allow_plugin_code" in issue.message
@@ -347,7 +348,7 @@ def test_an_r2_package_without_rollback_is_rejected_at_load_with_file_and_line(t
     config = make_config(tmp_path)
     package = write_package(config, "edit", action_json("edit", rollback={"required": False}))
     (package / "rollback.py").unlink()
-    _, issues = load_actions(load_config(config))
+    issues = load_sources(load_config(config)).problems
     [issue] = issues
     lines = (package / "action.json").read_text().splitlines()
     assert '"rollback"' in lines[issue.line - 1]

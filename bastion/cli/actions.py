@@ -15,11 +15,9 @@ from bastion.cli.app import (
     ConfigOption,
     Exit,
     JsonOption,
-    action_state,
     app,
     emit_json,
     load,
-    load_actions,
     open_gateway,
     out,
     run_async,
@@ -31,6 +29,7 @@ from bastion.models import MANIFEST_SOURCE_ID, CallContext
 from bastion.pipeline.gateway import Gateway
 from bastion.sources.manifests import Manifest
 from bastion.sources.manifests.source import ManifestSource, ManifestView
+from bastion.sources.registry import action_state, load_sources
 
 actions_app = typer.Typer(
     help="Manifest actions (actions/*.md): list, show, enable and disable them.", no_args_is_help=True
@@ -159,7 +158,7 @@ def _set_enabled(config_dir: ConfigOption, name: str, enabled: bool, as_json: bo
 
 def _known(config: Config, name: str) -> Manifest:
     """The loaded manifest called `name`; NotFound (exit 1) naming the ones there are."""
-    manifests, _ = load_actions(config)
+    manifests = load_sources(config).manifests
     found = next((m for m in manifests if m.name == name), None)
     if found is None:
         known = ", ".join(sorted(m.name for m in manifests)) or "none loaded"

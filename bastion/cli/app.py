@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -28,20 +28,15 @@ from rich.text import Text
 from bastion import __version__
 from bastion.cli.logs import use_redactor
 from bastion.cli.remote import TOKEN_ENV_VAR, RemoteApi, remote_api
-from bastion.config import SQLITE_PREFIX, Config, ConfigIssue, config_hint, find_config_dir, load_config, sqlite_path
+from bastion.config import Config, config_hint, find_config_dir, load_config
 from bastion.errors import BastionError, ConfigError, NotFound, Unauthenticated
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
-from bastion.models import PLUGIN_SOURCE_ID, Invocation, Principal
+from bastion.models import Invocation, Principal
 from bastion.pipeline.authority import local_owner, resolve_invocation_id
 from bastion.pipeline.gateway import Gateway
-from bastion.sources.manifests import ACTIONS_DIR, STATE_FILE, ActionState, Manifest, load_manifests
-from bastion.sources.manifests.source import ManifestSource
 from bastion.sources.mcp import McpConnector
-from bastion.sources.plugins import ACTION_FILE, PluginProblem, PluginSource, StepLimits, load_plugins
-from bastion.sources.plugins.sandbox import sandbox
-from bastion.sources.providers import provider_source
-from bastion.sources.seam import ActionSource
+from bastion.sources.registry import load_sources
 
 USAGE_ERROR: Final = "usage_error"
 """The error class of a command line used wrongly (exit 2), in `--json` error output."""
@@ -200,97 +195,6 @@ def load(config_dir: Path | None, *, report: bool = True) -> Config:
     return config
 
 
-def load_actions(config: Config) -> tuple[list[Manifest], list[ConfigIssue]]:
-    """The manifest actions of the configuration's `actions/*.md` and every problem of those files (none for the
-    embedded default)."""
-    if config.directory is None:
-        return [], []
-    manifests, problems = load_manifests(
-        config.directory / ACTIONS_DIR, sources={c.id for c in config.connectors} | set(config.providers)
-    )
-    issues = [
-        ConfigIssue(file=p.file, line=p.line, message=p.message, error_class=p.error_class, boundary=p.boundary)
-        for p in problems
-    ]
-    _, plugin_problems = load_plugin_source(config, taken={m.name for m in manifests})
-    issues.extend(ConfigIssue(file=p.file, line=p.line, message=p.message) for p in plugin_problems)
-    return manifests, issues
-
-
-def load_plugin_source(config: Config, *, taken: Collection[str]) -> tuple[PluginSource | None, list[PluginProblem]]:
-    """The plugin packages of `actions/<name>/action.json` as a source (None when there are none, or when
-    `[plugins] allow_plugin_code` is off: each package is then a problem saying how to turn it on)."""
-    if config.directory is None:
-        return None, []
-    settings = config.settings.plugins
-    packages, problems = load_plugins(
-        config.directory / ACTIONS_DIR, allowed_commands=settings.allowed_commands, taken=taken
-    )
-    if not settings.allow_plugin_code:
-        refused = [
-            PluginProblem(
-                package.directory / ACTION_FILE,
-                1,
-                "plugin packages run code of their own and are not loaded: set allow_plugin_code = true under "
-                "[plugins] in bastion.toml to load them, or remove the package",
-            )
-            for package in packages
-        ]
-        return None, refused + problems
-    if not packages:
-        return None, problems
-    workspace = config.directory / settings.workspace
-    confined = sandbox(workspace, hidden=_bastion_directories(config))
-    if isinstance(confined, str):  # a permission Bastion cannot apply is never accepted
-        refused = [
-            PluginProblem(
-                package.directory / ACTION_FILE,
-                1,
-                f'permissions.filesystem "{package.action.permissions.filesystem}" cannot be enforced here: '
-                f"{confined} (this package is not loaded until then)",
-            )
-            for package in packages
-        ]
-        return None, refused + problems
-    if PLUGIN_SOURCE_ID in config.providers:
-        clash = [
-            PluginProblem(
-                config.directory / "bastion.toml",
-                1,
-                f"[providers.{PLUGIN_SOURCE_ID}] takes the source id of the plugin actions, which are not loaded "
-                "until it is renamed",
-            )
-        ]
-        return None, clash + problems
-    limits = StepLimits(
-        workspace=workspace,
-        sandbox=confined,
-        state=config.directory / "state" / "plugins",
-        env={name: value.get_secret_value() for name, value in settings.env.items()},
-        timeout=settings.timeout_seconds,
-        max_output=settings.max_output_bytes,
-        allowed_commands=settings.allowed_commands,
-    )
-    return PluginSource(packages, limits), problems
-
-
-def _bastion_directories(config: Config) -> list[Path]:
-    """What no plugin step may see: the configuration directory and the SQLite ledger's (its key beside it)."""
-    hidden = [config.directory] if config.directory is not None else []
-    if config.ledger_url.startswith(SQLITE_PREFIX):
-        hidden.append(sqlite_path(config.ledger_url).parent)
-    return hidden
-
-
-def action_state(config: Config) -> ActionState:
-    """Which manifest actions are enabled: `action-state.json` outside the action files, beside the SQLite ledger
-    (beside the ledger's key file for a PostgreSQL one)."""
-    if config.directory is None:
-        return ActionState(None)
-    beside = config.ledger_key if config.ledger_key is not None else sqlite_path(config.ledger_url)
-    return ActionState(beside.parent / STATE_FILE)
-
-
 @asynccontextmanager
 async def open_ledger(config: Config) -> AsyncIterator[OpenLedger]:
     """The configured ledger, closed on exit."""
@@ -346,28 +250,14 @@ async def open_gateway(
     started) and the ledger. With `progress`, a spinner on stderr (a terminal only) says how the connectors are
     starting. Without `wait_for_sources` (`serve`) it is yielded at once, while the sources start
     (`Gateway.running`)."""
-    limits = config.settings.limits
-    connectors = [McpConnector(c, list_timeout=limits.list_timeout_seconds) for c in config.connectors]
-    providers = [
-        provider_source(
-            provider_id,
-            provider,
-            unbound=issue.message if (issue := config.unbound.get(provider_id)) else None,
-            call_timeout=limits.call_timeout_seconds,
-        )
-        for provider_id, provider in config.providers.items()
-    ]
-    manifests, problems = load_actions(config)
-    for problem in problems:
+    sources = load_sources(config)
+    for problem in sources.problems:
         skipped = " (this action file is skipped)" if problem.error_class in ("parse_error", "validation_error") else ""
         err.print(f"warning: {problem}{skipped}", markup=False, highlight=False)
-    action_sources: list[ActionSource] = [ManifestSource(manifests, action_state(config))] if manifests else []
-    plugins, _ = load_plugin_source(config, taken={m.name for m in manifests})
-    if plugins is not None:
-        action_sources.append(plugins)
     async with open_ledger(config) as ledger, AsyncExitStack() as running:
-        gateway = Gateway(config, ledger, [*connectors, *providers, *action_sources])
+        gateway = Gateway(config, ledger, sources.all)
         disabled = set(config.policy.sources.disabled)
-        with startup_spinner([s for s in connectors if s.source_id not in disabled], show=progress):
+        connectors = [s for s in sources.all if isinstance(s, McpConnector) and s.source_id not in disabled]
+        with startup_spinner(connectors, show=progress):
             await running.enter_async_context(gateway.running(wait_for_sources=wait_for_sources))
         yield gateway

@@ -21,8 +21,6 @@ from bastion.cli.app import (
     app,
     emit_json,
     load,
-    load_actions,
-    load_plugin_source,
     local_approver,
     open_ledger,
     out,
@@ -35,7 +33,8 @@ from bastion.models import AuditReport, Invocation, PruneReport, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.authority import MIN_ID_PREFIX, SourceOf
 from bastion.pipeline.views import audit_record_json, check_json, invocation_json
-from bastion.sources.providers import provider_source
+from bastion.sources.plugins import ACTION_FILE
+from bastion.sources.registry import load_sources, provider_of
 from bastion.sources.seam import ActionSource
 
 audit_app = typer.Typer(
@@ -163,12 +162,13 @@ def invocations_rollback(
     rollback's report; when it fails the call stays unknown and this exits 1. Bastion never runs it by itself: an
     approver decides. Owners and admins only."""
     config = load(config_dir, report=False)
-    manifests, _ = load_actions(config)
-    plugins, problems = load_plugin_source(config, taken={manifest.name for manifest in manifests})
+    sources = load_sources(config)
+    plugins = sources.plugins
 
     async def roll_back(action_id: str, arguments: dict[str, Any], invocation: str) -> Mapping[str, Any]:
         if plugins is None:
-            why = "; ".join(problem.message for problem in problems) or "there are no plugin packages"
+            problems = [problem.message for problem in sources.problems if problem.file.name == ACTION_FILE]
+            why = "; ".join(problems) or "there are no plugin packages"
             raise ConnectorUnavailable(f"plugin {action_id!r} is not loaded ({why}); nothing ran")
         return await plugins.roll_back(action_id, arguments, correlation_id=invocation)
 
@@ -194,13 +194,7 @@ async def _provider(config: Config, source_id: str | None) -> AsyncIterator[Sour
     if source_id is None or provider is None:
         yield _none
         return
-    unbound = config.unbound.get(source_id)
-    source = provider_source(
-        source_id,
-        provider,
-        unbound=unbound.message if unbound else None,
-        call_timeout=config.settings.limits.call_timeout_seconds,
-    )
+    source = provider_of(config, source_id)
     started = anyio.Event()
 
     async def on_change(_: str) -> None:

@@ -26,10 +26,8 @@ from bastion.cli.app import (
     ConfigOption,
     Exit,
     JsonOption,
-    action_state,
     app,
     emit_json,
-    load_actions,
     open_ledger,
     out,
 )
@@ -44,10 +42,10 @@ from bastion.config import (
 )
 from bastion.errors import BastionError, ConfigError
 from bastion.ledger import guarantee_of
-from bastion.models import MANIFEST_SOURCE_ID, PLUGIN_SOURCE_ID
 from bastion.policies import NameRequest, assign_tool_names
 from bastion.sources.manifests import Manifest
-from bastion.sources.providers import provider_source
+from bastion.sources.registry import action_state, load_sources, provider_of
+from bastion.sources.seam import ActionSource
 
 
 @dataclass(frozen=True)
@@ -114,11 +112,11 @@ def examine(
         if found is None:
             file, line = config.command_lines.get(connector.id, (Path(where), 1))
             problems.append(ConfigIssue(file=file, line=line, message=f"connector {connector.id}: {detail}"))
-    for provider_id, provider in config.providers.items():
+    for provider_id in config.providers:
         if provider_id in disabled:
             continue
         unbound = config.unbound.get(provider_id)
-        source = provider_source(provider_id, provider)
+        source = provider_of(config, provider_id)
         detail = unbound.message if unbound else f"{source.kind} API at {source.base_url}, token bound"
         checks.append(Check("credential", provider_id, unbound is None, detail))
         if unbound is not None:
@@ -126,16 +124,14 @@ def examine(
     return checks, problems
 
 
-async def name_warnings(config: Config) -> list[str]:
+async def name_warnings(config: Config, sources: Sequence[ActionSource]) -> list[str]:
     """The host-name collisions the next start resolves, judged on the actions the ledger has seen (their pins) and
     the names it keeps for them (see `bastion.policies.assign_tool_names`): who is renamed, and why. Nothing when
     there is no ledger yet; a warning when it cannot be read."""
     if config.ledger_url.startswith(SQLITE_PREFIX) and not sqlite_path(config.ledger_url).exists():
         return []
     disabled = set(config.policy.sources.disabled)
-    namespaces = {c.id: c.effective_namespace for c in config.connectors}
-    namespaces |= {pid: provider.effective_namespace(pid) for pid, provider in config.providers.items()}
-    namespaces |= {MANIFEST_SOURCE_ID: MANIFEST_SOURCE_ID, PLUGIN_SOURCE_ID: PLUGIN_SOURCE_ID}
+    namespaces = {source.source_id: source.namespace for source in sources if source.source_id not in disabled}
     try:
         async with open_ledger(config) as ledger:
             pins, kept = await ledger.pins.pins(), await ledger.pins.tool_names()
@@ -144,7 +140,7 @@ async def name_warnings(config: Config) -> list[str]:
     requests = [
         NameRequest(source_id=pin.source_id, namespace=namespaces[pin.source_id], action_id=pin.action_id)
         for pin in pins
-        if pin.source_id in namespaces and pin.source_id not in disabled
+        if pin.source_id in namespaces
     ]
     return assign_tool_names(requests, kept).warnings
 
@@ -158,9 +154,10 @@ def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None
         config = load_config(directory)
     except ConfigError as exc:
         raise Exit.of(exc) from exc
-    manifests, issues = load_actions(config)
-    checks, problems = examine(config, manifests, issues, os.environ, Path.cwd())
-    warnings = anyio.run(name_warnings, config)
+    sources = load_sources(config)
+    manifests = sources.manifests
+    checks, problems = examine(config, manifests, sources.problems, os.environ, Path.cwd())
+    warnings = anyio.run(name_warnings, config, sources.all)
     if as_json:
         emit_json(report_json(config, len(manifests), checks, problems) | {"warnings": warnings})
         if problems:

@@ -25,6 +25,7 @@ from bastion.config.models import (
     Config,
     ConfigIssue,
     ConnectorConfig,
+    ExternalSource,
     PolicyConfig,
     Profile,
     ProviderConfig,
@@ -60,6 +61,10 @@ from bastion.policies import strictness
 _ENV_REFERENCE: Final = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_START: Final = "${env:"
 _SOURCE_ID: Final = re.compile(r"^[a-z0-9_-]+$")
+_SOURCES_TABLE: Final = (
+    "[sources.<id>] names a source of a kind an installed package offers: kind = \"<the entry point's name in the "
+    "group bastion.sources>\", then the kind's own settings"
+)
 _POLICY_KEY: Final = re.compile(r"^[a-z0-9_-]+:(\*|[^\s*]+)$")
 _TOO_DEEP: Final = (
     f"values nest deeper than {MAX_NESTING} levels here (tables, arrays and dotted keys count alike); flatten them"
@@ -101,6 +106,7 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
     ledger_url = loader.ledger_url(settings, settings_file)
     connectors = loader.connectors()
     providers = loader.providers(settings_file)
+    sources = loader.sources(settings_file)
     policy = loader.policy()
     order = {file: i for i, file in enumerate(dict.fromkeys(issue.file for issue in loader.issues))}
     issues = sorted(loader.issues, key=lambda issue: (order[issue.file], issue.line))
@@ -113,6 +119,7 @@ def load_config(directory: Path | None, *, env: Mapping[str, str] | None = None,
         issues=issues,
         command_lines={c.id: loader.command_lines[c.id] for c in connectors if c.id in loader.command_lines},
         providers=providers,
+        sources=sources,
         unbound={pid: issue for pid, issue in loader.unbound.items() if pid in providers},
         ledger_url=ledger_url,
         ledger_key=ledger_key(directory, settings, ledger_url),
@@ -277,11 +284,43 @@ class _Loader:
         file = self.read(path, settings=True) if path.is_file() else None
         if file is None:
             return Settings(), None
-        providers = file.data.pop("providers", None)
+        tables: dict[str, Any] = {key: file.data.pop(key) for key in ("providers", "sources") if key in file.data}
         settings = self.validate_salvaging(file, Settings, "the default applies")
-        if providers is not None:
-            file.data["providers"] = providers
+        file.data.update(tables)
         return settings, file
+
+    def sources(self, file: _TomlFile | None) -> dict[str, ExternalSource]:
+        """Every `[sources.<id>]` of bastion.toml: a kind and its settings (checked by the kind when it loads)."""
+        tables = file.data.get("sources") if file is not None else None
+        if file is None or tables is None:
+            return {}
+        if not isinstance(tables, dict):
+            self.report(file.path, file.index.line_of(("sources",)), _SOURCES_TABLE)
+            return {}
+        loaded: dict[str, ExternalSource] = {}
+        for source_id, table in tables.items():
+            line = file.index.line_of(("sources", source_id))
+            kind = table.get("kind") if isinstance(table, dict) else None
+            if not _SOURCE_ID.match(source_id):
+                self.report(
+                    file.path,
+                    line,
+                    f'source id "{source_id}" may use only lowercase letters, digits, "_" and "-"; rename '
+                    f"[sources.{source_id}]",
+                )
+            elif not isinstance(kind, str) or not kind:
+                self.report(file.path, line, f"[sources.{source_id}] needs a kind: {_SOURCES_TABLE}")
+            elif (first := self.claim_source_id(source_id, f"{CONFIG_FILE}:{line} [sources.{source_id}]")) is not None:
+                self.report(
+                    file.path,
+                    line,
+                    f'source id "{source_id}" is already claimed by {first}; rename [sources.{source_id}] (this '
+                    "source is ignored until then)",
+                )
+            else:
+                settings = {key: value for key, value in table.items() if key != "kind"}
+                loaded[source_id] = ExternalSource(kind=kind, settings=settings, file=file.path, line=line)
+        return loaded
 
     def providers(self, file: _TomlFile | None) -> dict[str, ProviderConfig]:
         """Every usable `[providers.<id>]` of bastion.toml (see `bastion.config.providers`)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, Final, Literal, get_args
+from typing import Annotated, Any, Final, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -279,6 +279,20 @@ class ConfigIssue(BaseModel):
         return f"{self.file}:{self.line}: {kind}{self.message}"
 
 
+class ExternalSource(BaseModel):
+    """`[sources.<id>]` in `bastion.toml`: a source of a kind an installed package offers (the entry point named
+    `kind` in the group `bastion.sources`). Its other keys are the kind's settings, checked by the kind's own model
+    when it loads: third-party code runs only for a kind the configuration names."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: str
+    settings: dict[str, Any] = Field(default_factory=dict)
+    file: Path
+    line: int
+    """Where `[sources.<id>]` is, for the problems of loading it."""
+
+
 class Config(BaseModel):
     """A loaded configuration directory (or the embedded default when `directory` is None)."""
 
@@ -294,6 +308,8 @@ class Config(BaseModel):
     """Where each loaded connector's `command` is set (file, line), by connector id: for `bastion doctor`."""
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     """`[providers.<id>]` of `bastion.toml` by source id, each checked (kind, Sentry's organization, no id clash)."""
+    sources: dict[str, ExternalSource] = Field(default_factory=dict)
+    """`[sources.<id>]` of `bastion.toml` by source id: sources of kinds installed packages offer."""
     unbound: dict[str, ConfigIssue] = Field(default_factory=dict)
     """Providers whose credential is not bound (`binding_required`), by id: where and how to bind it. They are
     loaded, listed as `unavailable` and refuse their calls; `bastion doctor` reports them as problems."""
