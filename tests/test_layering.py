@@ -52,9 +52,10 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.notify": 8,  # webhooks: the outbox filled from the events and delivered
     "bastion.pipeline.gateway": 8,
     "bastion.server": 9,
-    "bastion.cli": 10,
-    "bastion.__main__": 11,
-    "bastion.demo": 11,  # a standalone demo server program: nothing in bastion imports it
+    "bastion.assembly": 10,  # the composition root: configuration -> ledger -> sources -> gateway -> servers
+    "bastion.cli": 11,
+    "bastion.__main__": 12,
+    "bastion.demo": 12,  # a standalone demo server program: nothing in bastion imports it
 }
 
 # Third-party imports allowed per group, beyond the standard library (None = anything).
@@ -98,6 +99,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.steps": {"mcp_types"},
     "bastion.pipeline.gateway": {"mcp_types", "anyio", "pydantic"},
     "bastion.server": None,
+    "bastion.assembly": {"anyio", "httpx2"},
     "bastion.cli": None,
     "bastion.__main__": None,
     "bastion.demo": None,

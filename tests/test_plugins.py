@@ -22,7 +22,7 @@ import mcp_types as types
 import pytest
 from mcp import Client
 
-from bastion.cli.app import open_gateway
+from bastion.assembly import open_gateway
 from bastion.config import load_config
 from bastion.ledger import Redactor, open_ledger
 from bastion.models import CallContext, Invocation, ModeDecision, utcnow

@@ -27,7 +27,7 @@ import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
 from mcp import Client, StdioServerParameters
 
-from bastion.cli.serve import freeze_startup_heap
+from bastion.assembly import freeze_startup_heap
 from bastion.config import Config, PolicyConfig, ServerSettings, Settings
 from bastion.ledger import Redactor, open_ledger
 from bastion.pipeline.gateway import Gateway

@@ -13,8 +13,9 @@ import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Final, TypeVar
 
@@ -25,13 +26,12 @@ from rich.live import Live
 from rich.spinner import Spinner
 from rich.text import Text
 
-from bastion import __version__
+from bastion import __version__, assembly
 from bastion.cli.logs import use_redactor
 from bastion.cli.remote import TOKEN_ENV_VAR, RemoteApi, remote_api
 from bastion.config import Config, config_hint, find_config_dir, load_config
 from bastion.errors import BastionError, ConfigError, NotFound, Unauthenticated
 from bastion.ledger import OpenLedger, Redactor
-from bastion.ledger import open_ledger as ledger_at
 from bastion.models import Invocation, Principal
 from bastion.pipeline.authority import local_owner, resolve_invocation_id
 from bastion.pipeline.gateway import Gateway
@@ -195,13 +195,17 @@ def load(config_dir: Path | None, *, report: bool = True) -> Config:
     return config
 
 
+def redactor_in_logs(config: Config) -> Redactor:
+    """The configuration's redactor, also scrubbing what the logs show."""
+    redactor = assembly.redactor_of(config)
+    use_redactor(redactor)
+    return redactor
+
+
 @asynccontextmanager
 async def open_ledger(config: Config) -> AsyncIterator[OpenLedger]:
-    """The configured ledger, closed on exit."""
-    settings = config.settings.ledger
-    redactor = Redactor(extra_secret_keys=settings.extra_secret_keys, max_bytes=settings.max_result_bytes)
-    use_redactor(redactor)
-    async with await ledger_at(config.ledger_url, redactor=redactor, key_path=config.ledger_key) as ledger:
+    """The configured ledger (`bastion.assembly.open_ledger`), its redactor scrubbing the logs too; closed on exit."""
+    async with assembly.open_ledger(config, redactor_in_logs(config)) as ledger:
         yield ledger
 
 
@@ -246,18 +250,14 @@ def startup_spinner(sources: Sequence[McpConnector], *, show: bool) -> Iterator[
 async def open_gateway(
     config: Config, *, progress: bool = False, wait_for_sources: bool = True
 ) -> AsyncIterator[Gateway]:
-    """A running gateway over every configured connector, provider and manifest action (the disabled ones are not
-    started) and the ledger. With `progress`, a spinner on stderr (a terminal only) says how the connectors are
-    starting. Without `wait_for_sources` (`serve`) it is yielded at once, while the sources start
-    (`Gateway.running`)."""
+    """A running gateway (`bastion.assembly.open_gateway`), its sources' problems printed as warnings. With
+    `progress`, a spinner on stderr (a terminal only) says how the connectors are starting."""
     sources = load_sources(config)
     for problem in sources.problems:
         skipped = " (this action file is skipped)" if problem.error_class in ("parse_error", "validation_error") else ""
         err.print(f"warning: {problem}{skipped}", markup=False, highlight=False)
-    async with open_ledger(config) as ledger, AsyncExitStack() as running:
-        gateway = Gateway(config, ledger, sources.all)
-        disabled = set(config.policy.sources.disabled)
-        connectors = [s for s in sources.all if isinstance(s, McpConnector) and s.source_id not in disabled]
-        with startup_spinner(connectors, show=progress):
-            await running.enter_async_context(gateway.running(wait_for_sources=wait_for_sources))
+    starting = partial(startup_spinner, show=progress)
+    async with assembly.open_gateway(
+        config, sources, wait_for_sources=wait_for_sources, redactor=redactor_in_logs(config), starting=starting
+    ) as gateway:
         yield gateway

@@ -1,48 +1,28 @@
-"""`bastion serve`: the gateway for agent hosts over stdio or HTTP.
-
-SIGTERM and SIGINT stop it gracefully (`Shutdown`): new calls are refused (retriable), calls already
-running get `[server] shutdown_grace_seconds` to finish, then serving stops, what still runs is
-cancelled (recorded `unknown`), every connector process is terminated, then killed, and the exit
-status is 0. A signal during start-up, or a second one, stops at once.
-"""
+"""`bastion serve`: its arguments, the port bound before anything starts, and what it prints; the serving itself,
+and its graceful stop on SIGTERM and SIGINT (exit status 0), are `bastion.assembly.serve`'s."""
 
 from __future__ import annotations
 
-import gc
 import logging
-import secrets
-import signal
 import socket
-from collections.abc import AsyncIterator, Coroutine
-from contextlib import asynccontextmanager
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-import anyio
-import httpx2
 import typer
 
-from bastion import __version__
-from bastion.cli.app import ConfigOption, Exit, app, err, load, open_gateway, open_ledger, run_async
+from bastion import __version__, assembly
+from bastion.cli.app import ConfigOption, Exit, app, err, load, redactor_in_logs, run_async
 from bastion.config import Config, config_hint, host_name, validate_profile
 from bastion.errors import ConfigError
 from bastion.pipeline.gateway import Gateway
-from bastion.pipeline.notify import Notifier
-from bastion.server.express_stdio import serve_stdio
 from bastion.server.http import (
     bind_listener,
     is_loopback,
     listener_problem,
-    require_tokens_beyond_loopback,
-    serve_http,
 )
-from bastion.server.mcp import FrontDoor
 from bastion.server.tracing import exporting_traces
 
 logger = logging.getLogger(__name__)
-
-ANSWER_TIMEOUT: Final = 5.0
-"""Seconds, once the calls have ended, for their answers to reach the hosts before serving stops."""
 
 
 @app.command()
@@ -86,42 +66,23 @@ def serve(
     # Bound before the ledger is recovered or any connector starts: a port problem stops nothing half-started.
     listener = _listen(host, port) if transport == "http" else None
 
+    def ready(gateway: Gateway, base_url: str, tokens: bool) -> None:
+        _print_connect_help(config, base_url, gateway, tokens=tokens, allowed_hosts=allowed_hosts)
+
     async def run() -> None:
-        if transport == "http" and not is_loopback(host):
-            async with open_ledger(config) as ledger:  # refused before any connector starts
-                await require_tokens_beyond_loopback(host, ledger.tokens, config_hint(config))
-        shutdown = Shutdown(config.settings.server.shutdown_grace_seconds)
         try:
-            async with anyio.create_task_group() as everything:
-                everything.start_soon(shutdown.watch, everything.cancel_scope)
-                async with (
-                    open_gateway(config, wait_for_sources=False) as gateway,
-                    notifying(config, gateway, _inbox_url(host, listener)),
-                ):
-                    freeze_startup_heap(gateway)
-                    if transport == "stdio":
-                        # One host per stdio process: its session is this process's own, not shared with the
-                        # other stdio servers on the same ledger (their limits are counted per session).
-                        session_id = f"stdio-{secrets.token_hex(4)}"
-                        front = shutdown.serving(FrontDoor(gateway, profile=profile, session_id=session_id))
-                        await shutdown.run_until_stopped(serve_stdio(front))
-                    else:
-                        tokens = await gateway.ledger.tokens.has_tokens()
-
-                        def ready(base_url: str) -> None:
-                            _print_connect_help(config, base_url, gateway, tokens=tokens, allowed_hosts=allowed_hosts)
-
-                        front = shutdown.serving(FrontDoor(gateway, profile=profile))
-                        await serve_http(
-                            front,
-                            host=host,
-                            port=port,
-                            on_ready=ready,
-                            extra_hosts=allowed_hosts,
-                            listener=listener,
-                            stop=shutdown.stop,
-                        )
-                everything.cancel_scope.cancel()
+            await assembly.serve(
+                config,
+                transport=transport,
+                host=host,
+                port=port,
+                profile=profile,
+                allowed_hosts=allowed_hosts,
+                listener=listener,
+                inbox_url=_inbox_url(host, listener),
+                redactor=redactor_in_logs(config),
+                on_ready=ready,
+            )
         except BaseExceptionGroup as group:
             raise _sole(group) from None
 
@@ -131,72 +92,6 @@ def serve(
     finally:
         if listener is not None:
             listener.close()
-
-
-class Shutdown:
-    """Stops `serve` on SIGTERM or SIGINT: refuse new calls, let running ones finish within `grace` seconds, then
-    set `stop` (the transport stops serving). A signal before the gateway serves, or a second one, stops at once."""
-
-    def __init__(self, grace: float) -> None:
-        self.grace = grace
-        self.stop = anyio.Event()
-        self._front: FrontDoor | None = None
-        self._draining = False
-
-    def serving(self, front: FrontDoor) -> FrontDoor:
-        """From now on a signal stops `front` gracefully."""
-        self._front = front
-        return front
-
-    async def watch(self, everything: anyio.CancelScope) -> None:
-        """Wait for signals until cancelled; `everything` is cancelled to stop at once."""
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with anyio.create_task_group() as draining:
-                async for signum in signals:
-                    name = signal.Signals(signum).name
-                    front = self._front
-                    if front is None or self._draining:
-                        logger.warning("%s: stopping now", name)
-                        everything.cancel()
-                        return
-                    self._draining = True
-                    draining.start_soon(self._drain, front, name)
-
-    async def _drain(self, front: FrontDoor, name: str) -> None:
-        gateway = front.gateway
-        gateway.drain()
-        logger.warning("%s: stopping; new calls are refused, running ones get up to %gs to finish", name, self.grace)
-        cancelled = await gateway.settle(self.grace)
-        if cancelled:
-            logger.warning("cancelled %d call(s) still running after %gs (recorded unknown)", cancelled, self.grace)
-        await front.calls_answered(ANSWER_TIMEOUT)
-        self.stop.set()
-
-    async def run_until_stopped(self, serving: Coroutine[Any, Any, None]) -> None:
-        """Run `serving` until it returns or `stop` is set (then it is cancelled)."""
-        async with anyio.create_task_group() as tg:
-
-            async def cancel_when_stopped() -> None:
-                await self.stop.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(cancel_when_stopped)
-            await serving
-            tg.cancel_scope.cancel()
-
-
-@asynccontextmanager
-async def notifying(config: Config, gateway: Gateway, inbox_url: str | None) -> AsyncIterator[None]:
-    """Deliver `[[notify.webhook]]` messages while serving (bastion.pipeline.notify); nothing without webhooks."""
-    webhooks = config.settings.notify.webhook
-    if not webhooks:
-        yield
-        return
-    link = config.settings.notify.inbox_url or inbox_url
-    async with httpx2.AsyncClient() as http, anyio.create_task_group() as tg:
-        await tg.start(Notifier(gateway.ledger, webhooks, http=http, inbox_url=link).run)
-        yield
-        tg.cancel_scope.cancel()
 
 
 def _inbox_url(host: str, listener: socket.socket | None) -> str | None:
@@ -276,24 +171,6 @@ def _print_connect_help(
     if tokens:
         err.print('  bearer_token_env_var = "BASTION_AGENT_TOKEN"', markup=False, highlight=False)
     err.print("Press Ctrl-C to stop.", highlight=False)
-
-
-def freeze_startup_heap(gateway: Gateway) -> None:
-    """Take what start-up built (modules, the configuration, the SDK's models, the catalog) out of the garbage
-    collector's sight, now and once more when every connector has started. Otherwise every collection of the
-    oldest generation walks all of it again: about 150,000 objects, a pause of 50-115 ms for every session, every few
-    thousand calls under load (~1 ms once frozen). What is frozen is only ever freed by reference counting: at
-    most the start-up's own cycles are kept, once."""
-    gc.freeze()
-    frozen_again = False
-
-    async def when_started() -> None:
-        nonlocal frozen_again
-        if not frozen_again and all(status.state != "starting" for status in gateway.statuses()):
-            frozen_again = True
-            gc.freeze()
-
-    gateway.on_catalog_changed(when_started)
 
 
 def _report_when_started(gateway: Gateway) -> None:
