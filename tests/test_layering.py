@@ -50,12 +50,14 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.listings": 7,  # the sources and what hosts list of them
     "bastion.pipeline.events": 7,  # the change feed read as named events (event stream, inbox, webhooks)
     "bastion.pipeline.notify": 8,  # webhooks: the outbox filled from the events and delivered
-    "bastion.pipeline.gateway": 8,
-    "bastion.server": 9,
-    "bastion.assembly": 10,  # the composition root: configuration -> ledger -> sources -> gateway -> servers
-    "bastion.cli": 11,
-    "bastion.__main__": 12,
-    "bastion.demo": 12,  # a standalone demo server program: nothing in bastion imports it
+    "bastion.pipeline.modes": 8,  # what mode each call gets: policy, a composite's steps, drift, grants
+    "bastion.pipeline.calls": 9,  # the stages every call passes
+    "bastion.pipeline.gateway": 10,  # the facade: what server/ and cli/ use
+    "bastion.server": 11,
+    "bastion.assembly": 12,  # the composition root: configuration -> ledger -> sources -> gateway -> servers
+    "bastion.cli": 13,
+    "bastion.__main__": 14,
+    "bastion.demo": 14,  # a standalone demo server program: nothing in bastion imports it
 }
 
 # Third-party imports allowed per group, beyond the standard library (None = anything).
@@ -97,6 +99,8 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.notify": {"anyio", "httpx2"},
     "bastion.pipeline.outcomes": {"mcp_types", "anyio"},
     "bastion.pipeline.steps": {"mcp_types"},
+    "bastion.pipeline.modes": set(),
+    "bastion.pipeline.calls": {"mcp_types", "anyio"},
     "bastion.pipeline.gateway": {"mcp_types", "anyio", "pydantic"},
     "bastion.server": None,
     "bastion.assembly": {"anyio", "httpx2"},
@@ -197,3 +201,16 @@ def test_only_the_authority_module_decides_or_re_pins() -> None:
                 if target.endswith(("invocations", "pins", "store")) or node.func.attr == "accept_drift":
                     offenders.append(f"{module}:{node.lineno} calls {target}.{node.func.attr}")
     assert not offenders, "decisions and re-pins must go through bastion.pipeline.authority:\n" + "\n".join(offenders)
+
+
+MAX_MODULE_LINES = 600
+
+
+def test_every_module_stays_readable_at_most_600_lines() -> None:
+    """A module past 600 lines holds more than one idea: split it along its seams."""
+    long = {
+        str(path.relative_to(PACKAGE.parent)): lines
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"

@@ -43,7 +43,7 @@ from bastion.config.places import (
     ledger_key,
     sqlite_path,
 )
-from bastion.config.providers import is_credential, load_providers
+from bastion.config.providers import is_credential, load_providers, load_source_tables
 from bastion.config.tomlpos import (
     MAX_NESTING,
     KeyIndex,
@@ -61,10 +61,6 @@ from bastion.policies import strictness
 _ENV_REFERENCE: Final = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_START: Final = "${env:"
 _SOURCE_ID: Final = re.compile(r"^[a-z0-9_-]+$")
-_SOURCES_TABLE: Final = (
-    "[sources.<id>] names a source of a kind an installed package offers: kind = \"<the entry point's name in the "
-    "group bastion.sources>\", then the kind's own settings"
-)
 _POLICY_KEY: Final = re.compile(r"^[a-z0-9_-]+:(\*|[^\s*]+)$")
 _TOO_DEEP: Final = (
     f"values nest deeper than {MAX_NESTING} levels here (tables, arrays and dotted keys count alike); flatten them"
@@ -290,37 +286,18 @@ class _Loader:
         return settings, file
 
     def sources(self, file: _TomlFile | None) -> dict[str, ExternalSource]:
-        """Every `[sources.<id>]` of bastion.toml: a kind and its settings (checked by the kind when it loads)."""
-        tables = file.data.get("sources") if file is not None else None
-        if file is None or tables is None:
+        """Every usable `[sources.<id>]` of bastion.toml (see `bastion.config.providers.load_source_tables`)."""
+        if file is None:
             return {}
-        if not isinstance(tables, dict):
-            self.report(file.path, file.index.line_of(("sources",)), _SOURCES_TABLE)
-            return {}
-        loaded: dict[str, ExternalSource] = {}
-        for source_id, table in tables.items():
-            line = file.index.line_of(("sources", source_id))
-            kind = table.get("kind") if isinstance(table, dict) else None
-            if not _SOURCE_ID.match(source_id):
-                self.report(
-                    file.path,
-                    line,
-                    f'source id "{source_id}" may use only lowercase letters, digits, "_" and "-"; rename '
-                    f"[sources.{source_id}]",
-                )
-            elif not isinstance(kind, str) or not kind:
-                self.report(file.path, line, f"[sources.{source_id}] needs a kind: {_SOURCES_TABLE}")
-            elif (first := self.claim_source_id(source_id, f"{CONFIG_FILE}:{line} [sources.{source_id}]")) is not None:
-                self.report(
-                    file.path,
-                    line,
-                    f'source id "{source_id}" is already claimed by {first}; rename [sources.{source_id}] (this '
-                    "source is ignored until then)",
-                )
-            else:
-                settings = {key: value for key, value in table.items() if key != "kind"}
-                loaded[source_id] = ExternalSource(kind=kind, settings=settings, file=file.path, line=line)
-        return loaded
+        return load_source_tables(
+            file.data.get("sources"),
+            file.path,
+            file.index,
+            claim=lambda source_id, line: self.claim_source_id(
+                source_id, f"{CONFIG_FILE}:{line} [sources.{source_id}]"
+            ),
+            report=self.report,
+        )
 
     def providers(self, file: _TomlFile | None) -> dict[str, ProviderConfig]:
         """Every usable `[providers.<id>]` of bastion.toml (see `bastion.config.providers`)."""

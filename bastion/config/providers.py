@@ -1,4 +1,5 @@
-"""`[providers.<id>]` in bastion.toml: each table checked alone, its credential optional to load.
+"""`[providers.<id>]` and `[sources.<id>]` in bastion.toml: each table checked alone (a provider's credential is
+optional to load; a package kind's settings are its own to check).
 
 A broken table is reported with its line and left out; the rest of the file still applies. A table whose
 `token` is missing, empty, or an `${env:NAME}` that is not set still loads: the provider is then `unbound`
@@ -14,12 +15,12 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from bastion.config.models import PROVIDER_KINDS, ConfigIssue, ProviderConfig
+from bastion.config.models import PROVIDER_KINDS, ConfigIssue, ExternalSource, ProviderConfig
 from bastion.config.tomlpos import KeyIndex, KeyPath, describe_error
 
 ReportFn = Callable[[Path, int, str], None]
 ClaimFn = Callable[[str, int], str | None]
-"""Claims a source id for the provider defined at a line: None when it was free, else where it is claimed."""
+"""Claims a source id for the source defined at a line: None when it was free, else where it is claimed."""
 """Records one problem of a file: (file, line, message)."""
 
 _SOURCE_ID: Final = re.compile(r"^[a-z0-9_-]+$")
@@ -123,3 +124,45 @@ def _unbound(provider_id: str, provider: ProviderConfig, unset_credentials: Mapp
         variable = f"{provider_id.upper().replace('-', '_')}_TOKEN"
         return f'it has no token; add token = "${{env:{variable}}}" and export {variable}'
     return None
+
+
+_SOURCES_TABLE: Final = (
+    "[sources.<id>] names a source of a kind an installed package offers: kind = \"<the entry point's name in the "
+    "group bastion.sources>\", then the kind's own settings"
+)
+
+
+def load_source_tables(
+    tables: Any, file: Path, index: KeyIndex, *, claim: ClaimFn, report: ReportFn
+) -> dict[str, ExternalSource]:
+    """Every usable `[sources.<id>]` of bastion.toml's `sources` value: a kind and its settings (checked by the kind
+    itself when it loads, see `bastion.sources.registry`). An id already claimed is refused, naming where."""
+    if tables is None:
+        return {}
+    if not isinstance(tables, dict):
+        report(file, index.line_of(("sources",)), _SOURCES_TABLE)
+        return {}
+    loaded: dict[str, ExternalSource] = {}
+    for source_id, table in tables.items():
+        line = index.line_of(("sources", source_id))
+        kind = table.get("kind") if isinstance(table, dict) else None
+        if not _SOURCE_ID.match(source_id):
+            report(
+                file,
+                line,
+                f'source id "{source_id}" may use only lowercase letters, digits, "_" and "-"; rename '
+                f"[sources.{source_id}]",
+            )
+        elif not isinstance(kind, str) or not kind:
+            report(file, line, f"[sources.{source_id}] needs a kind: {_SOURCES_TABLE}")
+        elif (first := claim(source_id, line)) is not None:
+            report(
+                file,
+                line,
+                f'source id "{source_id}" is already claimed by {first}; rename [sources.{source_id}] (this source is '
+                "ignored until then)",
+            )
+        else:
+            settings = {key: value for key, value in table.items() if key != "kind"}
+            loaded[source_id] = ExternalSource(kind=kind, settings=settings, file=file, line=line)
+    return loaded

@@ -2,8 +2,8 @@
 actions), each run through the gateway's pipeline as an invocation of its own, recorded as a child of the
 composite's invocation.
 
-It also composes a composite's mode from its steps' (`compose`), so the gateway's `mode_of` stays one pipeline
-for every action: a composite never looks safer than its steps.
+A composite's mode is composed from its steps' by `bastion.pipeline.modes.Modes.compose`: a composite never looks
+safer than its steps.
 """
 
 from __future__ import annotations
@@ -14,28 +14,12 @@ from typing import Any, Protocol
 import mcp_types as types
 
 from bastion.errors import ConnectorUnavailable, NotFound
-from bastion.models import CallContext, Invocation, ModeDecision
+from bastion.models import Invocation
 from bastion.pipeline.catalog import CatalogEntry
 from bastion.pipeline.seams import InvocationStore
-from bastion.policies import compose_mode
 from bastion.sources.seam import ActionSource, Relay
 
-
-class ModeOf(Protocol):
-    """The gateway's `mode_of`."""
-
-    def __call__(
-        self,
-        entry: CatalogEntry,
-        context: CallContext,
-        *,
-        drifted: bool | None = None,
-        arguments: Mapping[str, Any] | None = None,
-    ) -> ModeDecision: ...
-
-
 Lookup = Callable[[str, str], CatalogEntry | None]
-DriftFn = Callable[[str, str], list[str] | None]
 
 
 class StepCall(Protocol):
@@ -48,46 +32,24 @@ class StepCall(Protocol):
 
 
 class GatewaySteps:
-    """Finds the steps of composites in the gateway's catalog, composes their modes, and runs each through the
-    gateway's pipeline (`call_step`)."""
+    """Finds the steps of composites in the gateway's catalog and runs each through the gateway's pipeline
+    (`call_step`)."""
 
     def __init__(
         self,
         *,
         sources: Mapping[str, ActionSource],
         lookup: Lookup,
-        mode_of: ModeOf,
-        drift: DriftFn,
         invocations: InvocationStore,
         call_step: StepCall,
     ) -> None:
         self._sources = sources
         self._lookup = lookup
-        self._mode_of = mode_of
-        self._drift = drift
         self._invocations = invocations
         self._call_step = call_step
 
     def source(self, source_id: str) -> ActionSource | None:
         return self._sources.get(source_id)
-
-    def compose(self, entry: CatalogEntry, context: CallContext, own: ModeDecision) -> ModeDecision:
-        """The mode of `entry` given its own resolved mode: for a composite, tightened by its steps (see
-        `compose_mode`); any other action's is `own`."""
-        spec = entry.action.spec
-        if not spec.steps and not spec.approval_required:
-            return own
-        steps = []
-        held: list[str] = []
-        for source_id, action_id in spec.steps:
-            step = self._lookup(source_id, action_id)
-            if step is None:
-                continue  # not offered now: the composite is unavailable, and refused if called
-            drifted = self._drift(source_id, action_id) is not None
-            steps.append((step.key, self._mode_of(step, context, drifted=drifted), drifted))
-            if step.action.spec.approval_required:
-                held.append(step.key)
-        return compose_mode(own, approval_required=spec.approval_required, steps=steps, held_steps=held)
 
     async def run_step(
         self,

@@ -48,7 +48,7 @@ from bastion.actions import WireResult
 from bastion.errors import BastionError
 from bastion.jsontext import loads
 from bastion.models import CallContext
-from bastion.pipeline.gateway import HandOff
+from bastion.pipeline.calls import HandOff
 from bastion.server.errors import tool_result
 from bastion.server.mcp import FrontDoor
 from bastion.server.relay import cannot_answer, elicitation_question, log_level_of, relayed_log, sampling_question
