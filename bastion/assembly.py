@@ -30,7 +30,7 @@ from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.notify import Notifier
 from bastion.server.express_stdio import serve_stdio
 from bastion.server.http import is_loopback, require_tokens_beyond_loopback, serve_http
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from bastion.sources.mcp import McpConnector
 from bastion.sources.registry import Sources, load_sources
 
@@ -124,11 +124,11 @@ async def serve(
                 # One host per stdio process: its session is this process's own, not shared with the other stdio
                 # servers on the same ledger (their limits are counted per session).
                 session_id = f"stdio-{secrets.token_hex(4)}"
-                front = shutdown.serving(FrontDoor(gateway, profile=profile, session_id=session_id))
+                front = shutdown.serving(HostServer(gateway, profile=profile, session_id=session_id))
                 await shutdown.run_until_stopped(serve_stdio(front))
             else:
                 tokens = await gateway.ledger.tokens.has_tokens()
-                front = shutdown.serving(FrontDoor(gateway, profile=profile))
+                front = shutdown.serving(HostServer(gateway, profile=profile))
                 await serve_http(
                     front,
                     host=host,
@@ -148,10 +148,10 @@ class Shutdown:
     def __init__(self, grace: float) -> None:
         self.grace = grace
         self.stop = anyio.Event()
-        self._front: FrontDoor | None = None
+        self._front: HostServer | None = None
         self._draining = False
 
-    def serving(self, front: FrontDoor) -> FrontDoor:
+    def serving(self, front: HostServer) -> HostServer:
         """From now on a signal stops `front` gracefully."""
         self._front = front
         return front
@@ -170,7 +170,7 @@ class Shutdown:
                     self._draining = True
                     draining.start_soon(self._drain, front, name)
 
-    async def _drain(self, front: FrontDoor, name: str) -> None:
+    async def _drain(self, front: HostServer, name: str) -> None:
         gateway = front.gateway
         gateway.drain()
         logger.warning("%s: stopping; new calls are refused, running ones get up to %gs to finish", name, self.grace)

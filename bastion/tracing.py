@@ -167,7 +167,7 @@ def fail(current: Span, error: BaseException | str) -> None:
 
 def within(current: Span | None) -> AbstractContextManager[None]:
     """Make `current` the current span for the block (None: leave the context as it is): work another task does
-    for a call (an approved call run by the approval desk) continues the call's trace."""
+    for a call (an approved call run by `HeldCalls`) continues the call's trace."""
     return _NOTHING if current is None else _attached(trace.set_span_in_context(current))
 
 

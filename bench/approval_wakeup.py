@@ -2,7 +2,7 @@
 
 Two ways, over `--decisions` calls each: the decision made in the same process as the blocked call
 (the REST API's case), and in another process writing the same ledger (the CLI's case). Each call is
-a real MCP client call through Bastion's front door to the demo notes server (in-process), so the
+a real MCP client call through Bastion's host server to the demo notes server (in-process), so the
 figure includes running the approved action. Results go to bench/results/approval_wakeup.{json,md}.
 """
 
@@ -30,7 +30,7 @@ from bastion.demo.notes import NoteStore, create_server
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import utcnow
 from bastion.pipeline.gateway import Gateway
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from bastion.sources.mcp import McpConnector
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -49,7 +49,7 @@ async def bastion(workdir: Path) -> AsyncIterator[tuple[Client, OpenLedger]]:
     )
     async with await open_ledger(workdir / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, [McpConnector(connector, target=lambda: notes)])
-        async with gateway.running(), Client(FrontDoor(gateway).server, cache=None) as client:
+        async with gateway.running(), Client(HostServer(gateway).server, cache=None) as client:
             yield client, ledger
 
 

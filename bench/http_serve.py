@@ -8,7 +8,7 @@ environment has uvloop installed (`uvicorn.run`, which the demo server's own `ma
   (`create_server(NoteStore(notes_file())).streamable_http_app(...)`, notes file from $BASTION_NOTES_FILE);
 - `bastion`: Bastion's app, built as `bastion serve --transport http` builds it (bastion/cli/serve.py and
   bastion/server/http.py): the configuration loaded, the gateway opened without waiting for its connectors,
-  a `FrontDoor` over it, `build_app` with the loopback hosts allowed, uvicorn's settings of `serve_http`.
+  a `HostServer` over it, `build_app` with the loopback hosts allowed, uvicorn's settings of `serve_http`.
 
 Servers: uvicorn (`--http h11|httptools|auto`), hypercorn (h11) and granian (embedded in this process's
 loop; its HTTP is Rust's hyper). `--loop uvloop` runs the whole process on uvloop (anyio's `use_uvloop`).
@@ -75,14 +75,14 @@ async def bastion_app(config_dir: Path) -> AsyncIterator[tuple[ASGIApp, Callable
     from bastion.cli.app import load, open_gateway
     from bastion.cli.logs import LOG_LEVEL_ENV_VAR, configure_logging, parse_level
     from bastion.server.http import allowed_hosts_for, build_app
-    from bastion.server.mcp import FrontDoor
+    from bastion.server.mcp import HostServer
     from bastion.server.tracing import exporting_traces
 
     configure_logging(parse_level(os.environ.get(LOG_LEVEL_ENV_VAR)))
     config = load(config_dir)
     with exporting_traces():
         async with open_gateway(config, wait_for_sources=False) as gateway:
-            front = FrontDoor(gateway)
+            front = HostServer(gateway)
             # Once stopping, long-lived responses end first so connections can close (as serve_http does).
             yield build_app(front, allowed_hosts=allowed_hosts_for(HOST)), front.end_streams
 

@@ -6,8 +6,8 @@ frame that names a part deciding:
 
 - ledger: `bastion/ledger/`, aiosqlite, sqlite3;
 - SDK client: `mcp/client/` (Bastion's link to the downstream);
-- SDK server: `mcp/server/` (Bastion's front door to the host);
-- Bastion: the rest of `bastion/` (pipeline, policies, connectors' glue, the front door's handlers), but not
+- SDK server: `mcp/server/` (Bastion's host server to the host);
+- Bastion: the rest of `bastion/` (pipeline, policies, connectors' glue, the host server's handlers), but not
   `bastion/cli/`, which only started the server and is the root of every main-task stack;
 - SDK session: only `mcp/shared/` frames (the message loops both sides share: framing, validation, dispatch);
 - event loop and other: none of the above (asyncio, anyio, threads).

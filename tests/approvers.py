@@ -20,7 +20,7 @@ from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import Invocation, Role, utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.server.http import allowed_hosts_for, build_app
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from bastion.sources.mcp import McpConnector
 from tests.downstream import FixtureServer
 from tests.test_api import WAIT, serving
@@ -111,7 +111,7 @@ async def live(
     )
     async with await open_ledger(directory / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, [McpConnector(config.connectors[0], target=lambda: fixture.server)])
-        app = build_app(FrontDoor(gateway), allowed_hosts=allowed_hosts_for("127.0.0.1"))
+        app = build_app(HostServer(gateway), allowed_hosts=allowed_hosts_for("127.0.0.1"))
         async with gateway.running(), serving(app) as url:
             yield Bastion(url, ledger, gateway, fixture, directory)
 

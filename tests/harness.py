@@ -1,4 +1,4 @@
-"""An in-process Bastion for pipeline tests: a real SDK client, front door, gateway and SQLite ledger,
+"""An in-process Bastion for pipeline tests: a real SDK client, host server, gateway and SQLite ledger,
 with an in-process downstream MCP server (tests/downstream.py) behind a real McpConnector."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from bastion.config import (
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import Invocation
 from bastion.pipeline.gateway import Gateway
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from bastion.sources.mcp import McpConnector
 from tests.downstream import FixtureServer, StreamTarget
 
@@ -117,7 +117,7 @@ async def harness(
     async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, sources)
         async with gateway.running():
-            front = FrontDoor(gateway, profile=profile, principal=principal)
+            front = HostServer(gateway, profile=profile, principal=principal)
             client = Client(
                 front.server,
                 cache=None,

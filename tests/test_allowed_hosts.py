@@ -29,7 +29,7 @@ from bastion.ledger import Redactor, open_ledger
 from bastion.models import utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.server.http import bind_listener, serve_http
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from tests.processes import bastion_command, bastion_env, bastion_http, run_cli, write_config
 
 pytestmark = pytest.mark.anyio
@@ -71,7 +71,7 @@ async def bastion(
         port = listener.getsockname()[1]
         stop = anyio.Event()
         async with gateway.running(wait_for_sources=False), anyio.create_task_group() as tg:
-            front = FrontDoor(gateway)
+            front = HostServer(gateway)
             tg.start_soon(
                 partial(serve_http, front, host=bind, port=0, extra_hosts=allowed, listener=listener, stop=stop)
             )

@@ -36,7 +36,7 @@ from bastion.pipeline.gateway import Gateway
 from bastion.server.api import OPERATIONS
 from bastion.server.auth import BearerAuth, principal_of
 from bastion.server.http import allowed_hosts_for, bind_listener, build_app, serve_http
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from bastion.sources.mcp import McpConnector
 from bastion.sources.seam import ActionSource
 from tests.downstream import FixtureServer
@@ -113,7 +113,7 @@ async def live_bastion(
     )
     async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, sources)
-        app = build_app(FrontDoor(gateway), allowed_hosts=allowed_hosts_for("127.0.0.1"), non_loopback=non_loopback)
+        app = build_app(HostServer(gateway), allowed_hosts=allowed_hosts_for("127.0.0.1"), non_loopback=non_loopback)
         async with _maybe_running(gateway, gateway_running), serving(app) as url:
             timeout = httpx2.Timeout(WAIT)
             async with httpx2.AsyncClient(base_url=url, timeout=timeout) as http:
@@ -262,7 +262,7 @@ async def test_a_non_loopback_server_needs_a_token_on_mcp_even_before_any_exists
 
 async def test_serving_beyond_loopback_without_any_token_is_refused_at_start(tmp_path: Path) -> None:
     async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
-        front = FrontDoor(Gateway(_config(tmp_path, {}), ledger, []))
+        front = HostServer(Gateway(_config(tmp_path, {}), ledger, []))
         with pytest.raises(ConfigError, match="bastion tokens create"):
             await serve_http(front, host="0.0.0.0", port=0)
 

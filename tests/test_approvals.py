@@ -141,14 +141,14 @@ async def test_an_approval_after_the_host_gave_up_still_runs_and_keeps_the_resul
 
 
 async def test_the_desk_outlives_a_ledger_locked_past_its_patience_and_settles_calls_after(tmp_path: Path) -> None:
-    """Another process holds the ledger's write lock longer than the busy timeout while the desk sweeps expiries:
-    the desk says so and tries again (it used to end, and the gateway with it), and once the lock is let go a held
+    """Another process holds the ledger's write lock longer than the busy timeout while `HeldCalls` sweeps expiries:
+    `HeldCalls` says so and tries again (it used to end, and the gateway with it), and once the lock is let go a held
     call is approved and runs."""
     refused = anyio.Event()
 
     class Refusals(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if "could not use the ledger" in record.getMessage():
+            if "could not be looked at in the ledger" in record.getMessage():
                 refused.set()
 
     desk_log = logging.getLogger("bastion.pipeline.approvals")

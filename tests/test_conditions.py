@@ -21,7 +21,7 @@ from bastion.ledger import Redactor, open_ledger
 from bastion.models import MODES, RISKS, CallContext, Mode, ModeDecision, PolicyRule, Risk
 from bastion.pipeline.gateway import Gateway
 from bastion.policies.modes import MODE_STRICTNESS, resolve_mode
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from tests.test_gateway import error_of
 from tests.test_sources import Counter
 
@@ -63,7 +63,7 @@ def write_policy(tmp_path: Path, text: str) -> Path:
 async def counter_gateway(config: Config, tmp_path: Path) -> AsyncIterator[tuple[Client, Gateway]]:
     async with await open_ledger(tmp_path / "l.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, [Counter()])
-        async with gateway.running(), Client(FrontDoor(gateway).server, cache=None) as client:
+        async with gateway.running(), Client(HostServer(gateway).server, cache=None) as client:
             yield client, gateway
 
 

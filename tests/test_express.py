@@ -38,9 +38,9 @@ from bastion.config.models import ServerSettings
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import CallContext, Invocation
 from bastion.pipeline.gateway import Gateway
-from bastion.server.express import ExpressCall, LaneCounts, express_call
-from bastion.server.express_stdio import StdioLane
-from bastion.server.mcp import FrontDoor
+from bastion.server.express import ExpressCall, ExpressCounts, express_call
+from bastion.server.express_stdio import StdioExpressLane
+from bastion.server.mcp import HostServer
 from bastion.server.stdio import pipe_streams
 from bastion.sources.mcp import McpConnector
 from bastion.sources.mcp.wire import ResultChecks, WireCalls, WireUnreadable
@@ -206,16 +206,16 @@ class StdioRun:
     client: Client
     ledger: OpenLedger
     gateway: Gateway
-    counts: LaneCounts | None
+    counts: ExpressCounts | None
 
 
 @dataclass
 class StdioFront:
-    """A front door serving stdio over real pipes: the host's ends of them, and what Bastion keeps."""
+    """A host server serving stdio over real pipes: the host's ends of them, and what Bastion keeps."""
 
     ledger: OpenLedger
     gateway: Gateway
-    counts: LaneCounts | None
+    counts: ExpressCounts | None
     host_out: int
     host_in: int
 
@@ -230,8 +230,8 @@ async def stdio_front(
     async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, [McpConnector(config.connectors[0])])
         async with gateway.running():
-            front = FrontDoor(gateway, session_id="stdio")
-            lane = StdioLane(front) if express else None
+            front = HostServer(gateway, session_id="stdio")
+            lane = StdioExpressLane(front) if express else None
             with _pipes() as (host_out, bastion_in, bastion_out, host_in):
                 async with (
                     pipe_streams(bastion_in, bastion_out, lane) as (read_stream, write_stream),

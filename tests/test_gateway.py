@@ -1,6 +1,6 @@
 """The call pipeline, driven through a real MCP client against an in-process Bastion.
 
-Real parts: the SDK client, Bastion's front door and gateway, a real SQLite ledger file, and an
+Real parts: the SDK client, Bastion's host server and gateway, a real SQLite ledger file, and an
 in-process downstream MCP server (tests/downstream.py) behind a real McpConnector.
 """
 

@@ -1,6 +1,6 @@
 """Providers in the pipeline: what a host and the ledger see when a provider's API limits, fails or is unbound.
 
-The provider runs in a real gateway behind the real front door, with a real MCP client and a real SQLite ledger;
+The provider runs in a real gateway behind the real host server, with a real MCP client and a real SQLite ledger;
 only its HTTP API is scripted (`httpx2.MockTransport`).
 """
 
@@ -17,7 +17,7 @@ from mcp import Client
 from bastion.config import Config, PolicyConfig, ProviderConfig, Settings
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.pipeline.gateway import Gateway
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from bastion.sources.providers import ProviderSource, provider_source
 from tests.providers import CANARY, ScriptedApi, ok
 from tests.test_gateway import error_of
@@ -40,7 +40,7 @@ async def bastion(
     )
     async with await open_ledger(tmp_path / "l.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, list(providers))
-        async with gateway.running(), Client(FrontDoor(gateway).server, cache=None) as client:
+        async with gateway.running(), Client(HostServer(gateway).server, cache=None) as client:
             yield client, ledger
 
 

@@ -44,7 +44,7 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.approvals": 6,
     "bastion.pipeline.grants": 6,  # approvals' standing grants, kept in the ledger
     "bastion.pipeline.authority": 7,
-    "bastion.pipeline.views": 6,  # the JSON shapes the CLI prints and the API answers
+    "bastion.pipeline.documents": 6,  # the JSON shapes the CLI prints and the API answers
     "bastion.pipeline.outcomes": 6,  # recording what came of a call that was sent
     "bastion.pipeline.steps": 7,  # the gateway's step runner: a composite's steps, each a child invocation
     "bastion.pipeline.listings": 7,  # the sources and what hosts list of them
@@ -93,7 +93,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.approvals": {"mcp_types", "anyio"},
     "bastion.pipeline.authority": set(),
     "bastion.pipeline.grants": set(),
-    "bastion.pipeline.views": {"pydantic"},
+    "bastion.pipeline.documents": {"pydantic"},
     "bastion.pipeline.listings": {"mcp_types", "anyio"},
     "bastion.pipeline.events": {"anyio"},
     "bastion.pipeline.notify": {"anyio", "httpx2"},

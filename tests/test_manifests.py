@@ -1,4 +1,4 @@
-"""Manifest actions through the whole pipeline: a real MCP client, Bastion's front door and gateway, a
+"""Manifest actions through the whole pipeline: a real MCP client, Bastion's host server and gateway, a
 real SQLite ledger, and real connectors (the demo notes server and mcp-server-time as subprocesses, or the
 in-process fixture server)."""
 
@@ -26,7 +26,7 @@ from bastion.config import Config, ConnectorConfig, PolicyConfig, Profile, Setti
 from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import CallContext, Grant, Invocation, PolicyRule, SourceStatus, utcnow
 from bastion.pipeline.gateway import Gateway
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from bastion.sources.manifests import ActionState, ManifestProblem, load_manifests
 from bastion.sources.manifests.source import ManifestSource, connector_hash
 from bastion.sources.mcp import McpConnector
@@ -155,7 +155,7 @@ async def manifest_bastion(
     )
     async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, [*sources, source])
-        async with gateway.running(), Client(FrontDoor(gateway).server, cache=None) as client:
+        async with gateway.running(), Client(HostServer(gateway).server, cache=None) as client:
             yield Bastion(client, gateway, ledger, source, state, problems)
 
 

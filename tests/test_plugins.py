@@ -28,7 +28,7 @@ from bastion.ledger import Redactor, open_ledger
 from bastion.models import CallContext, Invocation, ModeDecision, utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.policies import compose_mode
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from bastion.sources.plugins import load_plugins
 from bastion.sources.plugins.runner import run_step
 from bastion.sources.plugins.sandbox import sandbox
@@ -152,7 +152,7 @@ async def plugin_bastion(config_dir: Path) -> AsyncIterator[tuple[Client, Gatewa
     config = load_config(config_dir)
     async with (
         open_gateway(config) as gateway,
-        Client(FrontDoor(gateway).server, cache=None) as client,
+        Client(HostServer(gateway).server, cache=None) as client,
     ):
         yield client, gateway
 

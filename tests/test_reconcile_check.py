@@ -1,6 +1,6 @@
 """Reconcile by check: a provider call whose outcome is unknown is settled by asking the provider.
 
-A real gateway behind the real front door, a real MCP client and a real SQLite ledger; the provider's API is a
+A real gateway behind the real host server, a real MCP client and a real SQLite ledger; the provider's API is a
 stateful fake (tests/fake_apis.py) that can apply a write and drop the connection before answering, so the ledger
 says `unknown` while the write happened, or drop it before applying anything.
 """
@@ -25,7 +25,7 @@ from bastion.models import EventKind, Invocation, Principal, utcnow
 from bastion.pipeline.authority import Checked, reconcile_by_check
 from bastion.pipeline.gateway import Gateway
 from bastion.server.http import allowed_hosts_for, build_app
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from bastion.sources.providers import provider_source
 from bastion.sources.providers.github import marker
 from tests.fake_apis import FakeApi, FakeGitHub, FakeLinear, FakeSlack
@@ -85,7 +85,7 @@ async def bastion(tmp_path: Path, provider_id: str, fake: FakeApi) -> AsyncItera
     provider = provider_source(provider_id, ProviderConfig.model_validate({"token": CANARY}), transport=fake.transport)
     async with await open_ledger(tmp_path / "l.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, [provider])
-        async with gateway.running(), Client(FrontDoor(gateway).server, cache=None) as client:
+        async with gateway.running(), Client(HostServer(gateway).server, cache=None) as client:
             yield Running(client, gateway, fake)
 
 
@@ -286,7 +286,7 @@ async def test_the_api_reconciles_by_check_for_approvers_only_and_documents_the_
             "Authorization": f"Bearer {await tokens.create_token('alice', role='admin', profile=None, now=utcnow())}"
         }
         agent = {"Authorization": f"Bearer {await tokens.create_token('ci', role='agent', profile=None, now=utcnow())}"}
-        app = build_app(FrontDoor(bastion_.gateway), allowed_hosts=allowed_hosts_for("127.0.0.1"))
+        app = build_app(HostServer(bastion_.gateway), allowed_hosts=allowed_hosts_for("127.0.0.1"))
         async with serving(app) as url, httpx2.AsyncClient(base_url=url, timeout=20) as http:
             path = "/api/invocations/{}/reconcile/check"
             refused = await http.post(path.format(created.id), headers=agent)

@@ -1,7 +1,7 @@
 """Relay: resources, templates, subscriptions, prompts, completion, logging, sampling and
 elicitation of a downstream, through an in-process Bastion, in both protocol eras on both hops.
 
-Real parts: the SDK host client, Bastion's front door and gateway, a SQLite ledger, and the
+Real parts: the SDK host client, Bastion's host server and gateway, a SQLite ledger, and the
 `ContentFixture` downstream behind a real McpConnector, reached in-process (2026-07-28) or over
 memory streams with the 2025-11-25 handshake.
 """
@@ -21,7 +21,7 @@ from mcp.client.session import ClientRequestContext, IncomingMessage
 from mcp.client.subscriptions import PromptsListChanged, ResourcesListChanged, ResourceUpdated, Subscription
 
 from bastion.errors import NotFound
-from bastion.pipeline.content import ContentCatalog, ContentRelay, SourceContent
+from bastion.pipeline.content import ContentCatalog, ContentRouter, SourceContent
 from bastion.sources.mcp import McpConnector
 from bastion.sources.mcp.inflight import InFlightCalls
 from tests.downstream import ContentFixture, StreamTarget
@@ -593,6 +593,6 @@ async def test_a_uri_nothing_lists_yet_is_subscribed_at_the_only_source_that_off
 
 
 def test_a_uri_nothing_routes_is_refused_naming_the_candidates() -> None:
-    relay = ContentRelay({}, timeout=1)
+    relay = ContentRouter({}, timeout=1)
     with pytest.raises(NotFound, match="no source offers resources"):
         relay._route("later://created/1")

@@ -31,7 +31,7 @@ from bastion.assembly import freeze_startup_heap
 from bastion.config import Config, PolicyConfig, ServerSettings, Settings
 from bastion.ledger import Redactor, open_ledger
 from bastion.pipeline.gateway import Gateway
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from bastion.sources.seam import ChangeFn
 from tests.processes import bastion_command, bastion_env, served, write_config
 from tests.test_e2e import ERAS, NOTES_TOOLS, host_client
@@ -91,7 +91,7 @@ async def test_a_listing_during_the_start_up_wait_waits_for_a_source_still_start
     counter = GatedCounter()
     async with early_bastion(tmp_path, counter, startup_wait=BOUND) as gateway:
         assert counter.status.state == "starting"  # the gateway did not wait for it
-        async with Client(FrontDoor(gateway).server, cache=None) as client:
+        async with Client(HostServer(gateway).server, cache=None) as client:
             listed: set[str] = set()
 
             async def list_tools() -> None:
@@ -113,7 +113,7 @@ async def test_after_the_start_up_wait_a_host_gets_what_is_ready_and_hears_list_
     counter = GatedCounter()
     async with (
         early_bastion(tmp_path, counter, startup_wait=0) as gateway,
-        host_client(FrontDoor(gateway).server, mode) as (client, changes),
+        host_client(HostServer(gateway).server, mode) as (client, changes),
     ):
         with anyio.fail_after(BOUND):
             assert await names(client) == {"bastion__invocation"}

@@ -1,5 +1,5 @@
 """The source seam: a source that is not an MCP connector goes through the whole pipeline (allow, approval,
-deny, drift) from the action specs it declares, driven by a real MCP client through the front door."""
+deny, drift) from the action specs it declares, driven by a real MCP client through the host server."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from bastion.ledger import OpenLedger, Redactor, open_ledger
 from bastion.models import Invocation, Risk, SourceStatus, utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.policies import fingerprints
-from bastion.server.mcp import FrontDoor
-from bastion.sources.seam import ChangeFn, ProgressFn, Relay
+from bastion.server.mcp import HostServer
+from bastion.sources.seam import ChangeFn, HostRequest, ProgressFn
 from tests.test_gateway import error_of
 
 pytestmark = pytest.mark.anyio
@@ -92,7 +92,7 @@ class Counter:
         correlation_id: str,
         timeout: float,
         on_progress: ProgressFn | None = None,
-        relay: Relay | None = None,
+        relay: HostRequest | None = None,
     ) -> types.CallToolResult:
         if not self._up:
             raise ConnectorUnavailable("counter is not running")
@@ -117,7 +117,7 @@ async def counter_bastion(tmp_path: Path, counter: Counter) -> AsyncIterator[tup
     )
     async with await open_ledger(tmp_path / "l.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, [counter])
-        async with gateway.running(), Client(FrontDoor(gateway).server, cache=None) as client:
+        async with gateway.running(), Client(HostServer(gateway).server, cache=None) as client:
             yield client, gateway, ledger
 
 

@@ -232,7 +232,7 @@ async def test_the_server_declares_the_tasks_extension(tmp_path: Any) -> None:
 
 async def test_a_host_without_the_extension_still_gets_approval_pending(tmp_path: Any) -> None:
     async with live(tmp_path) as bastion:
-        bastion.gateway.desk.wait_without_progress_seconds = 0
+        bastion.gateway.held.wait_without_progress_seconds = 0
         agent = await bastion.token("ci-agent", "agent")
         async with host(bastion, agent, with_tasks=False) as client:
             with anyio.fail_after(WAIT):
@@ -278,7 +278,7 @@ async def test_a_task_outlives_the_bastion_process_that_created_it(tmp_path: Any
 
 async def test_a_2025_11_25_host_is_not_served_tasks(tmp_path: Any) -> None:
     async with live(tmp_path) as bastion:
-        bastion.gateway.desk.wait_without_progress_seconds = 0
+        bastion.gateway.held.wait_without_progress_seconds = 0
         agent = await bastion.token("ci-agent", "agent")
         async with bastion.client(agent) as client:  # a legacy (handshake) session
             with anyio.fail_after(WAIT):

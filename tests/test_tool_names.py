@@ -18,7 +18,7 @@ from bastion.errors import ConfigError
 from bastion.ledger import Redactor, open_ledger
 from bastion.models import Pin, PinObservation, utcnow
 from bastion.pipeline.gateway import Gateway
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from bastion.sources.mcp import McpConnector
 from tests.downstream import FixtureServer
 from tests.processes import bastion_env, run_cli
@@ -42,7 +42,7 @@ async def gateway_over(
     )
     async with await open_ledger(tmp_path / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, sources)
-        async with gateway.running(), Client(FrontDoor(gateway).server, cache=None) as client:
+        async with gateway.running(), Client(HostServer(gateway).server, cache=None) as client:
             yield client, gateway
 
 

@@ -113,7 +113,7 @@ async def test_an_approved_call_has_a_span_for_its_wait_and_its_downstream_call_
     wait = named(spans, "bastion.approval")
     assert parent_of(wait) == call.context.span_id
     assert cast(dict[str, Any], wait.attributes)[tracing.STATUS] == "approved"
-    # The approval desk runs the approved call in its own task, still in the call's trace, after the wait.
+    # `HeldCalls` runs the approved call in its own task, still in the call's trace, after the wait.
     downstream = named(spans, "bastion.downstream fx:progress")
     assert parent_of(downstream) == call.context.span_id
     assert wait.end_time is not None and downstream.start_time is not None

@@ -35,9 +35,9 @@ from bastion.config import Config, config_hint
 from bastion.models import Invocation, Scope, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.authority import MIN_ID_PREFIX
+from bastion.pipeline.documents import DEFAULT_LIMIT, expires_in, invocation_json, pending_json
+from bastion.pipeline.documents import pending_invocations as pending_invocations  # re-exported for `approvals watch`
 from bastion.pipeline.grants import SCOPE_LABELS, Grants
-from bastion.pipeline.views import DEFAULT_LIMIT, expires_in, invocation_json, pending_json
-from bastion.pipeline.views import pending_invocations as pending_invocations  # re-exported for `approvals watch`
 
 approvals_app = typer.Typer(
     help="Calls waiting for a human: list and inspect them, approve or deny, or watch them live.",

@@ -32,7 +32,7 @@ from bastion.errors import BastionError, ConnectorUnavailable
 from bastion.models import AuditReport, Invocation, PruneReport, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.authority import MIN_ID_PREFIX, SourceOf
-from bastion.pipeline.views import audit_record_json, check_json, invocation_json
+from bastion.pipeline.documents import audit_record_json, check_json, invocation_json
 from bastion.sources.plugins import ACTION_FILE
 from bastion.sources.registry import load_sources, provider_of
 from bastion.sources.seam import ActionSource

@@ -28,8 +28,8 @@ from bastion.cli.tables import Column, fitted_table
 from bastion.config import config_hint
 from bastion.errors import Forbidden, NotFound
 from bastion.models import Grant, Principal, utcnow
+from bastion.pipeline.documents import DEFAULT_LIMIT, GrantView, grant_json
 from bastion.pipeline.grants import SCOPE_LABELS
-from bastion.pipeline.views import DEFAULT_LIMIT, GrantView, grant_json
 
 grants_app = typer.Typer(
     help='Standing grants (what approvals "for this session", "for an hour" or "always" let through): list, revoke.',

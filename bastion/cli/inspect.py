@@ -32,7 +32,7 @@ from bastion.errors import ConfigError, ConnectorUnavailable, NotFound
 from bastion.models import STATUSES, CallContext, Invocation, Status, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.authority import MIN_ID_PREFIX
-from bastion.pipeline.views import invocation_detail_json, invocation_json
+from bastion.pipeline.documents import invocation_detail_json, invocation_json
 
 connectors_app = typer.Typer(
     help="Sources: downstream MCP servers and providers (\\[providers.<id>]): status and checks.", no_args_is_help=True

@@ -29,7 +29,7 @@ from bastion.config import config_hint
 from bastion.errors import Conflict, NotFound
 from bastion.models import Pin
 from bastion.pipeline.authority import accept_pins
-from bastion.pipeline.views import drift_diff, pin_json
+from bastion.pipeline.documents import drift_diff, pin_json
 
 pins_app = typer.Typer(
     help="Pinned tool definitions and their drift: list, accept a new definition.", no_args_is_help=True

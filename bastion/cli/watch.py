@@ -45,7 +45,7 @@ from bastion.errors import BastionError, ChangesLost, ConfigError
 from bastion.ledger import OpenLedger
 from bastion.models import Invocation, Principal, utcnow
 from bastion.pipeline import authority
-from bastion.pipeline.views import DEFAULT_LIMIT, expires_in
+from bastion.pipeline.documents import DEFAULT_LIMIT, expires_in
 
 if sys.platform != "win32":
     import termios

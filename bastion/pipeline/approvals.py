@@ -2,8 +2,8 @@
 
 A held call keeps its raw arguments in memory (the ledger only has them redacted). Decisions come
 from anywhere that writes the ledger — this process, the CLI, another Bastion — and the ledger's change
-feed announces them: the desk wakes on the changes of the calls it holds, not on every commit.
-An approved invocation runs in the desk's own task group, so a host that cancels or disconnects
+feed announces them: `HeldCalls` wakes on the changes of the calls it holds, not on every commit.
+An approved invocation runs in its own task group, so a host that cancels or disconnects
 does not stop it; the result is kept in the ledger and handed to the host if it is still waiting.
 
 A host that sent a progress token gets a heartbeat every `heartbeat_seconds` and waits until the end. One that
@@ -54,11 +54,11 @@ Lookup = Callable[[str, str], CatalogEntry | None]
 
 EXECUTING: tuple[Status, ...] = ("executing",)
 HELD_POLL_SECONDS = 1.0
-"""While calls are held, the longest the desk goes without looking at them all (a safety net under the feed)."""
+"""While calls are held, the longest `HeldCalls` goes without looking at them all (a safety net under the feed)."""
 IDLE_POLL_SECONDS = 5.0
 """How often to sweep expiries and recover the work of instances that stopped (adopting what they left approved)."""
 LEDGER_RETRY_SECONDS = 1.0
-"""How long the desk waits before trying again when the ledger refused it (another process held its lock too long)."""
+"""How long `HeldCalls` waits before trying again when the ledger refused it (another process held its lock long)."""
 
 GoneFn = Callable[[Sequence[str]], Awaitable[Collection[str]]]
 """Given instances that own invocations, those that are gone (read fresh each time)."""
@@ -109,7 +109,7 @@ class Held:
         self.done.set()
 
 
-class ApprovalDesk:
+class HeldCalls:
     """Holds pending calls, notices decisions and expiries, and runs what was approved."""
 
     def __init__(
@@ -261,7 +261,7 @@ class ApprovalDesk:
         )
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """The desk's loop: until cancelled, settle held calls as their changes arrive, sweep expiries, and
+        """Its loop: until cancelled, settle held calls as their changes arrive, sweep expiries, and
         recover the work of stopped instances."""
         async with anyio.create_task_group() as runs:
             task_status.started()
@@ -276,9 +276,9 @@ class ApprovalDesk:
                     await self._settle(runs, due)
                     await self._recover(runs)
                     due = await self._wait_for_news(cursor)
-                except LedgerUnavailable as exc:  # a ledger busy or down for a while must not stop the desk
+                except LedgerUnavailable as exc:  # a ledger busy or down for a while must not stop the held calls
                     logger.warning(
-                        "the approval desk could not use the ledger (%s); trying again in %s s",
+                        "the calls held for approval could not be looked at in the ledger (%s); trying again in %s s",
                         exc.message,
                         LEDGER_RETRY_SECONDS,
                     )

@@ -1,4 +1,4 @@
-"""The call path: the stages every call passes, a host's, a composite's step, or an approved one the desk runs.
+"""The call path: the stages every call passes, a host's, a composite's step, or an approved one `HeldCalls` runs.
 
 Every call: resolve the tool, validate its arguments, resolve the mode (tightened by drift, lifted by a grant where
 its scope allows), admit it (the session's rate limit, the action's own check, a deny), record the intent, then
@@ -35,30 +35,30 @@ from bastion.errors import (
 )
 from bastion.ledger.limits import ProcessLimits
 from bastion.models import Admission, CallContext, Invocation, ModeDecision, utcnow
-from bastion.pipeline.approvals import ApprovalDesk, AwaitingInput, PendingFn, Progress
+from bastion.pipeline.approvals import AwaitingInput, HeldCalls, PendingFn, Progress
 from bastion.pipeline.catalog import Catalog, CatalogEntry
 from bastion.pipeline.instances import Instance
 from bastion.pipeline.listings import INVOCATION_TOOL, Listings
 from bastion.pipeline.modes import Modes
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.outcomes import Outcomes
-from bastion.pipeline.pinning import PinBook
+from bastion.pipeline.pinning import Pins
 from bastion.pipeline.seams import Deliver, Ledger, RateLimits
 from bastion.pipeline.traces import CallTraces
 from bastion.policies import covers_held_steps
-from bastion.sources.seam import ActionSource, ProgressFn, Relay, WireSource
+from bastion.sources.seam import ActionSource, HostRequest, ProgressFn, WireSource
 
 logger = logging.getLogger(__name__)
 
 
-class HandOff(Exception):
-    """An express call that needs what only the SDK's front door gives (it is held for an approver): nothing was
+class NotExpress(Exception):
+    """An express call that needs what only the SDK's host server gives (it is held for an approver): nothing was
     recorded or sent, and the caller serves the request the usual way."""
 
 
 class CallPath:
     """The one sequence of stages every call passes: a host's (`call`, `call_express`), a composite's step
-    (`call_step`) and an approved call the approval desk runs (`run_modelled`): resolve and validate, the mode
+    (`call_step`) and an approved call `HeldCalls` runs (`run_modelled`): resolve and validate, the mode
     (with drift and grants), admission, then hold, refuse or run, the outcome recorded, the call traced."""
 
     def __init__(
@@ -66,7 +66,7 @@ class CallPath:
         config: Config,
         ledger: Ledger,
         listings: Listings,
-        pins: PinBook,
+        pins: Pins,
         modes: Modes,
         instance: Instance,
         observers: Observers,
@@ -83,7 +83,7 @@ class CallPath:
         self.outcomes = Outcomes(ledger.invocations, observers)
         self._session_limits = ProcessLimits()
         """The rate limit of the sessions only this process serves (`CallContext.local_session`)."""
-        self.desk = ApprovalDesk(
+        self.held = HeldCalls(
             ledger.invocations,
             ledger.changes,
             runner=self.run_modelled,
@@ -96,7 +96,7 @@ class CallPath:
             config_option=config_hint(config),
         )
         """Holds the calls that wait for an approver, and runs them once approved."""
-        self._relays: dict[str, Relay] = {}
+        self._relays: dict[str, HostRequest] = {}
         """Invocation id -> the host request its downstream messages go to, while its call() runs."""
         self._callers: dict[str, CallContext] = {}
         """Invocation id -> who made the call, while its call() runs (a composite's steps are counted as theirs)."""
@@ -118,7 +118,7 @@ class CallPath:
         on_progress: ProgressFn | None = None,
         on_pending: PendingFn | None = None,
         defer: bool = False,
-        relay: Relay | None = None,
+        relay: HostRequest | None = None,
     ) -> types.CallToolResult:
         """Resolve, validate, decide, record, run and record again. Refusals raise a BastionError.
 
@@ -140,16 +140,16 @@ class CallPath:
         context: CallContext,
         deliver: Deliver,
         *,
-        relay: Relay | None = None,
+        relay: HostRequest | None = None,
         on_progress: ProgressFn | None = None,
     ) -> WireResult:
         """`call` for the express lane: the same pipeline, checks and records, but the result is its JSON,
         forwarded as the downstream sent it where the source can (`WireSource`; a call relaying progress goes the
         usual way). The result of a call that ran is handed to `deliver` (the host's answer) before its outcome is
         recorded, so the recording is not on the host's wait, and comes back too. A call that would
-        wait for an approver raises HandOff before anything is recorded; refusals raise a BastionError, as from
+        wait for an approver raises NotExpress before anything is recorded; refusals raise a BastionError, as from
         `call`, and failures after the call was sent are recorded first."""
-        with tracing.span(f"bastion.call {name}", not_failures=(HandOff,)) as span:
+        with tracing.span(f"bastion.call {name}", not_failures=(NotExpress,)) as span:
             result = await self._call(name, arguments, context, span, on_progress, None, False, relay, deliver=deliver)
         assert isinstance(result, WireResult)
         return result
@@ -163,7 +163,7 @@ class CallPath:
         on_progress: ProgressFn | None,
         on_pending: PendingFn | None,
         defer: bool,
-        relay: Relay | None,
+        relay: HostRequest | None,
         *,
         deliver: Deliver | None = None,
     ) -> types.CallToolResult | WireResult:
@@ -182,7 +182,7 @@ class CallPath:
         decision = self.modes.of(entry, context, drifted=drift is not None, arguments=arguments)
         decision = await self.modes.granted(entry, context, decision, drifted=drift is not None, arguments=arguments)
         if deliver is not None and decision.mode == "require_approval":
-            raise HandOff(f"{entry.key} waits for an approver")
+            raise NotExpress(f"{entry.key} waits for an approver")
         invocation = entry.new_invocation(arguments, hashed, decision, context, owner=self.instance_id, drift=drift)
         with self._relaying(invocation.id, relay), self._traces.following(invocation, span):
             self._callers[invocation.id] = context
@@ -195,7 +195,12 @@ class CallPath:
                 del self._callers[invocation.id]
 
     async def call_step(
-        self, parent: Invocation, step_id: str, entry: CatalogEntry, arguments: dict[str, Any], relay: Relay | None
+        self,
+        parent: Invocation,
+        step_id: str,
+        entry: CatalogEntry,
+        arguments: dict[str, Any],
+        relay: HostRequest | None,
     ) -> tuple[str, types.CallToolResult]:
         """One step of the composite invocation `parent` (see `bastion.sources.seam.StepRunner.run_step`), through
         the stages of a host's call, as the composite's caller: it counts against the session's rate limit and
@@ -297,8 +302,8 @@ class CallPath:
             await self.outcomes.refuse(invocation, _rate_limited(admission, wait), detail)
 
     @contextmanager
-    def _relaying(self, invocation_id: str, relay: Relay | None) -> Iterator[None]:
-        """Keep the call's relay where `_run` finds it, also when the approval desk runs the call."""
+    def _relaying(self, invocation_id: str, relay: HostRequest | None) -> Iterator[None]:
+        """Keep the call's relay where `_run` finds it, also when `HeldCalls` runs the call."""
         if relay is None:
             yield
             return
@@ -324,7 +329,7 @@ class CallPath:
             update={"status": "pending", "expires_at": now + timedelta(seconds=approvals.expiry_seconds)}
         )
         logger.info("invocation %s (%s) waits for approval", held.id, entry.key)
-        holding = self.desk.hold(
+        holding = self.held.hold(
             held,
             entry,
             arguments,
@@ -340,7 +345,7 @@ class CallPath:
 
     async def resume(self, invocation_id: str, *, on_progress: ProgressFn | None = None) -> types.CallToolResult:
         """Wait for a held call again (the host answered an inline approval in a new request)."""
-        return await self._wait_unless_stopping(invocation_id, self.desk.resume(invocation_id, on_progress))
+        return await self._wait_unless_stopping(invocation_id, self.held.resume(invocation_id, on_progress))
 
     def drain(self) -> None:
         """Stop admitting calls (shutdown): from now on `call` refuses with a retriable `connector_unavailable`."""
@@ -371,7 +376,7 @@ class CallPath:
         deliver: Deliver | None = None,
     ) -> types.CallToolResult | WireResult:
         """`_run`, known while it runs so a shutdown can wait for it and cancel it (`settle`); in the trace of the
-        call that made the invocation, also when the approval desk runs it."""
+        call that made the invocation, also when `HeldCalls` runs it."""
         with anyio.CancelScope() as scope, self._traces.within(invocation.id):
             self._running.add(scope)
             try:
@@ -386,7 +391,7 @@ class CallPath:
     async def run_modelled(
         self, entry: CatalogEntry, invocation: Invocation, arguments: dict[str, Any], progress: Progress | None
     ) -> types.CallToolResult:
-        """`_run_counted` for the approval desk and the step runner, which take results as models."""
+        """`_run_counted` for `HeldCalls` and the step runner, which take results as models."""
         result = await self._run_counted(entry, invocation, arguments, progress)
         assert isinstance(result, types.CallToolResult)
         return result
@@ -492,7 +497,7 @@ class CallPath:
         entry: CatalogEntry,
         invocation: Invocation,
         result: types.CallToolResult | WireResult,
-        relay: Relay | None,
+        relay: HostRequest | None,
     ) -> WireResult | None:
         """The result shaped for the host that waits for it (its relay's protocol version); None when no host waits
         (a composite's step answers its composite, not a host). A result the host cannot receive is withheld: the call
@@ -531,7 +536,7 @@ class CallPath:
         if invocation.error_message:
             summary += f": {invocation.error_message}"
         elif invocation.status == "pending":
-            summary += f": it {self.desk.waiting_for(invocation.id)}"
+            summary += f": it {self.held.waiting_for(invocation.id)}"
         text = summary + "\n" + json.dumps(view.get("result"), ensure_ascii=False)[:4000]
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=view)
 

@@ -14,7 +14,7 @@
   candidates.
 
 Reading a resource or getting a prompt is not an action: policy gates tools only, and nothing here
-is recorded in the ledger. `ContentRelay` forwards those requests, bounded by the call timeout, and
+is recorded in the ledger. `ContentRouter` forwards those requests, bounded by the call timeout, and
 shares one upstream subscription per URI among every host that subscribed to it.
 """
 
@@ -166,7 +166,7 @@ def _parse(template: types.ResourceTemplate) -> UriTemplate | None:
         return None
 
 
-class ContentRelay:
+class ContentRouter:
     """Every content source's listings merged into one `ContentCatalog`, and requests routed back to them.
 
     Reading a resource, getting a prompt and completing an argument are forwarded as they are, bounded by

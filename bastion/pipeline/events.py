@@ -18,8 +18,8 @@ import anyio
 
 from bastion.errors import ChangesLost
 from bastion.models import Change, Invocation, Principal
+from bastion.pipeline.documents import invocation_json
 from bastion.pipeline.seams import Ledger
-from bastion.pipeline.views import invocation_json
 
 EventName = Literal["approval_requested", "approval_decided", "invocation_finished", "drift_detected"]
 EVENT_NAMES: Final[tuple[EventName, ...]] = (

@@ -3,7 +3,7 @@
 (`bastion.pipeline.calls`), and runs them all for the life of an instance (`running`).
 
 Beside tools, the gateway relays its sources' resources, resource templates and prompts through
-`content` (a `ContentRelay`, see `bastion.pipeline.content`). Those are not actions: policy gates tools
+`content` (a `ContentRouter`, see `bastion.pipeline.content`). Those are not actions: policy gates tools
 only, and reading a resource, getting a prompt or completing an argument is never recorded in the ledger.
 """
 
@@ -28,10 +28,10 @@ from bastion.pipeline.instances import Instance
 from bastion.pipeline.listings import Listings, ListingsFn
 from bastion.pipeline.modes import Modes
 from bastion.pipeline.observer import Observers
-from bastion.pipeline.pinning import PinBook
+from bastion.pipeline.pinning import Pins
 from bastion.pipeline.seams import Deliver, Ledger
 from bastion.pipeline.steps import GatewaySteps
-from bastion.sources.seam import ActionSource, ProgressFn, Relay
+from bastion.sources.seam import ActionSource, HostRequest, ProgressFn
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class Gateway:
         self.invocations = ledger.invocations
         self.instance = Instance(ledger.instances, instance_id)
         self.instance_id = self.instance.id
-        self.pins = PinBook(ledger.pins)
+        self.pins = Pins(ledger.pins)
         self.grants = Grants.of(ledger.grants, config)
         """The approvals' standing grants (see bastion.pipeline.grants)."""
         self.pins.on_drift.append(self._revoke_grants)
@@ -67,7 +67,7 @@ class Gateway:
         """What mode each call gets (see bastion.pipeline.modes)."""
         self.calls = CallPath(config, ledger, self.listings, self.pins, self.modes, self.instance, self.observers)
         """The stages every call passes (see bastion.pipeline.calls)."""
-        self.desk = self.calls.desk
+        self.held = self.calls.held
         self.steps = GatewaySteps(
             sources=self.listings.sources,
             lookup=self.listings.lookup,
@@ -125,14 +125,14 @@ class Gateway:
                 len(report.unknown),
                 len(report.approved),
             )
-        await self.desk.name_rollbacks(report.unknown)
+        await self.held.name_rollbacks(report.unknown)
         await self.pins.load()
         await self.grants.import_approved_file(self.config.directory, now=utcnow())
         async with anyio.create_task_group() as tg:
             await self.listings.start(tg, wait_for_sources=wait_for_sources)
             await tg.start(self.ledger.changes.run, name="ledger-changes")
             await tg.start(self.instance.run, name="instance-lease")
-            await tg.start(self.desk.run, name="approvals")
+            await tg.start(self.held.run, name="approvals")
             tg.start_soon(self.calls.outcomes.run, name="late-outcomes")
             try:
                 yield self
@@ -167,7 +167,7 @@ class Gateway:
         on_progress: ProgressFn | None = None,
         on_pending: PendingFn | None = None,
         defer: bool = False,
-        relay: Relay | None = None,
+        relay: HostRequest | None = None,
     ) -> types.CallToolResult:
         """A host's call through every stage (see `CallPath.call`). Refusals raise a BastionError."""
         return await self.calls.call(
@@ -181,7 +181,7 @@ class Gateway:
         context: CallContext,
         deliver: Deliver,
         *,
-        relay: Relay | None = None,
+        relay: HostRequest | None = None,
         on_progress: ProgressFn | None = None,
     ) -> WireResult:
         """A host's call for the express lane (see `CallPath.call_express`)."""

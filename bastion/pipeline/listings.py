@@ -2,7 +2,7 @@
 
 Every source runs in the gateway's task group and calls back when its listing changed; the change is prepared
 (definitions, fingerprints), checked against the pins, and folded into a new catalog by one rebuild loop that
-coalesces bursts (a start-up of many sources). Listeners hear each rebuild; the front door tells hosts which
+coalesces bursts (a start-up of many sources). Listeners hear each rebuild; the host server tells hosts which
 listings changed. A name that is not callable now is explained: its source is disabled, down or still
 starting (retriable), or nothing offers it.
 """
@@ -24,8 +24,8 @@ from bastion.config import Config
 from bastion.errors import BindingRequired, ConfigError, ConnectorUnavailable, NotFound, SourceDisabled
 from bastion.models import SourceStatus
 from bastion.pipeline.catalog import Catalog, CatalogEntry, PreparedAction, listed_tool, prepare_actions
-from bastion.pipeline.content import ContentRelay
-from bastion.pipeline.pinning import PinBook
+from bastion.pipeline.content import ContentRouter
+from bastion.pipeline.pinning import Pins
 from bastion.sources.seam import ActionSource, CompositeSource, ContentSource
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ INVOCATION_TOOL = types.Tool(
 class Listings:
     """The sources of one gateway and what hosts list of them: tools (`catalog`, `tools`) and content."""
 
-    def __init__(self, config: Config, sources: Sequence[ActionSource], pins: PinBook) -> None:
+    def __init__(self, config: Config, sources: Sequence[ActionSource], pins: Pins) -> None:
         """`sources` are every configured source; those disabled by policy are neither run nor listed."""
         self._config = config
         twice = sorted(sid for sid, n in Counter(s.source_id for s in sources).items() if n > 1)
@@ -77,7 +77,7 @@ class Listings:
         self.catalog = Catalog()
         self.tools: list[types.Tool] = [INVOCATION_TOOL]
         """What `tools/list` answers: the visible catalog plus the gateway's own tool."""
-        self.content = ContentRelay(
+        self.content = ContentRouter(
             {s.source_id: s for s in self.sources.values() if isinstance(s, ContentSource)},
             timeout=config.settings.limits.call_timeout_seconds,
         )

@@ -15,14 +15,14 @@ from bastion.models import CallContext, Grant, ModeDecision, Risk, utcnow
 from bastion.pipeline.catalog import CatalogEntry
 from bastion.pipeline.grants import Grants
 from bastion.pipeline.listings import Listings
-from bastion.pipeline.pinning import PinBook
+from bastion.pipeline.pinning import Pins
 from bastion.policies import LIFTABLE, compose_mode, guard_drift, resolve_mode
 
 
 class Modes:
     """The mode of every action for every call, as the gateway's policy, pins, listings and grants give it."""
 
-    def __init__(self, config: Config, listings: Listings, pins: PinBook, grants: Grants) -> None:
+    def __init__(self, config: Config, listings: Listings, pins: Pins, grants: Grants) -> None:
         self.config = config
         self.conditions = Conditions(
             [*config.policy.rules, *(r for p in config.policy.profiles.values() for r in p.rules)]

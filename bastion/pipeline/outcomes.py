@@ -186,7 +186,7 @@ class Outcomes:
 
 
 def _dumped(result: types.CallToolResult | WireResult | None) -> dict[str, Any] | None:
-    """A result as JSON: the front door's dump of a model, the JSON itself of a forwarded result."""
+    """A result as JSON: the host server's dump of a model, the JSON itself of a forwarded result."""
     if isinstance(result, WireResult):
         return result.data
     return None if result is None else result.model_dump(by_alias=True, mode="json", exclude_none=True)

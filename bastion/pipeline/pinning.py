@@ -28,7 +28,7 @@ UNPINNED = PinObservation(fingerprint="", structural="", definition={})
 """The `pinned` side of a new tool that `pin_new_tools = "approve"` holds back until accepted."""
 
 
-class PinBook:
+class Pins:
     """The pins of every source, and the diff of each action that currently differs from its pin."""
 
     def __init__(self, store: PinStore) -> None:

@@ -2,7 +2,7 @@
 
 They are `typing.Protocol`s owned by the pipeline; ledger/ satisfies them structurally without importing this
 module. The ledger is split by what each consumer needs: invocations (the call
-pipeline and the approval desk), pins (the pin book), tokens (authentication), the change feed (whoever
+pipeline and the held calls), pins (the pins and their drift), tokens (authentication), the change feed (whoever
 waits for a decision), instance leases (recovery) and rate limits (the call pipeline).
 """
 

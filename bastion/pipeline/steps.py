@@ -17,7 +17,7 @@ from bastion.errors import ConnectorUnavailable, NotFound
 from bastion.models import Invocation
 from bastion.pipeline.catalog import CatalogEntry
 from bastion.pipeline.seams import InvocationStore
-from bastion.sources.seam import ActionSource, Relay
+from bastion.sources.seam import ActionSource, HostRequest
 
 Lookup = Callable[[str, str], CatalogEntry | None]
 
@@ -27,7 +27,12 @@ class StepCall(Protocol):
     caller."""
 
     async def __call__(
-        self, parent: Invocation, step_id: str, entry: CatalogEntry, arguments: dict[str, Any], relay: Relay | None
+        self,
+        parent: Invocation,
+        step_id: str,
+        entry: CatalogEntry,
+        arguments: dict[str, Any],
+        relay: HostRequest | None,
     ) -> tuple[str, types.CallToolResult]: ...
 
 
@@ -59,7 +64,7 @@ class GatewaySteps:
         source_id: str,
         action_id: str,
         arguments: dict[str, Any],
-        relay: Relay | None = None,
+        relay: HostRequest | None = None,
     ) -> tuple[str, types.CallToolResult]:
         """See `bastion.sources.seam.StepRunner.run_step`."""
         parent = await self._invocations.get(parent_id)

@@ -3,7 +3,7 @@
 The gateway opens one span per call, from the host's intent to its outcome (`bastion.tracing.span`), and follows
 its invocation here. As an observer of the pipeline, `CallTraces` keeps the span's status the ledger's, opens a
 child span for the wait for an approver (held, then decided) and marks the span failed with the error class of
-an outcome that failed. An approved call runs in the approval desk's task: `within` makes the call's span current
+an outcome that failed. An approved call runs in `HeldCalls`' task: `within` makes the call's span current
 there, so its downstream call continues the host's trace.
 """
 

@@ -2,7 +2,7 @@
 
 JSON in and out. Every route is declared once, in `OPERATIONS`; the Starlette routes and the OpenAPI
 document (`GET /api/openapi.json`) are both built from that table, and the response schemas from the
-pydantic models of bastion.pipeline.views, so the document describes exactly what is served. Who may do what is
+pydantic models of bastion.pipeline.documents, so the document describes exactly what is served. Who may do what is
 decided by bastion.pipeline.authority; `BearerAuth` has authenticated the caller before any of this runs.
 """
 
@@ -29,9 +29,7 @@ from bastion.pipeline.authority import (
     reconcile_by_check,
     visible_invocation,
 )
-from bastion.pipeline.grants import Grants
-from bastion.pipeline.seams import Ledger
-from bastion.pipeline.views import (
+from bastion.pipeline.documents import (
     DEFAULT_LIMIT,
     CheckReport,
     GrantView,
@@ -47,6 +45,8 @@ from bastion.pipeline.views import (
     pending_json,
     pin_json,
 )
+from bastion.pipeline.grants import Grants
+from bastion.pipeline.seams import Ledger
 from bastion.server.events import MAX_EVENT_ID, event_id
 from bastion.server.rest import Call, Operation, Query, describe, endpoint, routing_error
 from bastion.sources.seam import ActionSource

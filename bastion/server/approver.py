@@ -25,14 +25,14 @@ from bastion import __version__
 from bastion.errors import BastionError, Forbidden, InvalidArguments, Unauthenticated
 from bastion.models import SCOPES, Principal, utcnow
 from bastion.pipeline.authority import decide, visible_invocation
-from bastion.pipeline.gateway import Gateway
-from bastion.pipeline.views import (
+from bastion.pipeline.documents import (
     DEFAULT_LIMIT,
     grant_json,
     invocation_detail_json,
     pending_invocations,
     pending_json,
 )
+from bastion.pipeline.gateway import Gateway
 from bastion.server.auth import principal_of
 from bastion.server.errors import http_response, tool_result
 

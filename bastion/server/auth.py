@@ -2,7 +2,7 @@
 
 `BearerAuth` resolves `Authorization: Bearer <secret>` through the ledger before any routing, so a
 wrong or revoked token learns nothing about what it asked for. The principal it finds is left in the
-request scope for the API and the MCP front door (`principal_of`).
+request scope for the API and the MCP host server (`principal_of`).
 
 Refusals are answered by `bastion.server.errors`, as every refusal of the HTTP surface is.
 """

@@ -1,4 +1,4 @@
-"""The front door's resources, prompts, completion and logging handlers.
+"""The host server's resources, prompts, completion and logging handlers.
 
 They answer from the gateway's merged content catalog and forward to the source that owns a URI or
 prompt; during start-up they first wait for the sources still starting (`Gateway.first_listings`).

@@ -20,7 +20,7 @@ untouched. It takes `tools/call` requests that:
   `InputRequiredResult` by a parked call, which only the SDK's server serves);
 - name a listed tool, while no tracer records the SDK's spans (with one, every call keeps its SDK spans).
 
-A call that turns out to wait for an approver is handed back (`HandOff`) before anything is recorded or sent, and
+A call that turns out to wait for an approver is handed back (`NotExpress`) before anything is recorded or sent, and
 the SDK's server serves it as any other. Refusals are the same tool results the SDK path gives. The transports
 (`express_stdio`, `express_http`) offer it their requests first.
 """
@@ -48,9 +48,9 @@ from bastion.actions import WireResult
 from bastion.errors import BastionError
 from bastion.jsontext import loads
 from bastion.models import CallContext
-from bastion.pipeline.calls import HandOff
+from bastion.pipeline.calls import NotExpress
 from bastion.server.errors import tool_result
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from bastion.server.relay import cannot_answer, elicitation_question, log_level_of, relayed_log, sampling_question
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ QUESTION_ID_PREFIX: Final = "bastion-q-"
 _R = TypeVar("_R", bound=BaseModel)
 
 
-class Outlet(Protocol):
+class HostStream(Protocol):
     """The stream an express call's own messages reach its host on (the request's SSE response, or stdout)."""
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -219,7 +219,7 @@ class HostQuestions:
         self._ids = itertools.count(1)
         self._waiting: dict[str, tuple[anyio.Event, list[dict[str, Any]]]] = {}
 
-    async def ask(self, outlet: Outlet, method: str, params: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    async def ask(self, outlet: HostStream, method: str, params: dict[str, Any], *, timeout: float) -> dict[str, Any]:
         """Send the request and wait (at most `timeout` seconds, TimeoutError) for the host's response message."""
         request_id = f"{QUESTION_ID_PREFIX}{next(self._ids)}"
         answered, answers = self._waiting[request_id] = (anyio.Event(), [])
@@ -242,11 +242,13 @@ class HostQuestions:
         return True
 
 
-class LaneRelay:
-    """Where the downstream's messages go during an express call (satisfies the pipeline's `Relay`), as
-    `HostRelay` sends them through the SDK's session: log messages and questions on the request's stream."""
+class ExpressHostRequest:
+    """Where the downstream's messages go during an express call (satisfies the pipeline's `HostRequest`), as
+    `SdkHostRequest` sends them through the SDK's session: log messages and questions on the request's stream."""
 
-    def __init__(self, call: ExpressCall, outlet: Outlet, questions: HostQuestions, *, answer_timeout: float) -> None:
+    def __init__(
+        self, call: ExpressCall, outlet: HostStream, questions: HostQuestions, *, answer_timeout: float
+    ) -> None:
         self._call = call
         self._outlet = outlet
         self._questions = questions
@@ -322,19 +324,19 @@ class LaneRelay:
 
 
 @dataclass
-class LaneCounts:
+class ExpressCounts:
     """How many calls an express lane answered, and how many it handed back to the SDK's server (`/metrics`)."""
 
     answered: int = 0
     handed_back: int = 0
 
 
-class Lane:
-    """Answers express calls through one front door's gateway."""
+class ExpressLane:
+    """Answers express calls through one host server's gateway."""
 
-    def __init__(self, front: FrontDoor, counts: LaneCounts | None = None) -> None:
+    def __init__(self, front: HostServer, counts: ExpressCounts | None = None) -> None:
         self.front = front
-        self.counts = counts if counts is not None else LaneCounts()
+        self.counts = counts if counts is not None else ExpressCounts()
         self.questions = HostQuestions()
         self._answer_timeout = front.gateway.config.settings.limits.call_timeout_seconds
         self._server_info = front.server.server_info_stamp
@@ -345,12 +347,12 @@ class Lane:
         """Whether the call names a tool in the catalog (the SDK's server waits for a source still starting)."""
         return self.front.gateway.catalog.get(call.name) is not None
 
-    async def answer(self, call: ExpressCall, context: CallContext, outlet: Outlet, respond: Respond) -> bool:
+    async def answer(self, call: ExpressCall, context: CallContext, outlet: HostStream, respond: Respond) -> bool:
         """Answer `call`: its JSON-RPC response goes to `respond` (before the call's outcome is recorded, for a call
         that ran), what the downstream logs, reports or asks meanwhile to `outlet`. False when the call is handed
         back to the SDK's server, nothing recorded or sent."""
         front = self.front
-        relay = LaneRelay(call, outlet, self.questions, answer_timeout=self._answer_timeout)
+        relay = ExpressHostRequest(call, outlet, self.questions, answer_timeout=self._answer_timeout)
         responded = False
 
         async def deliver(result: WireResult) -> None:
@@ -368,7 +370,7 @@ class Lane:
                     relay=relay,
                     on_progress=relay.progress if call.progress_token is not None else None,
                 )
-            except HandOff:
+            except NotExpress:
                 self.counts.handed_back += 1
                 return False
             except BastionError as exc:

@@ -41,8 +41,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bastion.jsontext import dumps
 from bastion.models import CallContext
-from bastion.server.express import ExpressCall, Lane, LaneCounts, express_call, is_response, read_message
-from bastion.server.mcp import FrontDoor
+from bastion.server.express import ExpressCall, ExpressCounts, ExpressLane, express_call, is_response, read_message
+from bastion.server.mcp import HostServer
 from bastion.server.sdk import keep_http_session
 
 logger = logging.getLogger(__name__)
@@ -101,17 +101,23 @@ class _Nowhere:
         logger.debug("dropped %s: the request asked for no messages", message.get("method"))
 
 
-class HttpLane:
+class HttpExpressLane:
     """`POST /mcp` through the express lane where it can, else the application behind it (`app`, which routes it
     to the SDK's manager)."""
 
     def __init__(
-        self, app: ASGIApp, front: FrontDoor, manager: StreamableHTTPSessionManager, counts: LaneCounts, *, path: str
+        self,
+        app: ASGIApp,
+        front: HostServer,
+        manager: StreamableHTTPSessionManager,
+        counts: ExpressCounts,
+        *,
+        path: str,
     ) -> None:
         """`app` serves everything the lane does not take; the lane looks only at POSTs to `path`."""
         self.app = app
         self._path = path
-        self._lane = Lane(front, counts)
+        self._lane = ExpressLane(front, counts)
         self._front = front
         self._manager = manager
         self._max_body = manager.max_request_body_size

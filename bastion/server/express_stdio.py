@@ -1,6 +1,6 @@
 """The express lane of a stdio host (see bastion.server.express), and serving stdio with it.
 
-Every line the host writes is offered to the lane first (`StdioLane.take`): a call it takes is answered on stdout
+Every line the host writes is offered to the lane first (`StdioExpressLane.take`): a call it takes is answered on stdout
 by the lane; a host's answer to one of its questions, and the cancellation of one of its calls, it takes too.
 Everything else goes to the SDK's server, which decides the connection's era from the first request; the lane
 reads that request the same way.
@@ -18,14 +18,14 @@ import mcp_types as types
 from bastion.jsontext import dumps
 from bastion.server.express import (
     ExpressCall,
-    Lane,
+    ExpressLane,
     express_call,
     is_request,
     is_response,
     opens_modern,
     read_message,
 )
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from bastion.server.stdio import LineFn, stdio_streams
 
 logger = logging.getLogger(__name__)
@@ -41,11 +41,11 @@ class _Stdout:
         await self._write(dumps(message) + b"\n")
 
 
-class StdioLane:
+class StdioExpressLane:
     """The express lane of one stdio host: offered every line before the SDK's server (satisfies `Shortcut`)."""
 
-    def __init__(self, front: FrontDoor) -> None:
-        self._lane = Lane(front)
+    def __init__(self, front: HostServer) -> None:
+        self._lane = ExpressLane(front)
         self.counts = self._lane.counts
         self._front = front
         self._modern: bool | None = None
@@ -137,9 +137,9 @@ class StdioLane:
         await asyncio.sleep(0)  # then the writer puts it there before the call's outcome is recorded
 
 
-async def serve_stdio(front: FrontDoor) -> None:
+async def serve_stdio(front: HostServer) -> None:
     """Serve one host over this process's stdin/stdout until it closes them; its calls through the express lane
     unless `[server] express_lane = false`."""
-    lane = StdioLane(front) if front.gateway.config.settings.server.express_lane else None
+    lane = StdioExpressLane(front) if front.gateway.config.settings.server.express_lane else None
     async with stdio_streams(lane) as (read_stream, write_stream):
         await front.server.run(read_stream, write_stream, front.server.create_initialization_options())

@@ -43,11 +43,11 @@ from bastion.server.approver import APPROVER_PATH, ApproverEndpoint
 from bastion.server.auth import BearerAuth
 from bastion.server.errors import http_response
 from bastion.server.events import events_endpoint
-from bastion.server.express import LaneCounts
-from bastion.server.express_http import HttpLane
+from bastion.server.express import ExpressCounts
+from bastion.server.express_http import HttpExpressLane
 from bastion.server.inbox import Inbox
 from bastion.server.limits import BodyLimits, StreamSlots
-from bastion.server.mcp import FrontDoor
+from bastion.server.mcp import HostServer
 from bastion.server.metrics import METRICS_PATH, Metrics
 from bastion.server.rest import routing_error
 
@@ -188,7 +188,7 @@ def _comparable(host: str) -> str:
 class _SseEndpoint:
     """GET /sse: one legacy SSE connection, served until the host goes away."""
 
-    def __init__(self, front: FrontDoor, transport: SseServerTransport) -> None:
+    def __init__(self, front: HostServer, transport: SseServerTransport) -> None:
         self.front = front
         self.transport = transport
 
@@ -208,7 +208,7 @@ def health(statuses: Iterable[SourceStatus]) -> str:
     return "degraded" if any(s.state not in ("ready", "disabled") for s in statuses) else "ok"
 
 
-def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bool = False) -> ASGIApp:
+def build_app(front: HostServer, *, allowed_hosts: AllowedHosts, non_loopback: bool = False) -> ASGIApp:
     """The Starlette application behind `bastion serve --transport http`.
 
     `non_loopback` (the server listens beyond loopback) makes a token compulsory on `/mcp` and `/sse`
@@ -217,7 +217,7 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
     (bastion.server.express) unless `[server] express_lane = false`.
     """
     manager = StreamableHTTPSessionManager(app=front.server, json_response=False, stateless=False)
-    express = LaneCounts()
+    express = ExpressCounts()
     sse = SseServerTransport("/messages/")
     approver = ApproverEndpoint(front.gateway)
     streams = StreamSlots()
@@ -267,7 +267,7 @@ def build_app(front: FrontDoor, *, allowed_hosts: AllowedHosts, non_loopback: bo
     served: ASGIApp = app
     if front.gateway.config.settings.server.express_lane:
         # In front of the routing: a call the lane answers costs no Starlette request, route or middleware.
-        served = HttpLane(app, front, manager, express, path="/mcp")
+        served = HttpExpressLane(app, front, manager, express, path="/mcp")
     auth = BearerAuth(served, front.gateway.ledger.tokens, tokens_required=non_loopback)  # its watch runs in `lifespan`
     return HostOriginGuard(BodyLimits(auth), allowed_hosts)
 
@@ -313,7 +313,7 @@ def listener_problem(host: str, port: int, exc: OSError | OverflowError) -> str:
 
 
 async def serve_http(
-    front: FrontDoor,
+    front: HostServer,
     *,
     host: str,
     port: int,
@@ -380,7 +380,7 @@ class _EndedStreams(logging.Filter):
         return record.msg != "ASGI callable returned without completing response."
 
 
-async def _serve_until(server: _Server, sock: socket.socket, stop: anyio.Event, front: FrontDoor) -> None:
+async def _serve_until(server: _Server, sock: socket.socket, stop: anyio.Event, front: HostServer) -> None:
     uvicorn_log = logging.getLogger("uvicorn.error")
     ended = _EndedStreams()
 

@@ -30,9 +30,9 @@ from starlette.routing import BaseRoute, Route
 from bastion.errors import BastionError, CsrfRefused, Forbidden, InvalidArguments, Unauthenticated
 from bastion.models import SCOPES, STATUSES, Principal, Scope, utcnow
 from bastion.pipeline.authority import decide, visible_invocation
+from bastion.pipeline.documents import DEFAULT_LIMIT, pending_invocations
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.grants import SCOPE_LABELS
-from bastion.pipeline.views import DEFAULT_LIMIT, pending_invocations
 from bastion.server import inbox_pages as pages
 from bastion.server.auth import principal_of
 from bastion.server.errors import http_response

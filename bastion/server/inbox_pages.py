@@ -13,8 +13,8 @@ from html import escape
 from typing import Any, Final
 
 from bastion.models import STATUSES, Grant, Invocation, InvocationEvent, Principal, Scope
+from bastion.pipeline.documents import expires_in
 from bastion.pipeline.grants import SCOPE_LABELS
-from bastion.pipeline.views import expires_in
 
 INBOX: Final = "/inbox"
 ScopesOf = Callable[[Invocation], Sequence[Scope]]

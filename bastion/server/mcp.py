@@ -1,4 +1,4 @@
-"""The MCP front door: one low-level `Server` over the Gateway, for both protocol eras.
+"""The MCP host server: one low-level `Server` over the Gateway, for both protocol eras.
 
 Tools go through the gateway's call pipeline; resources, prompts, completion and logging are
 relayed (`content.py`); what a downstream logs or asks during a call reaches the host request that
@@ -43,9 +43,9 @@ from bastion.server.auth import principal_of
 from bastion.server.content import ContentHandlers
 from bastion.server.errors import tool_result
 from bastion.server.pages import Pager, page_cursor
-from bastion.server.relay import CallRelays, background
+from bastion.server.relay import HostRequests, background
 from bastion.server.sdk import connection_of
-from bastion.sources.seam import ProgressFn, Relay
+from bastion.sources.seam import HostRequest, ProgressFn
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class GatewayServer(Server[Any]):
         )
 
 
-class FrontDoor:
+class HostServer:
     """Serves the gateway's catalog to hosts and tells them when it changes."""
 
     def __init__(
@@ -95,7 +95,7 @@ class FrontDoor:
         self._handshake_sessions: dict[int, tuple[ServerSession, Connection]] = {}
         self._http_sessions: dict[str, Connection] = {}
         """The initialized handshake-era connections of streamable HTTP, by their `Mcp-Session-Id`."""
-        self._relays = CallRelays(answer_timeout=gateway.config.settings.limits.call_timeout_seconds)
+        self._relays = HostRequests(answer_timeout=gateway.config.settings.limits.call_timeout_seconds)
         self._tool_pages = Pager[types.Tool]("tools")
         self._answering = 0
         self._answered = anyio.Event()
@@ -210,7 +210,7 @@ class FrontDoor:
             async def ask(invocation: Invocation) -> None:
                 await inline.ask_over_back_channel(ctx, self.gateway, invocation, arguments)
 
-            async def call(relay: Relay, on_progress: ProgressFn | None) -> types.CallToolResult:
+            async def call(relay: HostRequest, on_progress: ProgressFn | None) -> types.CallToolResult:
                 return await self.gateway.call(
                     params.name,
                     arguments,
@@ -276,7 +276,7 @@ class FrontDoor:
 
     def stdio_context(self) -> CallContext:
         """Who calls over stdio: this door's one host, in its one session (one frozen context for all its calls)."""
-        assert self.session_id is not None, "a front door serving stdio has its session fixed"
+        assert self.session_id is not None, "a host server serving stdio has its session fixed"
         context = self._stdio_context
         if context is None:
             context = CallContext(

@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from bastion.models import Invocation, utcnow
 from bastion.pipeline.gateway import Gateway
-from bastion.server.express import LaneCounts
+from bastion.server.express import ExpressCounts
 
 METRICS_PATH: Final = "/metrics"
 _ENDED_AT_DECISION: Final = frozenset({"denied", "expired"})
@@ -32,7 +32,7 @@ _COMMIT_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
 class Metrics:
     """The gateway's metrics: an observer of its calls, and the `/metrics` endpoint."""
 
-    def __init__(self, gateway: Gateway, express: LaneCounts | None = None) -> None:
+    def __init__(self, gateway: Gateway, express: ExpressCounts | None = None) -> None:
         self._gateway = gateway
         self.registry = CollectorRegistry()
         if express is not None:
@@ -102,7 +102,7 @@ class Metrics:
 class _ExpressCollector(Collector):
     """The express lane's counts (bastion.server.express), read when the scrape comes."""
 
-    def __init__(self, counts: LaneCounts) -> None:
+    def __init__(self, counts: ExpressCounts) -> None:
         self._counts = counts
 
     def collect(self) -> Iterator[Metric]:

@@ -32,7 +32,7 @@ def page_cursor(params: types.PaginatedRequestParams | None) -> str | None:
 
 
 class Pager(Generic[_T]):
-    """Cuts one kind of listing into pages (one `Pager` per kind and front door)."""
+    """Cuts one kind of listing into pages (one `Pager` per kind and host server)."""
 
     def __init__(self, kind: str, *, size: int = PAGE_SIZE) -> None:
         if size < 1:

@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from bastion.errors import BastionError, UnknownOutcome
 from bastion.pipeline.approvals import AwaitingInput
 from bastion.server.sdk import connection_of
-from bastion.sources.seam import ProgressFn, Relay
+from bastion.sources.seam import HostRequest, ProgressFn
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ STATE_VERSION: Final = 1
 
 _R = TypeVar("_R", bound=types.Result)
 
-CallFn = Callable[[Relay, ProgressFn | None], Awaitable[types.CallToolResult]]
+CallFn = Callable[[HostRequest, ProgressFn | None], Awaitable[types.CallToolResult]]
 """Runs one tool call through the gateway with a relay and an optional progress callback."""
 
 
@@ -126,8 +126,8 @@ async def _send_log(ctx: ServerRequestContext[Any], params: types.LoggingMessage
         logger.debug("a log message arrived after its host request ended")
 
 
-class HostRelay:
-    """One host request as the destination of its call's downstream messages (satisfies `Relay`)."""
+class SdkHostRequest:
+    """One host request as the destination of its call's downstream messages (satisfies `HostRequest`)."""
 
     def __init__(self, ctx: ServerRequestContext[Any], *, answer_timeout: float) -> None:
         """`answer_timeout` bounds the wait for the host's answer to a sampling or elicitation request."""
@@ -210,7 +210,7 @@ class _Question:
 
 class ParkedCall:
     """A 2026-07-28 host's call running in the background, so the downstream's questions can be asked
-    in `InputRequiredResult`s and answered by the host's retries (satisfies `Relay`).
+    in `InputRequiredResult`s and answered by the host's retries (satisfies `HostRequest`).
 
     Log messages and progress go to whichever host request currently waits for the call.
     """
@@ -329,7 +329,7 @@ class Background:
 
 @asynccontextmanager
 async def background(server: Server[Any]) -> AsyncIterator[Background]:
-    """The front door's Server lifespan: entered once per HTTP manager, stdio run or SSE connection."""
+    """The host server's Server lifespan: entered once per HTTP manager, stdio run or SSE connection."""
     async with anyio.create_task_group() as tg:
         try:
             yield Background(tg)
@@ -337,7 +337,7 @@ async def background(server: Server[Any]) -> AsyncIterator[Background]:
             tg.cancel_scope.cancel()
 
 
-class CallRelays:
+class HostRequests:
     """Chooses how one host request relays its call, and keeps the calls parked for 2026-07-28 hosts."""
 
     def __init__(self, *, answer_timeout: float) -> None:
@@ -355,17 +355,17 @@ class CallRelays:
         args_hash: str,
         with_progress: bool,
     ) -> types.CallToolResult | types.InputRequiredResult:
-        """Run `call` inline with a `HostRelay`, or parked when only an `InputRequiredResult` can ask the host."""
+        """Run `call` inline with a `SdkHostRequest`, or parked when only an `InputRequiredResult` can ask the host."""
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
         if not modern or not (_declares(ctx, "sampling") or _declares(ctx, "elicitation")):
-            relay = HostRelay(ctx, answer_timeout=self._answer_timeout)
+            relay = SdkHostRequest(ctx, answer_timeout=self._answer_timeout)
 
             async def report(progress: float, total: float | None, message: str | None) -> None:
                 await ctx.session.report_progress(progress, total, message)
 
             return await call(relay, report if with_progress else None)
         if not isinstance(ctx.lifespan_context, Background):
-            raise TypeError("the front door's Server must run with the `background` lifespan")
+            raise TypeError("the host server's Server must run with the `background` lifespan")
         parked = ParkedCall(ctx, tool=tool, args_hash=args_hash, answer_timeout=self._answer_timeout)
         self._parked[parked.id] = parked
         ctx.lifespan_context.tg.start_soon(self._run_parked, parked, call, with_progress, name=f"parked:{tool}")

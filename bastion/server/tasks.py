@@ -56,7 +56,7 @@ WORKING: Final[dict[Status, str]] = {
 }
 
 ContextFn = Callable[[ServerRequestContext[Any]], CallContext]
-"""Who makes a request (the front door's reading of its token)."""
+"""Who makes a request (the host server's reading of its token)."""
 
 OutputSchemaFn = Callable[[str], bool]
 """Whether a tool declares an outputSchema (its error results then carry no structuredContent)."""
@@ -149,7 +149,7 @@ class TasksExtension(Extension):
 
 def install(server: Server[Any], extension: Extension) -> None:
     """Serve an extension's methods on a low-level Server and advertise it in the server's capabilities, as
-    `MCPServer(extensions=[...])` does for its own (Bastion's front door is a low-level Server)."""
+    `MCPServer(extensions=[...])` does for its own (Bastion's host server is a low-level Server)."""
     for method in extension.methods():
         server.add_request_handler(method.method, method.params_type, _gated(method))
     server.extensions[extension.identifier] = extension.settings()

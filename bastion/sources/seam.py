@@ -25,11 +25,11 @@ UpdatedFn = Callable[[str], Awaitable[None]]
 """Called with a resource URI whenever a subscribed downstream says that resource was updated."""
 
 
-class Relay(Protocol):
+class HostRequest(Protocol):
     """The host request a downstream call is made for.
 
     While the call runs, the downstream's log messages and its own requests (sampling, elicitation)
-    go back to that request. Implemented by the front door over the host's connection; sources
+    go back to that request. Implemented by the host server over the host's connection; sources
     satisfy nothing here, they only call it.
     """
 
@@ -103,7 +103,7 @@ class ActionSource(Protocol):
         correlation_id: str,
         timeout: float,
         on_progress: ProgressFn | None = None,
-        relay: Relay | None = None,
+        relay: HostRequest | None = None,
     ) -> types.CallToolResult:
         """Run one action. Raises ConnectorUnavailable (nothing was sent), CallTimeout or
         UnknownOutcome (sent, outcome unknown) or UpstreamError (the upstream answered with an error).
@@ -123,7 +123,7 @@ class WireSource(Protocol):
         *,
         correlation_id: str,
         timeout: float,
-        relay: Relay | None = None,
+        relay: HostRequest | None = None,
     ) -> WireResult | None:
         """`ActionSource.call` answered as JSON, with the same errors; None, having sent nothing, when this call
         cannot go that way (the pipeline then uses `call`)."""
@@ -164,7 +164,7 @@ class StepRunner(Protocol):
         source_id: str,
         action_id: str,
         arguments: dict[str, Any],
-        relay: Relay | None = None,
+        relay: HostRequest | None = None,
     ) -> tuple[str, types.CallToolResult]:
         """Run one step for the invocation `parent_id`: its own invocation id and result. Raises as the gateway's
         call does (NotFound, InvalidArguments and ConnectorUnavailable before anything is recorded; PolicyDenied

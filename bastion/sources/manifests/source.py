@@ -35,7 +35,7 @@ from bastion.errors import (
 from bastion.models import MANIFEST_SOURCE_ID, RISKS, Risk, SourceState, SourceStatus
 from bastion.policies import canonical_json, declared_risk
 from bastion.sources.manifests import ActionState, Manifest, Step, TemplateError, render
-from bastion.sources.seam import ChangeFn, ProgressFn, Relay, StepRunner
+from bastion.sources.seam import ChangeFn, HostRequest, ProgressFn, StepRunner
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class ManifestSource:
         correlation_id: str,
         timeout: float,
         on_progress: ProgressFn | None = None,
-        relay: Relay | None = None,
+        relay: HostRequest | None = None,
     ) -> types.CallToolResult:
         """Run a manifest action for invocation `correlation_id`: check, then its steps in order (see the module)."""
         view = self._views.get(action_id)

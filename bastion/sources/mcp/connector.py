@@ -64,7 +64,7 @@ from bastion.sources.mcp.process import Child, child_process
 from bastion.sources.mcp.specs import action_specs, risk_of
 from bastion.sources.mcp.subscriptions import ResourceWatch
 from bastion.sources.mcp.wire import ResultChecks, strip_protocol_meta
-from bastion.sources.seam import ChangeFn, ProgressFn, Relay, UpdatedFn
+from bastion.sources.seam import ChangeFn, HostRequest, ProgressFn, UpdatedFn
 
 __all__ = ["CORRELATION_META_KEY", "ClientTarget", "McpConnector", "strip_protocol_meta"]
 
@@ -191,7 +191,7 @@ class McpConnector:
         correlation_id: str,
         timeout: float,
         on_progress: ProgressFn | None = None,
-        relay: Relay | None = None,
+        relay: HostRequest | None = None,
     ) -> types.CallToolResult:
         """Call one downstream tool; see `ActionSource.call` for the errors raised."""
         link = self._ready_link()
@@ -244,7 +244,7 @@ class McpConnector:
         *,
         correlation_id: str,
         timeout: float,
-        relay: Relay | None = None,
+        relay: HostRequest | None = None,
     ) -> WireResult | None:
         """`call`, written to the downstream's process and answered as JSON (bastion.sources.mcp.forwarding), with the
         same checks and errors; None, having sent nothing, when this call cannot go that way: a downstream not run
@@ -335,7 +335,7 @@ class McpConnector:
             return ConnectorUnavailable(f"the connection to {self.source_id} closed during {what}")
         if exc.code == REQUEST_TIMEOUT:
             return CallTimeout(f"{self.source_id}: {what} timed out")
-        # Its cause is the downstream's own error, which the front door passes on to the host as it is.
+        # Its cause is the downstream's own error, which the host server passes on to the host as it is.
         return UpstreamError(f"{self.source_id}: {what} failed with error {exc.code}: {exc.message}")
 
     # -- the connection ------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from bastion.errors import CallTimeout, UnknownOutcome, UpstreamError
 from bastion.sources.mcp.failures import first_line
 from bastion.sources.mcp.inflight import InFlightCalls, nowhere
 from bastion.sources.mcp.wire import OutputSchemaError, ResultChecks, WireCalls, WireClosed, WireError, WireUnreadable
-from bastion.sources.seam import Relay
+from bastion.sources.seam import HostRequest
 
 CORRELATION_META_KEY: Final = "io.bastion/correlation-id"
 """The request `_meta` key that carries an invocation's correlation id to the downstream."""
@@ -57,7 +57,7 @@ class Forwarding:
         *,
         correlation_id: str,
         timeout: float,
-        relay: Relay | None,
+        relay: HostRequest | None,
     ) -> WireResult:
         """Call `action_id` and return its checked result; raises what `ActionSource.call` raises."""
         meta: dict[str, Any] = {CORRELATION_META_KEY: correlation_id}
@@ -102,7 +102,7 @@ class Forwarding:
             ) from exc
 
     async def _rounds(
-        self, action_id: str, params: dict[str, Any], raw: dict[str, Any], timeout: float, relay: Relay
+        self, action_id: str, params: dict[str, Any], raw: dict[str, Any], timeout: float, relay: HostRequest
     ) -> dict[str, Any]:
         """Follow input rounds until the downstream's final result (see the module docstring)."""
         backoff = _BACKOFF_INITIAL
@@ -131,7 +131,7 @@ class Forwarding:
         return raw
 
 
-async def _ask(relay: Relay, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
+async def _ask(relay: HostRequest, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
     """One input request, answered by the call's relay as the SDK client's callbacks would answer it."""
     if isinstance(request, types.CreateMessageRequest):
         return await relay.sample(request.params)

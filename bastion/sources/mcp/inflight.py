@@ -26,7 +26,7 @@ from contextvars import ContextVar
 import mcp_types as types
 from mcp.client.session import ClientRequestContext
 
-from bastion.sources.seam import Relay
+from bastion.sources.seam import HostRequest
 
 logger = logging.getLogger(__name__)
 
@@ -61,12 +61,12 @@ class _Nowhere:
         return _refused("elicitation", self._source_id)
 
 
-def nowhere(source_id: str) -> Relay:
+def nowhere(source_id: str) -> HostRequest:
     """The relay of a request made without one (see `_Nowhere`)."""
     return _Nowhere(source_id)
 
 
-_calling: ContextVar[Relay | None] = ContextVar("bastion_calling", default=None)
+_calling: ContextVar[HostRequest | None] = ContextVar("bastion_calling", default=None)
 """The relay of the downstream request the current task is making, if any."""
 
 
@@ -75,12 +75,12 @@ class InFlightCalls:
 
     def __init__(self, source_id: str) -> None:
         self._source_id = source_id
-        self._relays: list[Relay] = []
+        self._relays: list[HostRequest] = []
         """In start order: the last one is the most recently started."""
         self._nowhere = _Nowhere(source_id)
 
     @contextmanager
-    def calling(self, relay: Relay | None) -> Iterator[None]:
+    def calling(self, relay: HostRequest | None) -> Iterator[None]:
         """Mark a downstream request in flight for the duration of the block (in the calling task).
 
         Without a relay, what comes back in this task goes nowhere, and the request is not a candidate
@@ -100,7 +100,7 @@ class InFlightCalls:
             self._relays.remove(relay)
             _calling.reset(token)
 
-    def _target(self) -> Relay | None:
+    def _target(self) -> HostRequest | None:
         relay = _calling.get()
         if relay is not None:
             return relay
