@@ -6,10 +6,12 @@ from the global allowlist. Driven through a real MCP client and a real gateway o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator
@@ -549,3 +551,22 @@ async def test_a_package_edited_to_a_lower_risk_is_drift_and_keeps_its_pinned_mo
         result = await client.call_tool("plugins__deploy", {"path": "docs/a.txt", "text": "x"})
         assert result.is_error
     assert _markers(tmp_path) == []
+
+
+@pytest.mark.parametrize("shown", [True, False], ids=["shown-again", "hidden-by-tmp"])
+def test_a_python_installed_under_tmp_still_runs_steps(tmp_path: Path, shown: bool) -> None:
+    """A Bastion whose Python lives under /tmp (a virtualenv there) runs its steps with it, though each step gets a
+    fresh /tmp of its own."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    assert venv.is_relative_to("/tmp"), "the test's own temporary directories are under /tmp"
+    found = sandbox(tmp_path)
+    assert not isinstance(found, str), found
+    confined = dataclasses.replace(found, runtime=(venv,) if shown else ())
+    for folder in ("state", "package", "workspace"):
+        (tmp_path / folder).mkdir()
+    confined = dataclasses.replace(confined, workspace=tmp_path / "workspace")
+    python = [str(venv / "bin" / "python"), "-c", "print(6 * 7)"]
+    argv = confined.argv(python, filesystem="read", package=tmp_path / "package", state=tmp_path / "state")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode == 0 and done.stdout.strip() == "42") is shown, done.stderr

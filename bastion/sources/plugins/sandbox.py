@@ -2,7 +2,8 @@
 applies the package's `permissions.filesystem` with a mount namespace and ties the step's whole process tree to
 Bastion's life.
 
-- The filesystem is read-only, but for the call's own state directory; `/tmp` is a fresh one of the step's own.
+- The filesystem is read-only, but for the call's own state directory; `/tmp` is a fresh one of the step's own
+  (where Bastion's Python is installed under `/tmp`, that is shown again, read-only).
 - `workspace`: the workspace is writable; `read`: it is read-only; `none`: it is not there at all.
 - Bastion's own files (its configuration directory and its ledger's) are hidden; the package's directory is shown
   again, read-only, since its executables live there.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import functools
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,12 +40,17 @@ class Sandbox:
     workspace: Path
     hidden: tuple[Path, ...] = ()
     """Directories no step sees (Bastion's configuration and ledger directories)."""
+    runtime: tuple[Path, ...] = ()
+    """Directories under `/tmp` the steps' interpreter lives in (a virtualenv there): shown again, read-only, over
+    the step's fresh `/tmp`."""
 
     def argv(self, argv: Sequence[str], *, filesystem: Filesystem, package: Path, state: Path) -> list[str]:
         """`argv` run inside the sandbox, in the workspace, with `filesystem` access to it."""
         workspace = str(self.workspace)
         wrapped = [self.bwrap, "--die-with-parent", "--unshare-pid", "--new-session", "--ro-bind", "/", "/"]
         wrapped += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        for kept in self.runtime:
+            wrapped += ["--ro-bind", str(kept), str(kept)]
         for hidden in self.hidden:
             if hidden.is_dir():
                 wrapped += ["--tmpfs", str(hidden)]
@@ -66,7 +73,13 @@ def sandbox(workspace: Path, *, hidden: Sequence[Path] = ()) -> Sandbox | str:
     problem = probe(bwrap)
     if problem is not None:
         return problem
-    return Sandbox(bwrap, workspace, tuple(hidden))
+    return Sandbox(bwrap, workspace, tuple(hidden), runtime_under_tmp())
+
+
+def runtime_under_tmp() -> tuple[Path, ...]:
+    """Where the Python that runs `<step>.py` (Bastion's own) is installed, where that is under `/tmp`."""
+    found = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent}
+    return tuple(sorted(path for path in found if path.is_relative_to("/tmp")))
 
 
 @functools.lru_cache(maxsize=4)
