@@ -738,7 +738,7 @@ async def test_the_audit_trail_read_page_by_page_from_a_cursor_equals_it_read_wh
             paged += page["events"]
             since = page["next"]
         assert paged == whole["events"]
-        assert whole["next"] == whole["events"][-1]["id"]
+        assert whole["next"] == whole["events"][-1]["position"]
 
         refused = await live.http.get("/api/audit/events", headers=agent)
         assert refused.status_code == 403

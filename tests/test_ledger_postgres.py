@@ -60,6 +60,25 @@ async def take_an_event_id(url: str, invocation_id: str) -> psycopg.AsyncConnect
 # -- gaps and out-of-order commits -----------------------------------------------------------------------------
 
 
+async def test_an_audit_export_resumes_by_chain_position_where_ids_run_out_of_chain_order(
+    ledger: OpenLedger, database: str
+) -> None:
+    """Ids are drawn before the chain's lock is taken, so a later link can hold a lower id (here forced with the
+    identity's sequence): an export resumed after the last id it saw would skip it; by position it does not."""
+    async with await psycopg.AsyncConnection.connect(database, autocommit=True) as conn:
+        await ledger.invocations.record(make_invocation(1), ["planned"])
+        await conn.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1000)")
+        await ledger.invocations.record(make_invocation(2), ["planned"])
+        await conn.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 500)")
+        await ledger.invocations.record(make_invocation(3), ["planned"])
+
+    first = await ledger.audit.export(0, 2)
+    assert [(event.invocation_id, event.id) for event, _ in first] == [("inv-0001", 1), ("inv-0002", 1001)]
+    rest = await ledger.audit.export(first[-1][0].position, 100)
+    assert [(event.invocation_id, event.id) for event, _ in rest] == [("inv-0003", 501)], "nothing is skipped"
+    assert (await ledger.audit.verify()).broken is None
+
+
 async def test_a_change_committed_before_an_earlier_id_waits_for_it_then_both_come_in_order(
     ledger: OpenLedger, database: str
 ) -> None:

@@ -243,7 +243,10 @@ def audit_verify(config_dir: ConfigOption = None, as_json: JsonOption = False) -
 @audit_app.command("export")
 def audit_export(
     since: Annotated[
-        int, typer.Option(help="Only events after this cursor (an event id: the last `id` of an earlier export).")
+        int,
+        typer.Option(
+            help="Only events after this cursor (a chain position: the last `position` of an earlier export)."
+        ),
     ] = 0,
     format_: Annotated[
         str, typer.Option("--format", help="Output format: jsonl (one JSON object per line).")
@@ -251,7 +254,7 @@ def audit_export(
     config_dir: ConfigOption = None,
 ) -> None:
     """Write every event after the cursor, oldest first, one JSON line each: the event, its chain hashes and its
-    invocation, redacted as stored. Resume a later export with --since set to the last line's `id`."""
+    invocation, redacted as stored. Resume a later export with --since set to the last line's `position`."""
     if format_ != "jsonl":
         raise Exit(f"error: unknown --format {format_!r}; use jsonl", 2)
     config = load(config_dir, report=False)
@@ -262,7 +265,7 @@ def audit_export(
             while page := await ledger.audit.export(cursor, EXPORT_PAGE):
                 lines = (json.dumps(audit_record_json(event, inv), ensure_ascii=False) for event, inv in page)
                 sys.stdout.write("".join(line + "\n" for line in lines))
-                cursor = page[-1][0].id
+                cursor = page[-1][0].position
             sys.stdout.flush()
 
     run_async(run)

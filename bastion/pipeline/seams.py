@@ -352,8 +352,8 @@ class AuditLog(Protocol):
         ...
 
     async def export(self, after: int, limit: int) -> builtins.list[tuple[ChainedEvent, Invocation]]:
-        """At most `limit` events with an id above `after` (the change feed's cursor), in id order, each with its
-        invocation as stored now (redacted as stored)."""
+        """At most `limit` events with a chain position above `after` (the last position an earlier export saw; 0 for
+        the start), in chain order, each with its invocation as stored now (redacted as stored)."""
         ...
 
     async def prune(self, before: datetime, *, now: datetime) -> PruneReport:

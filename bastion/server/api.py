@@ -182,7 +182,7 @@ SOURCE = Query("source", "Only this source id.", {"type": "string"}, str)
 SESSION = Query("session", "Only this host session id.", {"type": "string"}, str)
 SINCE = Query(
     "since",
-    "Only events after this event id (the `next` of the previous page; 0 for the start).",
+    "Only events after this chain position (the `next` of the previous page; 0 for the start).",
     {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_ID, "default": 0},
     event_id,
     0,
@@ -333,7 +333,7 @@ async def audit_events(call: Call) -> dict[str, Any]:
     page = await call.ledger.audit.export(since, call.query["limit"])
     return {
         "events": [audit_record_json(event, invocation) for event, invocation in page],
-        "next": page[-1][0].id if page else since,
+        "next": page[-1][0].position if page else since,
     }
 
 

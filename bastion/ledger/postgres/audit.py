@@ -2,7 +2,7 @@
 and pruning its oldest part by retention while keeping it verifiable.
 
 The chain's order is `position` (the order in which transactions appending events committed, see the migration in
-bastion.ledger.postgres.schema); an export's cursor is the event id, as the change feed's. A prune locks the chain's
+bastion.ledger.postgres.schema); an export's cursor is a position too. A prune locks the chain's
 head for its transaction, so nothing is appended while it cuts.
 """
 
@@ -27,7 +27,7 @@ CHAIN_PAGE: Final = f"{_CHAIN} WHERE events.position > %s ORDER BY events.positi
 EXPORT_PAGE: Final = f"""
     {_CHAIN.replace("SELECT ", "SELECT " + ", ".join(f"invocations.{name}" for name in INVOCATION_COLUMNS) + ", ", 1)}
     JOIN invocations ON invocations.id = events.invocation_id
-    WHERE events.id > %s ORDER BY events.id LIMIT %s
+    WHERE events.position > %s ORDER BY events.position LIMIT %s
 """
 CHECKPOINT: Final = (
     "SELECT position, event_id, hash, at, events, invocations FROM audit_checkpoints ORDER BY position DESC LIMIT 1"
@@ -100,9 +100,10 @@ class PostgresAudit:
         return await verify_chain(await self.checkpoint(), self.chain)
 
     async def export(self, after: int, limit: int) -> builtins.list[tuple[ChainedEvent, Invocation]]:
-        """At most `limit` events with an id above `after`, in id order, each with its invocation as stored now.
-        Ids commit out of order: an export resumed from the last id it saw may miss an event of a transaction
-        that was still in flight; resume from the change feed's cursor (its horizon) where that matters."""
+        """At most `limit` events with a chain position above `after`, in chain order, each with its invocation as
+        stored now. Positions are given in the order the appending transactions commit (the chain's head is locked
+        until then), so an export resumed from the last position it saw misses nothing; ids, which commit out of
+        order, could."""
         rows = await self._db.fetchall(EXPORT_PAGE, (after, limit))
         width = len(INVOCATION_COLUMNS)
         return [(chained_from_row(row[width:]), invocation_from_row(row[:width])) for row in rows]

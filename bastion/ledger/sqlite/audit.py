@@ -107,7 +107,8 @@ class SqliteAudit:
         return await verify_chain(await self.checkpoint(), self.chain)
 
     async def export(self, after: int, limit: int) -> builtins.list[tuple[ChainedEvent, Invocation]]:
-        """At most `limit` events with an id above `after`, in id order, each with its invocation as stored now."""
+        """At most `limit` events with a chain position (an event id here) above `after`, in chain order, each with its
+        invocation as stored now."""
         rows = await self._db.fetchall(EXPORT_PAGE, (after, limit))
         width = len(INVOCATION_COLUMNS)
         return [(chained_from_row(row[width:]), invocation_from_row(row[:width])) for row in rows]
