@@ -380,12 +380,13 @@ class AuditCheckpoint(BaseModel):
 
 
 class ChainBreak(BaseModel):
-    """The first place the audit chain does not hold: an event whose hash is not that of its content (`hash`), or
-    whose previous hash is not the hash of the event before it (`link`: an event removed, inserted or reordered)."""
+    """The first place the audit chain does not hold: an event whose hash is not that of its content (`hash`), whose
+    previous hash is not the hash of the event before it (`link`: an event removed, inserted or reordered), or a
+    chain that does not end where the ledger's head of record says (`head`: its newest events removed)."""
 
     event_id: int
     position: int
-    reason: Literal["hash", "link"]
+    reason: Literal["hash", "link", "head"]
     message: str
 
 

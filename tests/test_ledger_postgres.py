@@ -293,3 +293,19 @@ async def test_a_cursor_beyond_every_id_the_sequence_gave_is_lost(ledger: OpenLe
     await ledger.invocations.record(make_invocation(1), ["planned"])
     with anyio.fail_after(10), pytest.raises(ChangesLost):
         await ledger.changes.next(ledger.changes.cursor + 10)
+
+
+async def test_deleting_the_newest_events_is_a_break_at_the_head_of_record(ledger: OpenLedger, database: str) -> None:
+    """The events table refuses deletes; someone who turns its triggers off and deletes the newest events leaves a
+    chain that still links, but no longer ends where `audit_head` says."""
+    await ledger.invocations.record(make_invocation(1), ["planned"])
+    await ledger.invocations.record(make_invocation(2), ["planned"])
+    assert (await ledger.audit.verify()).broken is None
+    async with await psycopg.AsyncConnection.connect(database, autocommit=True) as conn:
+        await conn.execute("ALTER TABLE events DISABLE TRIGGER USER")
+        await conn.execute("DELETE FROM events WHERE invocation_id = 'inv-0002'")
+        await conn.execute("ALTER TABLE events ENABLE TRIGGER USER")
+
+    report = await ledger.audit.verify()
+    assert report.broken is not None and report.broken.reason == "head"
+    assert report.verified == 1 and "newest events were removed" in report.broken.message

@@ -77,8 +77,13 @@ ReadPage = Callable[[int, int], Awaitable[Sequence[ChainedEvent]]]
 """Given (after position, limit), at most `limit` events of the chain after that position, in chain order."""
 
 
-async def verify_chain(checkpoint: AuditCheckpoint | None, read_page: ReadPage) -> AuditReport:
-    """Walk the chain from the checkpoint (or the genesis) to its head; report the first break, if any."""
+async def verify_chain(
+    checkpoint: AuditCheckpoint | None, read_page: ReadPage, *, head_of_record: tuple[int, str] | None = None
+) -> AuditReport:
+    """Walk the chain from the checkpoint (or the genesis) to its head; report the first break, if any.
+
+    `head_of_record`: the (position, hash) the ledger keeps of the chain's head apart from the events, where it keeps
+    one (PostgreSQL's `audit_head`): a chain that ends elsewhere lost its newest events (reason `head`)."""
     prev = checkpoint.hash if checkpoint is not None else GENESIS
     after = checkpoint.position if checkpoint is not None else 0
     verified = 0
@@ -101,11 +106,25 @@ async def verify_chain(checkpoint: AuditCheckpoint | None, read_page: ReadPage) 
         if len(page) < PAGE:
             break
         after = page[-1].position
+    ends = (head.position, head.hash) if head is not None else (after, prev)
+    broken = None
+    if head_of_record is not None and ends != head_of_record:
+        broken = ChainBreak(
+            event_id=head.id if head is not None else 0,
+            position=head_of_record[0],
+            reason="head",
+            message=(
+                f"the chain ends at position {ends[0]}, but the ledger's head of record is position "
+                f"{head_of_record[0]} (hash {head_of_record[1][:16]}...): its newest events were removed, or the head "
+                "was rewritten"
+            ),
+        )
     return AuditReport(
         verified=verified,
         checkpoint=checkpoint,
         head_id=head.id if head else None,
         head_hash=head.hash if head else None,
+        broken=broken,
     )
 
 

@@ -33,6 +33,7 @@ CHECKPOINT: Final = (
     "SELECT position, event_id, hash, at, events, invocations FROM audit_checkpoints ORDER BY position DESC LIMIT 1"
 )
 LOCK_HEAD: Final = "SELECT position FROM audit_head FOR UPDATE"
+HEAD: Final = "SELECT position, hash FROM audit_head"
 _PRUNABLE: Final = (
     f"(invocations.status IN ({', '.join(repr(s) for s in TERMINAL)}) AND invocations.updated_at < %(before)s)"
 )
@@ -96,8 +97,11 @@ class PostgresAudit:
         return [chained_from_row(row) for row in await self._db.fetchall(CHAIN_PAGE, (after, limit))]
 
     async def verify(self) -> AuditReport:
-        """Check the chain from the checkpoint to the newest event; the report names the first break."""
-        return await verify_chain(await self.checkpoint(), self.chain)
+        """Check the chain from the checkpoint to the newest event, and that it ends at the head `audit_head` keeps;
+        the report names the first break."""
+        row = await self._db.fetchone(HEAD)
+        head = (int(row[0]), str(row[1])) if row is not None else None
+        return await verify_chain(await self.checkpoint(), self.chain, head_of_record=head)
 
     async def export(self, after: int, limit: int) -> builtins.list[tuple[ChainedEvent, Invocation]]:
         """At most `limit` events with a chain position above `after`, in chain order, each with its invocation as
