@@ -27,6 +27,7 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 
 ## run: start Bastion over HTTP on $(HOST):$(PORT) (embedded default unless a configuration is found)
 run: $(VENV)/.installed
+	@echo "bastion is installed in $(BIN), not on your PATH: run it as $(BIN)/bastion, or first: source $(BIN)/activate"
 	$(BIN)/bastion serve --transport http --host $(HOST) --port $(PORT)
 
 # Test workers (pytest-xdist): one per core, at most four; `make test WORKERS=0` runs in one process.

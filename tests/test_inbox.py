@@ -21,6 +21,7 @@ from playwright.async_api import Route, async_playwright, expect
 
 from bastion.models import utcnow
 from bastion.pipeline.gateway import Gateway
+from bastion.server.inbox_pages import login_body
 from tests.approvers import OPERATOR_POLICY, Bastion, live, structured
 from tests.test_api import WAIT, invocation, seed
 
@@ -400,3 +401,10 @@ async def test_a_call_that_goes_pending_while_the_pages_stream_connects_is_shown
                     )
                 finally:
                     await browser.close()
+
+
+def test_the_login_hint_command_wraps_between_words_never_inside_one() -> None:
+    html = login_body("csrf-token")
+    assert "<span class=word>--role</span>" in html, "a browser would break --role between its hyphens"
+    css = Path(__file__).resolve().parent.parent / "bastion" / "server" / "static" / "inbox.css"
+    assert ".command .word { white-space: nowrap; }" in css.read_text()

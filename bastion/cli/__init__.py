@@ -1,4 +1,4 @@
-"""`bastion`: the command line and the composition root (config -> ledger -> sources -> gateway -> server).
+"""`bastion`: the command line. It parses arguments, asks the composition root (`bastion.assembly`) and prints.
 
 `app` holds the typer application and what commands share; each other module registers one command
 group on it when imported: `serve`, `inspect` (catalog, connectors, invocations, init), `audit` (+ `invocations

@@ -60,8 +60,15 @@ def login_body(csrf: str, message: str | None = None) -> str:
         "<label for=token>Owner or admin token</label>"
         "<input id=token name=token type=password autocomplete=off required>"
         "<button class=approve type=submit>Log in</button></form>"
-        "<p class=empty>Create one with <code>bastion tokens create NAME --role admin</code>.</p></div>"
+        f"<p class=empty>Create one with {shell_command('bastion tokens create NAME --role admin')}.</p></div>"
     )
+
+
+def shell_command(command: str) -> str:
+    """A command to copy, as HTML: it wraps between words only, never inside one (a browser may break `--role`
+    between its hyphens, and what is copied must run as written)."""
+    words = " ".join(f"<span class=word>{escape(word)}</span>" for word in command.split())
+    return f"<code class=command>{words}</code>"
 
 
 def pending_body(
