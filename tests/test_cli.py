@@ -374,3 +374,10 @@ async def test_a_spinner_on_a_terminal_tells_how_connectors_start_and_never_in_j
     piped = run_cli("connectors", "check", "--config", str(config), env=env)
     assert piped.returncode == 0
     assert "starting" not in piped.stderr
+
+
+def test_flags_render_as_flags_in_help(tmp_path: Path) -> None:
+    shown = run_cli("grants", "list", "--help", env=bastion_env(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    assert "--ended" in shown.stdout and "--limit" in shown.stdout and "<int>" in shown.stdout
+    assert "<bool>" not in shown.stdout, "a flag takes no value"

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.spinner import Spinner
 from rich.text import Text
+from typer.core import TyperOption
 
 from bastion import __version__, assembly
 from bastion.cli.logs import use_redactor
@@ -41,6 +42,20 @@ from bastion.sources.registry import load_sources
 USAGE_ERROR: Final = "usage_error"
 """The error class of a command line used wrongly (exit 2), in `--json` error output."""
 JSON_FLAG: Final = "--json"
+
+
+def _flags_shown_as_flags() -> None:
+    """typer's help writes `<bool>` beside every flag (`--json <bool>`), as if it took a value; a flag takes none,
+    so its type column is left empty, as click's own help does."""
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_shown_as_flags()
 
 app = typer.Typer(
     help="Bastion: one policy-gated, audited MCP gateway for your agents' side effects.",
