@@ -1,5 +1,5 @@
 """`python -m bastion`: the same as the `bastion` command."""
 
-from bastion.cli import main
+from bastion.launcher import main
 
 main()

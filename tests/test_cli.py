@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -381,3 +382,22 @@ def test_flags_render_as_flags_in_help(tmp_path: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     assert "--ended" in shown.stdout and "--limit" in shown.stdout and "<int>" in shown.stdout
     assert "<bool>" not in shown.stdout, "a flag takes no value"
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_the_version_is_answered_without_importing_the_command_line(flag: str) -> None:
+    """`bastion --version` imports neither the CLI nor what stands behind it (the server, the ledger, the sources)."""
+    probe = (
+        "import sys\n"
+        f"sys.argv = ['bastion', '{flag}']\n"
+        "from bastion.launcher import main\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n    assert exit.code == 0\n"
+        "parts = ('bastion.cli', 'bastion.server', 'bastion.ledger', 'bastion.sources', 'bastion.pipeline')\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('typer', 'mcp', 'anyio', 'pydantic')\n"
+        "    or m.startswith(parts))\n"
+        "print(heavy, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{__version__}\n"
+    assert done.stderr.strip() == "[]", f"imported: {done.stderr}"

@@ -1,0 +1,19 @@
+"""The `bastion` command's entry point: `--version` answers without importing the command line (the server, the
+ledger and the sources behind it take a second or more to import); everything else is `bastion.cli.main`."""
+
+from __future__ import annotations
+
+import sys
+
+VERSION_FLAGS = ("--version", "-V")
+
+
+def main() -> None:
+    if sys.argv[1:] and sys.argv[1] in VERSION_FLAGS and len(sys.argv) == 2:
+        from bastion import __version__
+
+        sys.stdout.write(__version__ + "\n")
+        raise SystemExit(0)
+    from bastion.cli import main as run
+
+    run()
