@@ -8,7 +8,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiosqlite
+import psycopg
 
+from bastion.ledger import OpenLedger, Redactor, open_ledger
+from bastion.ledger.postgres import schema as postgres_schema
 from bastion.ledger.sqlite import schema
 
 OLD_ROW = (
@@ -34,3 +37,31 @@ async def sqlite_ledger_at(path: Path, version: int) -> AsyncIterator[sqlite3.Co
         yield db
     finally:
         db.close()
+
+
+@asynccontextmanager
+async def upgraded_sqlite(path: Path, version: int) -> AsyncIterator[OpenLedger]:
+    """A SQLite ledger file left at schema `version` holding the completed call `old-1`, opened (and so migrated) by
+    this Bastion; on exit, the file is at this Bastion's schema version."""
+    async with sqlite_ledger_at(path, version) as db:
+        db.execute(OLD_SQLITE_ROW)
+    async with await open_ledger(path, redactor=Redactor()) as ledger:
+        yield ledger
+    with sqlite3.connect(path) as db:
+        reached = db.execute("PRAGMA user_version").fetchone()[0]
+    db.close()
+    assert reached == schema.SCHEMA_VERSION
+
+
+@asynccontextmanager
+async def upgraded_postgres(url: str, key_path: Path, version: int) -> AsyncIterator[OpenLedger]:
+    """A PostgreSQL ledger left at schema `version` holding the completed call `old-1`, opened (and so migrated) by
+    this Bastion; on exit, every migration of this Bastion is recorded applied."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await postgres_schema.migrate(conn, where="the test database", to_version=version)
+        await conn.execute(OLD_ROW.format(extra=", last_seq", values=", 0"))
+    async with await open_ledger(url, redactor=Redactor(), key_path=key_path) as ledger:
+        yield ledger
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        versions = await (await conn.execute("SELECT version FROM bastion_schema ORDER BY version")).fetchall()
+    assert [row[0] for row in versions] == list(range(1, postgres_schema.SCHEMA_VERSION + 1))
