@@ -250,8 +250,8 @@ def test_without_arguments_the_mode_shown_is_the_strictest_any_call_could_get(
 
 
 def _readme_policy() -> str:
-    """The README's example policy with rules (its `# policies/default.toml` block)."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    """The documented example policy with rules (the `# policies/default.toml` block of docs/policy.md)."""
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "policy.md").read_text()
     blocks = re.findall(r"```toml\n(# policies/default.toml\n.*?)```", readme, flags=re.DOTALL)
     (block,) = [str(block) for block in blocks if "[[rules]]" in block]
     return block

@@ -65,8 +65,8 @@ def invocations_reconcile(
         bool,
         typer.Option(
             "--check",
-            help="Ask the call's provider instead (GitHub, Linear, Slack actions that mark what they make: see the "
-            "README) and record what it finds. Not with --outcome.",
+            help="Ask the call's provider instead (GitHub, Linear, Slack actions that mark what they make: see "
+            "docs/serving.md) and record what it finds. Not with --outcome.",
         ),
     ] = False,
     note: Annotated[str | None, typer.Option(help="How you know (kept in the `reconciled` event).")] = None,

@@ -81,7 +81,7 @@ def load_providers(
                     file=file,
                     line=index.line_of(("providers", provider_id, "token")),
                     message=f"provider {provider_id}: binding_required: {why} (its actions are unavailable until "
-                    "then; the README says which scopes the token needs)",
+                    "then; docs/configuration.md says which scopes the token needs)",
                 )
     return loaded, unbound
 

@@ -61,7 +61,7 @@ MAX_LIMIT: Final = 1000
 
 class ApproveRequest(BaseModel):
     """Approve a pending invocation; the note is kept in the ledger with the decision. A scope beyond "once" leaves
-    a grant that lets later calls of the action through (see the README), narrowed by `when` if given."""
+    a grant that lets later calls of the action through (see docs/approvers.md), narrowed by `when` if given."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -462,7 +462,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         refusals=(403, 404, 409, 429, 502),
         body=ReconcileCheckRequest,
         description="Owner and admin tokens only, for actions that declare a look-up (provider actions that mark "
-        "what they make: see the README); 422 `invalid_arguments` for any other, to settle by hand with "
+        "what they make: see docs/serving.md); 422 `invalid_arguments` for any other, to settle by hand with "
         "POST .../reconcile. 409 when the call is not unknown or executing for more than "
         f"{STALE_AFTER.total_seconds():g} s. Found: records a `reconciled` event (`how`: `check`, with what was "
         "found) and answers it with the invocation reconciled. Not found (`found` null): the call is left as it "

@@ -207,7 +207,7 @@ def check_status(response: httpx2.Response, name: str, *, mutating: bool) -> Non
         raise UpstreamError(f"{name}: the API failed ({status}: {message}){hint}")
     hints = {
         401: "the token was refused: check it is valid and not expired",
-        403: "the token lacks a permission or scope this action needs (see the README for the scopes)",
+        403: "the token lacks a permission or scope this action needs (docs/configuration.md lists the scopes)",
         404: "not found, or the token cannot see it",
     }
     hint = hints.get(status, "the API refused the request")

@@ -38,7 +38,7 @@ _HINTS: Final = {
     "not_authed": "no token was sent",
     "invalid_auth": "the token was refused: check it is valid",
     "token_revoked": "the token was revoked",
-    "missing_scope": "the token lacks a scope this action needs (see the README)",
+    "missing_scope": "the token lacks a scope this action needs (docs/configuration.md lists the scopes)",
     "channel_not_found": "no such channel visible to the token (use list_channels for ids)",
     "not_in_channel": "the app is not in that channel: invite it, or give it chat:write.public",
     "is_archived": "the channel is archived",
