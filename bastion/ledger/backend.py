@@ -59,6 +59,9 @@ INVOCATION_COLUMNS: Final = (
 )
 """The columns of the `invocations` table, in the order every backend selects them: the fields of `Invocation`."""
 
+GRANT_COLUMNS: Final = tuple(Grant.model_fields)
+"""The columns of the `grants` table, in the order every backend selects them: the fields of `Grant`."""
+
 LAST_CODE_POINT: Final = chr(0x10FFFF)
 FIRST_SURROGATE: Final = 0xD800
 AFTER_SURROGATES: Final = 0xE000

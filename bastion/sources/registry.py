@@ -137,16 +137,11 @@ def _plugins(config: Config, *, taken: Collection[str]) -> tuple[PluginSource | 
         config.directory / ACTIONS_DIR, allowed_commands=settings.allowed_commands, taken=taken
     )
     if not settings.allow_plugin_code:
-        refused = [
-            PluginProblem(
-                package.directory / ACTION_FILE,
-                1,
-                "plugin packages run code of their own and are not loaded: set allow_plugin_code = true under "
-                "[plugins] in bastion.toml to load them, or remove the package",
-            )
-            for package in packages
-        ]
-        return None, refused + problems
+        why = (
+            "plugin packages run code of their own and are not loaded: set allow_plugin_code = true under [plugins] "
+            "in bastion.toml to load them, or remove the package"
+        )
+        return None, [PluginProblem(package.directory / ACTION_FILE, 1, why) for package in packages] + problems
     if not packages:
         return None, problems
     workspace = config.directory / settings.workspace

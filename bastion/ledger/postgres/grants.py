@@ -9,27 +9,14 @@ from datetime import datetime
 from typing import Any, Final
 
 from bastion.errors import NotFound
+from bastion.ledger.backend import GRANT_COLUMNS
 from bastion.ledger.postgres.database import Connection, PostgresDatabase
 from bastion.models import Grant
 
-_COLUMNS: Final = (
-    "id",
-    "policy_key",
-    "scope",
-    "session_id",
-    "principal",
-    "rule",
-    "grantor",
-    "invocation_id",
-    "created_at",
-    "expires_at",
-    "revoked_at",
-    "revoked_by",
-)
-_COLUMN_LIST: Final = ", ".join(_COLUMNS)
+_COLUMN_LIST: Final = ", ".join(GRANT_COLUMNS)
 _STANDING: Final = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at > %(now)s)"
 
-_INSERT: Final = f"INSERT INTO grants ({_COLUMN_LIST}) VALUES ({', '.join(f'%({c})s' for c in _COLUMNS)})"
+_INSERT: Final = f"INSERT INTO grants ({_COLUMN_LIST}) VALUES ({', '.join(f'%({c})s' for c in GRANT_COLUMNS)})"
 # Served by the partial index on the policy key of unrevoked grants: a held call asks it, an allowed one never does.
 _COVERING: Final = f"""
     SELECT {_COLUMN_LIST} FROM grants
@@ -95,4 +82,4 @@ async def insert_grant(conn: Connection, grant: Grant) -> None:
 
 
 def _grant_from_row(row: Sequence[Any]) -> Grant:
-    return Grant(**dict(zip(_COLUMNS, row, strict=True)))
+    return Grant(**dict(zip(GRANT_COLUMNS, row, strict=True)))

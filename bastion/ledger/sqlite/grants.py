@@ -11,28 +11,15 @@ from datetime import datetime
 from typing import Any, Final
 
 from bastion.errors import NotFound
+from bastion.ledger.backend import GRANT_COLUMNS
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.schema import optional_timestamp, timestamp
 from bastion.models import Grant
 
-_COLUMNS: Final = (
-    "id",
-    "policy_key",
-    "scope",
-    "session_id",
-    "principal",
-    "rule",
-    "grantor",
-    "invocation_id",
-    "created_at",
-    "expires_at",
-    "revoked_at",
-    "revoked_by",
-)
-_COLUMN_LIST: Final = ", ".join(_COLUMNS)
+_COLUMN_LIST: Final = ", ".join(GRANT_COLUMNS)
 _STANDING: Final = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at > :now)"
 
-_INSERT: Final = f"INSERT INTO grants ({_COLUMN_LIST}) VALUES ({', '.join(':' + c for c in _COLUMNS)})"
+_INSERT: Final = f"INSERT INTO grants ({_COLUMN_LIST}) VALUES ({', '.join(':' + c for c in GRANT_COLUMNS)})"
 # Served by the partial index on the policy key of unrevoked grants: a held call asks it, an allowed one never does.
 _COVERING: Final = f"""
     SELECT {_COLUMN_LIST} FROM grants
@@ -110,7 +97,7 @@ def insert_grant(conn: sqlite3.Connection, grant: Grant) -> None:
 
 
 def grant_from_row(row: Sequence[Any]) -> Grant:
-    data = dict(zip(_COLUMNS, row, strict=True))
+    data = dict(zip(GRANT_COLUMNS, row, strict=True))
     for moment in ("created_at", "expires_at", "revoked_at"):
         if data[moment] is not None:
             data[moment] = datetime.fromisoformat(data[moment])
