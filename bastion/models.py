@@ -365,6 +365,9 @@ class ChainedEvent(BaseModel):
     """The detail exactly as stored (JSON text): the hash covers this text."""
     prev_hash: str
     hash: str
+    state: str | None = None
+    """The digest of its invocation's row after the change (bastion.ledger.chain.record_state); None for an event
+    recorded before records were chained."""
 
 
 class AuditCheckpoint(BaseModel):
@@ -381,23 +384,34 @@ class AuditCheckpoint(BaseModel):
 
 class ChainBreak(BaseModel):
     """The first place the audit chain does not hold: an event whose hash is not that of its content (`hash`), whose
-    previous hash is not the hash of the event before it (`link`: an event removed, inserted or reordered), or a
-    chain that does not end where the ledger's head of record says (`head`: its newest events removed)."""
+    previous hash is not the hash of the event before it (`link`: an event removed, inserted or reordered), a chain
+    that does not end where the ledger's head of record says (`head`: its newest events removed), a checkpoint no
+    prune made (`checkpoint`), an invocation row that is not what its events say (`record`), or a chain that does not
+    reach a signed anchor of its head (`anchor`)."""
 
     event_id: int
     position: int
-    reason: Literal["hash", "link", "head"]
+    reason: Literal["hash", "link", "head", "checkpoint", "record", "anchor"]
     message: str
+    invocation_id: str | None = None
+    """The invocation whose row broke it (reason `record`)."""
 
 
 class AuditReport(BaseModel):
     """What `bastion audit verify` found: how many events verified, from which checkpoint, up to which head."""
 
     verified: int
+    pre_chain: int = 0
+    """Of them, the events recorded before records were chained (their hash covers the event alone)."""
+    records: int = 0
+    """The invocation rows found equal to the state their newest event carries."""
+    records_not_covered: int = 0
+    """The rows whose newest event is pre-chain (or was pruned under a kept step): not checked."""
     checkpoint: AuditCheckpoint | None = None
     head_id: int | None = None
+    head_position: int | None = None
     head_hash: str | None = None
-    """The hash of the newest event verified: keep it elsewhere to notice a later rewrite of the whole history."""
+    """The hash of the newest event verified: anchor it elsewhere to notice a later rewrite of the whole history."""
     broken: ChainBreak | None = None
 
 

@@ -325,7 +325,7 @@ async def test_calls_that_start_while_another_runs_record_their_intents_in_one_c
 def _outcomes(transaction: list[str]) -> int:
     """How many outcomes (`FINISH`, traced with its values) the transaction records."""
     return sum(
-        statement.lstrip().startswith("UPDATE invocations SET") and statement.rstrip().endswith("status = 'executing'")
+        statement.lstrip().startswith("UPDATE invocations SET") and "' AND status = 'executing'" in statement
         for statement in transaction
     )
 

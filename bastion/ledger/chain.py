@@ -1,31 +1,35 @@
-"""The audit chain: every event carries the hash of the event before it, so editing, removing
-or reordering stored events is noticed by `verify_chain`.
+"""The audit chain: every event carries the hash of the event before it, and the digest of its record as the change
+left it, so editing, removing or reordering stored events, or editing a record behind its events, is noticed by
+`verify_chain` and `verify_records`. The chain is computed here, in Python, for every backend.
 
 An event's hash is the SHA-256 (hex) of these fields joined by newlines, as UTF-8: the previous event's hash, the
-event id, the invocation id, seq, kind, the timestamp in the ledger's fixed-width form
-(`2026-11-21T10:00:00.000000+00:00`, see bastion.ledger.sqlite.schema.timestamp) and the detail JSON text exactly
-as stored. No field holds a raw newline (ids are generated, the detail is compact JSON), so the joining is
-unambiguous. The first event follows `GENESIS`; after a prune, the first kept event follows the checkpoint's hash.
+event's chain position, the invocation id, seq, kind, the timestamp in the ledger's fixed-width form
+(`2026-11-21T10:00:00.000000+00:00`, see `stored_time`), the detail JSON text exactly as stored, and the record's
+state: `record_state` of the invocation row after the change. No field holds a raw newline (ids are generated, the
+detail is compact JSON, the others are hex or fixed forms), so the joining is unambiguous. The first event follows
+`GENESIS`; after a prune, the first kept event follows the checkpoint's hash.
 
-Backends compute the hash in the transaction that appends the event, from the chain's head at that moment:
-- SQLite has one writer at a time, so the head is the event with the largest id (`bastion_event_hash`, registered
-  on every connection, computes it in the INSERT itself); positions are event ids.
-- PostgreSQL has concurrent writers whose event ids commit out of order. A BEFORE INSERT trigger locks the one
-  row of `audit_head` (held until commit), so writers append to the chain one transaction after another, and
-  numbers the event's `position` from it: positions follow the order of commit, ids need not. The lock
-  serialises every transaction that appends events (one round trip each on the hot path).
+Events recorded before records were chained have no state: their hash covers the first seven fields with the event
+id in place of the position. `verify_chain` checks them so and counts them as the pre-chain segment; a record whose
+newest event is from then is reported as not covered, never as a break.
 
-A chain proves only that the history is self-consistent: someone able to rewrite the whole file can rebuild it.
-Keep the head hash `bastion audit verify` prints somewhere else (a log, a ticket) to anchor it.
+Backends append events in the transaction that makes the change, after taking the chain's head of record (the one
+row of `audit_head`) for that transaction, so writers append one transaction after another: SQLite has one writer at
+a time; PostgreSQL locks the row until commit (positions then follow the order of commit; event ids need not). The
+head of record also notices the loss of the newest events.
+
+All this proves only that the history is self-consistent: someone able to rewrite the whole store, recomputing every
+hash, can rebuild it. Signed anchors of the head (bastion.ledger.anchors), kept outside the store, hold against them.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, NamedTuple
 
 from bastion.models import AuditCheckpoint, AuditReport, ChainBreak, ChainedEvent
 
@@ -60,72 +64,221 @@ def stored_time(moment: datetime) -> str:
     )
 
 
-def event_hash(prev_hash: str, event_id: int, invocation_id: str, seq: int, kind: str, at: str, detail: str) -> str:
-    """The hash of one event, chained to `prev_hash` (see the module docstring for the exact input)."""
-    text = "\n".join((prev_hash, str(event_id), invocation_id, str(seq), kind, at, detail))
+def event_hash(
+    prev_hash: str,
+    number: int,
+    invocation_id: str,
+    seq: int,
+    kind: str,
+    at: str,
+    detail: str,
+    state: str | None = None,
+) -> str:
+    """The hash of one event, chained to `prev_hash` (see the module docstring for the exact input): `number` is its
+    chain position, or, for a pre-chain event (`state` None), its event id."""
+    fields = (prev_hash, str(number), invocation_id, str(seq), kind, at, detail)
+    text = "\n".join(fields if state is None else (*fields, state))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class Unlinked(NamedTuple):
+    """An event to append, before it has its place in the chain: `at` in `stored_time` form, `state` the digest of
+    its invocation's row after the change."""
+
+    invocation_id: str
+    seq: int
+    kind: str
+    at: str
+    detail: str
+    state: str
+
+
+class Link(NamedTuple):
+    """Where an appended event goes in the chain, and its hashes."""
+
+    position: int
+    prev_hash: str
+    hash: str
+
+
+def links(head: tuple[int, str], events: Sequence[Unlinked]) -> list[Link]:
+    """The links of `events` appended in order after the chain's `head` (position, hash): every backend appends
+    with these, so the chain is computed once."""
+    position, prev = head
+    linked = []
+    for event in events:
+        position += 1
+        hashed = event_hash(
+            prev, position, event.invocation_id, event.seq, event.kind, event.at, event.detail, event.state
+        )
+        linked.append(Link(position, prev, hashed))
+        prev = hashed
+    return linked
 
 
 def hash_of(event: ChainedEvent, prev_hash: str) -> str:
     """What `event`'s hash must be when it follows `prev_hash`."""
+    number = event.id if event.state is None else event.position
     return event_hash(
-        prev_hash, event.id, event.invocation_id, event.seq, event.kind, stored_time(event.at), event.detail
+        prev_hash, number, event.invocation_id, event.seq, event.kind, stored_time(event.at), event.detail, event.state
     )
+
+
+def record_state(values: Sequence[object]) -> str:
+    """The digest of an invocation row as stored (its `INVOCATION_COLUMNS` values, in that order): SHA-256 (hex) of
+    the compact JSON array of the values, timestamps in `stored_time` form. An event's hash covers the state its
+    change left, so the row must still digest to what its newest event says."""
+    stored = [stored_time(value) if isinstance(value, datetime) else value for value in values]
+    text = json.dumps(stored, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 ReadPage = Callable[[int, int], Awaitable[Sequence[ChainedEvent]]]
 """Given (after position, limit), at most `limit` events of the chain after that position, in chain order."""
 
 
+class StoredRecord(NamedTuple):
+    """An invocation row as a verification reads it, with what its events say of it."""
+
+    id: str
+    values: Sequence[object]
+    """The row as stored, in `INVOCATION_COLUMNS` order."""
+    chained: str | None
+    """The state its newest event carries: None when that event is pre-chain, or when it has no event."""
+    events: int
+    """How many of its events are kept."""
+    kept_step: bool
+    """A step of it is kept: a prune may have removed its own events (a parent stays with its kept steps)."""
+
+
+ReadRecords = Callable[[str, int], Awaitable[Sequence[StoredRecord]]]
+"""Given (after id, limit), at most `limit` records with a greater id, in id order."""
+
+ReadOrphans = Callable[[], Awaitable[Sequence[str]]]
+"""The invocation ids that have events but no record."""
+
+
 async def verify_chain(
-    checkpoint: AuditCheckpoint | None, read_page: ReadPage, *, head_of_record: tuple[int, str] | None = None
+    checkpoint: AuditCheckpoint | None, read_page: ReadPage, *, head_of_record: tuple[int, str]
 ) -> AuditReport:
     """Walk the chain from the checkpoint (or the genesis) to its head; report the first break, if any.
 
-    `head_of_record`: the (position, hash) the ledger keeps of the chain's head apart from the events, where it keeps
-    one (PostgreSQL's `audit_head`): a chain that ends elsewhere lost its newest events (reason `head`)."""
+    `head_of_record`: the (position, hash) the ledger keeps of the chain's head apart from the events: a chain that
+    ends elsewhere lost its newest events (reason `head`). A checkpoint with events at or before its position was not
+    made by a prune, which removes them with it (reason `checkpoint`)."""
     prev = checkpoint.hash if checkpoint is not None else GENESIS
     after = checkpoint.position if checkpoint is not None else 0
-    verified = 0
+    verified = pre_chain = 0
     head: ChainedEvent | None = None
+
+    def report(broken: ChainBreak | None) -> AuditReport:
+        return AuditReport(
+            verified=verified,
+            pre_chain=pre_chain,
+            checkpoint=checkpoint,
+            head_id=head.id if head else None,
+            head_position=head.position if head else None,
+            head_hash=head.hash if head else None,
+            broken=broken,
+        )
+
+    if checkpoint is not None:
+        first = await read_page(0, 1)
+        if first and first[0].position <= checkpoint.position:
+            return report(
+                ChainBreak(
+                    event_id=first[0].id,
+                    position=checkpoint.position,
+                    reason="checkpoint",
+                    message=(
+                        f"the checkpoint at position {checkpoint.position} was not made by a prune: event "
+                        f"{first[0].id} (position {first[0].position}) is still stored before it; a checkpoint was "
+                        "inserted to skip part of the chain"
+                    ),
+                )
+            )
     while True:
         page = await read_page(after, PAGE)
         for event in page:
             broken = _break_at(event, prev)
             if broken is not None:
-                return AuditReport(
-                    verified=verified,
-                    checkpoint=checkpoint,
-                    head_id=head.id if head else None,
-                    head_hash=head.hash if head else None,
-                    broken=broken,
-                )
+                return report(broken)
             verified += 1
+            pre_chain += event.state is None
             prev = event.hash
             head = event
         if len(page) < PAGE:
             break
         after = page[-1].position
     ends = (head.position, head.hash) if head is not None else (after, prev)
-    broken = None
-    if head_of_record is not None and ends != head_of_record:
-        broken = ChainBreak(
-            event_id=head.id if head is not None else 0,
-            position=head_of_record[0],
-            reason="head",
-            message=(
-                f"the chain ends at position {ends[0]}, but the ledger's head of record is position "
-                f"{head_of_record[0]} (hash {head_of_record[1][:16]}...): its newest events were removed, or the head "
-                "was rewritten"
-            ),
+    if ends != head_of_record:
+        return report(
+            ChainBreak(
+                event_id=head.id if head is not None else 0,
+                position=head_of_record[0],
+                reason="head",
+                message=(
+                    f"the chain ends at position {ends[0]}, but the ledger's head of record is position "
+                    f"{head_of_record[0]} (hash {head_of_record[1][:16]}...): its newest events were removed, or the "
+                    "head was rewritten"
+                ),
+            )
         )
-    return AuditReport(
-        verified=verified,
-        checkpoint=checkpoint,
-        head_id=head.id if head else None,
-        head_hash=head.hash if head else None,
-        broken=broken,
-    )
+    return report(None)
+
+
+async def verify_records(chain: AuditReport, read_records: ReadRecords, read_orphans: ReadOrphans) -> AuditReport:
+    """Check every invocation row against the state its newest event carries, after a chain that holds: a row edited
+    behind its events (reason `record`), a row with no event, or events whose row is gone, break it. Rows whose newest
+    event is pre-chain are counted as not covered. Returns `chain` with what was found added."""
+    if chain.broken is not None:
+        return chain
+    checked = not_covered = 0
+    after = ""
+
+    def report(broken: ChainBreak | None) -> AuditReport:
+        return chain.model_copy(update={"records": checked, "records_not_covered": not_covered, "broken": broken})
+
+    while True:
+        page = await read_records(after, PAGE)
+        for record in page:
+            if record.chained is not None:
+                if record_state(record.values) != record.chained:
+                    return report(
+                        _record_break(
+                            record.id,
+                            f"invocation {record.id} was changed after it was recorded: the row no longer matches "
+                            "the state its newest event carries",
+                        )
+                    )
+                checked += 1
+            elif record.events == 0 and not record.kept_step:
+                return report(
+                    _record_break(
+                        record.id,
+                        f"invocation {record.id} has no event: it was inserted behind the ledger's back, or its "
+                        "events were removed",
+                    )
+                )
+            else:
+                not_covered += 1
+        if len(page) < PAGE:
+            break
+        after = page[-1].id
+    orphans = await read_orphans()
+    if orphans:
+        return report(
+            _record_break(
+                orphans[0],
+                f"invocation {orphans[0]} has events but no row: the record was deleted"
+                + (f" (and {len(orphans) - 1} more)" if len(orphans) > 1 else ""),
+            )
+        )
+    return report(None)
+
+
+def _record_break(invocation_id: str, message: str) -> ChainBreak:
+    return ChainBreak(event_id=0, position=0, reason="record", invocation_id=invocation_id, message=message)
 
 
 def _break_at(event: ChainedEvent, prev: str) -> ChainBreak | None:

@@ -14,14 +14,14 @@ from datetime import datetime
 from typing import Any, Final
 
 from bastion.ledger.backend import INVOCATION_COLUMNS
-from bastion.ledger.chain import TERMINAL, verify_chain
+from bastion.ledger.chain import GENESIS, TERMINAL, StoredRecord, verify_chain, verify_records
 from bastion.ledger.postgres.database import Connection, PostgresDatabase
 from bastion.ledger.postgres.invocations import invocation_from_row
 from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Invocation, PruneReport
 
 _CHAIN: Final = (
     "SELECT events.id, events.position, events.invocation_id, events.seq, events.kind, events.at, events.detail, "
-    "events.prev_hash, events.hash FROM events"
+    "events.prev_hash, events.hash, events.state FROM events"
 )
 CHAIN_PAGE: Final = f"{_CHAIN} WHERE events.position > %s ORDER BY events.position LIMIT %s"
 EXPORT_PAGE: Final = f"""
@@ -34,6 +34,19 @@ CHECKPOINT: Final = (
 )
 LOCK_HEAD: Final = "SELECT position FROM audit_head FOR UPDATE"
 HEAD: Final = "SELECT position, hash FROM audit_head"
+_OF_ROW: Final = "events.invocation_id = invocations.id"
+RECORDS: Final = f"""
+    SELECT {", ".join(f"invocations.{name}" for name in INVOCATION_COLUMNS)},
+           (SELECT state FROM events WHERE {_OF_ROW} ORDER BY seq DESC LIMIT 1),
+           (SELECT COUNT(*) FROM events WHERE {_OF_ROW}),
+           EXISTS (SELECT 1 FROM invocations AS step WHERE step.parent_id = invocations.id)
+    FROM invocations WHERE id > %s ORDER BY id LIMIT %s
+"""
+ORPHANS: Final = """
+    SELECT DISTINCT invocation_id FROM events
+    WHERE NOT EXISTS (SELECT 1 FROM invocations WHERE invocations.id = events.invocation_id)
+    ORDER BY invocation_id LIMIT 100
+"""
 _PRUNABLE: Final = (
     f"(invocations.status IN ({', '.join(repr(s) for s in TERMINAL)}) AND invocations.updated_at < %(before)s)"
 )
@@ -74,6 +87,7 @@ def chained_from_row(row: Sequence[Any]) -> ChainedEvent:
         detail=row[6],
         prev_hash=row[7],
         hash=row[8],
+        state=row[9],
     )
 
 
@@ -97,11 +111,20 @@ class PostgresAudit:
         return [chained_from_row(row) for row in await self._db.fetchall(CHAIN_PAGE, (after, limit))]
 
     async def verify(self) -> AuditReport:
-        """Check the chain from the checkpoint to the newest event, and that it ends at the head `audit_head` keeps;
-        the report names the first break."""
+        """Check the chain from the checkpoint to its head of record, then every invocation row against its newest
+        event; the report names the first break."""
         row = await self._db.fetchone(HEAD)
-        head = (int(row[0]), str(row[1])) if row is not None else None
-        return await verify_chain(await self.checkpoint(), self.chain, head_of_record=head)
+        head = (int(row[0]), str(row[1])) if row is not None else (0, GENESIS)
+        chain = await verify_chain(await self.checkpoint(), self.chain, head_of_record=head)
+        return await verify_records(chain, self._records, self._orphans)
+
+    async def _records(self, after: str, limit: int) -> builtins.list[StoredRecord]:
+        width = len(INVOCATION_COLUMNS)
+        rows = await self._db.fetchall(RECORDS, (after, limit))
+        return [StoredRecord(row[0], row[:width], row[width], row[width + 1], bool(row[width + 2])) for row in rows]
+
+    async def _orphans(self) -> builtins.list[str]:
+        return [row[0] for row in await self._db.fetchall(ORPHANS)]
 
     async def export(self, after: int, limit: int) -> builtins.list[tuple[ChainedEvent, Invocation]]:
         """At most `limit` events with a chain position above `after`, in chain order, each with its invocation as

@@ -1,10 +1,11 @@
 """The `invocations` and `events` tables on PostgreSQL: the invocation store (`PostgresInvocations`).
 
-A write that changes an invocation appends its event in the same statement: a data-modifying CTE updates (or
-inserts) the row, bumping its `last_seq`, and inserts the event numbered from the row it updated, so the number
-is right even when the update waited for another transaction's lock. Event ids come from the events' identity
-sequence only after the invocation row was written, which the change feed relies on (bastion.ledger.postgres.
-feed). What it stores arrives scrubbed from the `Recorder`: it redacts nothing itself.
+A write that changes an invocation is one transaction: it takes the chain's head (bastion.ledger.postgres.chain),
+updates the row, bumping its `last_seq`, and returns it; the event, numbered from the row it updated and carrying the
+row's state, is then appended with its link. A new invocation is inserted with its first events in one statement.
+Event ids come from the events' identity sequence only after the invocation row was written, which the change feed
+relies on (bastion.ledger.postgres.feed). What it stores arrives scrubbed from the `Recorder`: it redacts nothing
+itself.
 """
 
 from __future__ import annotations
@@ -19,15 +20,13 @@ import psycopg
 
 from bastion.errors import ApprovalExpired, Conflict, NotFound
 from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, prefix_end, stored_json
+from bastion.ledger.postgres.chain import APPENDED, Change, append, appending, head
 from bastion.ledger.postgres.database import NOTIFY, Connection, PostgresDatabase, changes_of
 from bastion.ledger.postgres.grants import insert_grant
 from bastion.ledger.postgres.limits import admit_in
 from bastion.models import Admission, EventKind, Grant, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
 
 _COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
-_UPDATED_COLUMNS: Final = ", ".join(f"updated.{name}" for name in INVOCATION_COLUMNS)
-_APPENDED: Final = "appended.id, appended.invocation_id, appended.kind"
-"""The event columns a write returns after the invocation's: what the change feed announces."""
 
 SELECT: Final = f"SELECT {_COLUMN_LIST} FROM invocations"
 SELECT_ONE: Final = f"{SELECT} WHERE id = %s"
@@ -45,43 +44,20 @@ NEXT_EXPIRY: Final = "SELECT MIN(expires_at) FROM invocations WHERE status = 'pe
 RECORD: Final = f"""
     WITH inserted AS (
         INSERT INTO invocations ({_COLUMN_LIST}, last_seq)
-        VALUES ({", ".join(f"%({name})s" for name in INVOCATION_COLUMNS)}, cardinality(%(kinds)s::text[]))
-        RETURNING id, last_seq
-    ), appended AS (
-        INSERT INTO events (invocation_id, seq, kind, at, detail)
-        SELECT inserted.id, event.seq, event.kind, %(at)s,
-               CASE WHEN event.seq = inserted.last_seq THEN %(detail)s ELSE '{{}}' END
-        FROM inserted CROSS JOIN unnest(%(kinds)s::text[]) WITH ORDINALITY AS event (kind, seq)
-        ORDER BY event.seq
-        RETURNING id, invocation_id, kind
-    )
-    SELECT {_APPENDED}, {NOTIFY} FROM appended
+        VALUES ({", ".join(f"%({name})s" for name in INVOCATION_COLUMNS)}, %(last_seq)s)
+    ), {APPENDED}
+    SELECT appended.id, appended.invocation_id, appended.kind, {NOTIFY} FROM appended
 """
 # The pending limit: counted after taking the session's lock, so two instances cannot both take the last slot.
 LOCK_SESSION: Final = "SELECT pg_advisory_xact_lock(hashtextextended('bastion pending ' || %s, 0))"
 COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_id = %s AND status = 'pending'"
 
 
-def _changing(update: str) -> str:
-    """`update` (an UPDATE of invocations ... RETURNING {columns}, last_seq, named `updated`) with its event
-    appended, returning each updated invocation with its event's id, invocation and kind."""
-    return f"""
-        WITH updated AS ({update}), appended AS (
-            INSERT INTO events (invocation_id, seq, kind, at, detail)
-            SELECT updated.id, updated.last_seq, %(event)s, %(now)s, %(detail)s FROM updated
-            RETURNING id, invocation_id, kind
-        )
-        SELECT {_UPDATED_COLUMNS}, {_APPENDED}, {NOTIFY}
-        FROM updated JOIN appended ON appended.invocation_id = updated.id
-    """
-
-
 TRANSITION_FIELDS: Final = ("result", "error_class", "error_message", "owner", "expires_at")
 """The columns `transition` may set besides status and updated_at."""
 
 # `%(set_<field>)s` says whether the field is being set: one statement serves every transition.
-TRANSITION: Final = _changing(
-    f"""
+TRANSITION: Final = f"""
     UPDATE invocations SET
         status = %(to)s,
         updated_at = %(now)s,
@@ -90,19 +66,15 @@ TRANSITION: Final = _changing(
     WHERE id = %(id)s AND status = ANY(%(from_statuses)s)
     RETURNING {_COLUMN_LIST}, last_seq
     """
-)
-FINISH: Final = _changing(
-    f"""
+FINISH: Final = f"""
     UPDATE invocations SET
         status = %(to)s, updated_at = %(now)s, result = %(result)s, error_class = %(error_class)s,
         error_message = %(error_message)s, last_seq = last_seq + 1
     WHERE id = %(id)s AND status = 'executing'
     RETURNING {_COLUMN_LIST}, last_seq
     """
-)
 SELECT_FOR_DECISION: Final = "SELECT status, expires_at FROM invocations WHERE id = %s FOR UPDATE"
-DECIDE: Final = _changing(
-    f"""
+DECIDE: Final = f"""
     UPDATE invocations SET
         status = %(to)s,
         updated_at = %(now)s,
@@ -112,7 +84,6 @@ DECIDE: Final = _changing(
     WHERE id = %(id)s AND status = 'pending'
     RETURNING {_COLUMN_LIST}, last_seq
     """
-)
 _EXPIRE: Final = """
     UPDATE invocations SET
         status = 'expired',
@@ -124,14 +95,13 @@ _EXPIRE: Final = """
     WHERE status = 'pending' AND expires_at <= %(now)s {also}
     RETURNING {columns}, last_seq
 """
-EXPIRE_DUE: Final = _changing(_EXPIRE.format(also="", columns=_COLUMN_LIST))
-EXPIRE_ONE: Final = _changing(_EXPIRE.format(also="AND id = %(id)s", columns=_COLUMN_LIST))
+EXPIRE_DUE: Final = _EXPIRE.format(also="", columns=_COLUMN_LIST)
+EXPIRE_ONE: Final = _EXPIRE.format(also="AND id = %(id)s", columns=_COLUMN_LIST)
 
 # Recovery after a restart: `%(gone)s` is the list of owners that are no longer running.
 OWNERS: Final = "SELECT DISTINCT owner FROM invocations WHERE status IN ('executing', 'approved') AND owner IS NOT NULL"
 _ORPHANED: Final = "(owner IS NULL OR owner = ANY(%(gone)s))"
-MARK_UNKNOWN: Final = _changing(
-    f"""
+MARK_UNKNOWN: Final = f"""
     UPDATE invocations SET
         status = 'unknown',
         updated_at = %(now)s,
@@ -141,15 +111,9 @@ MARK_UNKNOWN: Final = _changing(
     WHERE status = 'executing' AND {_ORPHANED}
     RETURNING {_COLUMN_LIST}, last_seq
     """
-)
 NEVER_STARTED: Final = (
     f"SELECT id FROM invocations WHERE status = 'approved' AND {_ORPHANED} ORDER BY created_at, position"
 )
-LOCK_CHAIN: Final = "SELECT position FROM audit_head FOR UPDATE"
-"""Taken first by every transaction that appends events. Appending an event locks the audit chain's head (the
-`events_chain` trigger), so a transaction that locked invocation rows before appending could deadlock with one that
-appended before locking them (a decision racing the expiry sweep, which updates many rows in one statement). Head
-first, then rows: one order for every writer (they are serialised on the head anyway)."""
 PROCESS_STOPPED: Final = "the Bastion process running it stopped"
 
 _INVOCATION_WIDTH: Final = len(INVOCATION_COLUMNS)
@@ -164,9 +128,9 @@ def invocation_from_row(row: Sequence[Any]) -> Invocation:
     return Invocation.model_validate(data)
 
 
-def _event_rows(rows: Sequence[Sequence[Any]]) -> builtins.list[Sequence[Any]]:
-    """The `(event id, invocation id, kind)` part of rows returned by a `_changing` statement."""
-    return [row[_INVOCATION_WIDTH : _INVOCATION_WIDTH + 3] for row in rows]
+def _changes(rows: Sequence[Sequence[Any]], kind: str, at: datetime, detail: str = "{}") -> builtins.list[Change]:
+    """The events of rows an UPDATE returned (`INVOCATION_COLUMNS`, then `last_seq`): each numbered `last_seq`."""
+    return [Change(row[:_INVOCATION_WIDTH], row[_INVOCATION_WIDTH], kind, at, detail) for row in rows]
 
 
 class PostgresInvocations:
@@ -175,29 +139,29 @@ class PostgresInvocations:
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
 
-    async def _appending(self, sql: str, params: Any) -> builtins.list[Any]:
-        """One statement that appends events, in its own transaction, after taking the chain's head (LOCK_CHAIN)."""
+    async def _changing(self, sql: str, params: Mapping[str, Any], kind: str, detail: str = "{}") -> builtins.list[Any]:
+        """One UPDATE of invocations (returning `INVOCATION_COLUMNS`, then `last_seq`) in its own transaction, after
+        taking the chain's head, with an event of `kind` appended for every row it changed (stamped `params["now"]`);
+        the rows."""
 
-        async def work(conn: Connection) -> builtins.list[Any]:
-            await conn.execute(LOCK_CHAIN)
-            cursor = await conn.execute(sql, params)
-            return await cursor.fetchall() if cursor.description is not None else []
+        async def work(conn: Connection) -> tuple[builtins.list[Any], builtins.list[Any]]:
+            at_head = await head(conn)
+            rows = await (await conn.execute(sql, params)).fetchall()
+            return rows, await append(conn, at_head, _changes(rows, kind, params["now"], detail))
 
-        return await self._db.transaction(work)
+        rows, appended = await self._db.transaction(work)
+        await self._db.committed(changes_of(appended))
+        return rows
 
     # -- writes ----------------------------------------------------------------------------------------
 
     async def insert(
         self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, may_share: bool = False
     ) -> None:
-        """Insert a new invocation and its first events (seq 1..n, one timestamp) in one statement. `detail` goes
+        """Insert a new invocation and its first events (seq 1..n, one timestamp) in one transaction. `detail` goes
         on the last event. Raises Conflict if an invocation with this id already exists. Each write has a
         transaction of its own here: `may_share` changes nothing."""
-        try:
-            rows = await self._appending(RECORD, _record_params(invocation, events, detail))
-        except psycopg.errors.UniqueViolation as exc:
-            raise Conflict(f"invocation {invocation.id} is already recorded", invocation_id=invocation.id) from exc
-        await self._db.committed(changes_of(rows))
+        await self._insert_unless(invocation, events, detail, _nothing_refuses)
 
     async def insert_admitted(
         self,
@@ -237,14 +201,21 @@ class PostgresInvocations:
     ) -> _Refusal | None:
         """Insert the invocation unless `refusal`, asked first in the same transaction (after the chain's head is
         taken), answers something (which comes back, nothing inserted). Raises Conflict if the id is taken."""
-        params = _record_params(invocation, events, detail)
+        params = _record_params(invocation)
+        last = len(events)
+        at = utcnow()
+        row = [params[name] for name in INVOCATION_COLUMNS]
+        first = [
+            Change(row, seq, kind, at, detail.json if seq == last else "{}") for seq, kind in enumerate(events, start=1)
+        ]
+        params["last_seq"] = last
 
         async def work(conn: Connection) -> tuple[_Refusal | None, builtins.list[Any]]:
-            await conn.execute(LOCK_CHAIN)
+            at_head = await head(conn)
             refused = await refusal(conn)
             if refused is not None:
                 return refused, []
-            return None, await (await conn.execute(RECORD, params)).fetchall()
+            return None, await (await conn.execute(RECORD, params | appending(at_head, first))).fetchall()
 
         try:
             refused, rows = await self._db.transaction(work)
@@ -274,14 +245,11 @@ class PostgresInvocations:
             "to": to,
             "now": utcnow(),
             "from_statuses": builtins.list(from_statuses),
-            "event": event,
-            "detail": detail.json,
         }
         for name in TRANSITION_FIELDS:
             params[f"set_{name}"] = name in fields
             params[name] = _field_value(name, fields[name]) if name in fields else None
-        rows = await self._appending(TRANSITION, params)
-        await self._db.committed(changes_of(_event_rows(rows)))
+        rows = await self._changing(TRANSITION, params, event, detail.json)
         return invocation_from_row(rows[0]) if rows else None
 
     async def finish(
@@ -304,12 +272,8 @@ class PostgresInvocations:
             "result": stored_json(result),
             "error_class": error_class,
             "error_message": _text(error_message),
-            "event": to,
-            "detail": "{}",
         }
-        rows = await self._appending(FINISH, params)
-        await self._db.committed(changes_of(_event_rows(rows)))
-        return bool(rows)
+        return bool(await self._changing(FINISH, params, to))
 
     async def decide(
         self,
@@ -336,13 +300,11 @@ class PostgresInvocations:
             "now": now,
             "approve": approve,
             "error_message": _text(error_message),
-            "event": to,
-            "detail": detail.json,
         }
 
-        async def work(conn: Connection) -> tuple[builtins.list[Any], bool]:
-            """The updated rows, and whether it expired instead of being decided."""
-            await conn.execute(LOCK_CHAIN)
+        async def work(conn: Connection) -> tuple[builtins.list[Any], builtins.list[Any], bool]:
+            """The updated rows, the events appended, and whether it expired instead of being decided."""
+            at_head = await head(conn)
             found = await (await conn.execute(SELECT_FOR_DECISION, (invocation_id,))).fetchone()
             if found is None:
                 raise NotFound(f"no invocation {invocation_id}", invocation_id=invocation_id)
@@ -350,15 +312,16 @@ class PostgresInvocations:
             if status != "pending":
                 raise Conflict(f"invocation {invocation_id} is already {status}", invocation_id=invocation_id)
             if expires_at is not None and expires_at <= now:
-                expired = {"id": invocation_id, "now": now, "event": "expired", "detail": "{}"}
-                return await (await conn.execute(EXPIRE_ONE, expired)).fetchall(), True
+                expired = await (await conn.execute(EXPIRE_ONE, {"id": invocation_id, "now": now})).fetchall()
+                return expired, await append(conn, at_head, _changes(expired, "expired", now)), True
             decided = await (await conn.execute(DECIDE, params)).fetchall()
+            appended = await append(conn, at_head, _changes(decided, to, now, detail.json))
             if grant is not None:
                 await insert_grant(conn, grant)
-            return decided, False
+            return decided, appended, False
 
-        rows, expired = await self._db.transaction(work)
-        await self._db.committed(changes_of(_event_rows(rows)))
+        rows, appended, expired = await self._db.transaction(work)
+        await self._db.committed(changes_of(appended))
         invocation = invocation_from_row(rows[0])
         if expired:
             raise ApprovalExpired(
@@ -370,8 +333,7 @@ class PostgresInvocations:
     async def expire_due(self, now: datetime) -> builtins.list[Invocation]:
         """Mark every pending invocation whose expires_at <= now as `expired` in one statement; return them sorted
         by expiry."""
-        rows = await self._appending(EXPIRE_DUE, {"now": now, "event": "expired", "detail": "{}"})
-        await self._db.committed(changes_of(_event_rows(rows)))
+        rows = await self._changing(EXPIRE_DUE, {"now": now}, "expired")
         expired = [invocation_from_row(row) for row in rows]
         return sorted(expired, key=lambda invocation: (invocation.expires_at, invocation.id))
 
@@ -397,23 +359,20 @@ class PostgresInvocations:
         """
         owners = [row[0] for row in await self._db.fetchall(OWNERS)]
         gone = sorted(await gone_of(owners)) if owners else []
-        params = {
-            "gone": gone,
-            "now": utcnow(),
-            "reason": PROCESS_STOPPED,
-            "event": "unknown",
-            "detail": json.dumps({"reason": PROCESS_STOPPED}, separators=(",", ":")),
-        }
+        now = utcnow()
+        params = {"gone": gone, "now": now, "reason": PROCESS_STOPPED}
+        reason = json.dumps({"reason": PROCESS_STOPPED}, separators=(",", ":"))
 
-        async def work(conn: Connection) -> tuple[builtins.list[Any], builtins.list[Any], int]:
-            await conn.execute(LOCK_CHAIN)
+        async def work(conn: Connection) -> tuple[builtins.list[Any], builtins.list[Any], builtins.list[Any], int]:
+            at_head = await head(conn)
             unknown = await (await conn.execute(MARK_UNKNOWN, params)).fetchall()
+            appended = await append(conn, at_head, _changes(unknown, "unknown", now, reason))
             approved = await (await conn.execute(NEVER_STARTED, {"gone": gone})).fetchall()
             counted = await (await conn.execute(COUNT_PENDING)).fetchone()
-            return unknown, approved, int(counted[0]) if counted is not None else 0
+            return unknown, appended, approved, int(counted[0]) if counted is not None else 0
 
-        unknown, approved, pending = await self._db.transaction(work)
-        await self._db.committed(changes_of(_event_rows(unknown)))
+        unknown, appended, approved, pending = await self._db.transaction(work)
+        await self._db.committed(changes_of(appended))
         return RecoveryReport(
             unknown=sorted(row[0] for row in unknown), approved=[row[0] for row in approved], pending=pending
         )
@@ -484,16 +443,17 @@ class PostgresInvocations:
         return expiry
 
 
-def _record_params(invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed) -> dict[str, Any]:
+async def _nothing_refuses(conn: Connection) -> None:
+    return None
+
+
+def _record_params(invocation: Invocation) -> dict[str, Any]:
     params = {name: getattr(invocation, name) for name in INVOCATION_COLUMNS}
     params["args"] = stored_json(invocation.args)
     params["result"] = stored_json(invocation.result)
     params["error_message"] = _text(invocation.error_message)
     # The drift diff is stored verbatim, as on SQLite (it comes from definitions the pins hold verbatim).
     params["drift"] = None if invocation.drift is None else json.dumps(invocation.drift, ensure_ascii=False)
-    params["kinds"] = builtins.list(events)
-    params["at"] = utcnow()
-    params["detail"] = detail.json
     return params
 
 

@@ -277,6 +277,16 @@ _MIGRATION_6: Final = (
     """,
 )
 
+_MIGRATION_7: Final = (
+    # Records chained, as in SQLite's migration 13: an event carries `state`, the digest of its invocation row after
+    # the change, which its hash covers (NULL for the events before: the pre-chain segment). The chain is computed in
+    # Python now, for both backends (bastion.ledger.postgres.chain): the trigger and function that computed it here go.
+    "ALTER TABLE events ADD COLUMN state text",
+    "DROP TRIGGER events_chain ON events",
+    "DROP FUNCTION events_chain()",
+    "DROP FUNCTION bastion_event_hash(text, bigint, text, integer, text, timestamptz, text)",
+)
+
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_1,
     _MIGRATION_2,
@@ -284,6 +294,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_4,
     _MIGRATION_5,
     _MIGRATION_6,
+    _MIGRATION_7,
 )
 """Migration N (1-based) brings a database from version N-1 to N."""
 

@@ -17,7 +17,7 @@ from typing import Any, Final, Literal, NamedTuple, TypeVar
 
 from bastion.errors import ApprovalExpired, Conflict, NotFound
 from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, prefix_end, stored_json
-from bastion.ledger.chain import GENESIS, event_hash
+from bastion.ledger.chain import Unlinked, links, record_state
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.grants import insert_grant
 from bastion.ledger.sqlite.limits import admit_in
@@ -41,19 +41,14 @@ COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_i
 # Ids from the prefix up to (not including) the least text after all that start with it: a range on the primary key.
 FIND: Final = "SELECT id FROM invocations WHERE id >= :prefix"
 FIND_BEFORE: Final = " AND id < :end"
-# An event follows the chain's head (bastion.ledger.chain): the newest event, or the last pruned one when every event
-# was pruned (never the case: a prune keeps the newest), or the genesis. Its id is the head's + 1, as SQLite would
-# give it, so it can be hashed before it is inserted.
-_HEAD: Final = f"""
-    (SELECT COALESCE(MAX(id), (SELECT MAX(position) FROM audit_checkpoints), 0) AS id,
-            COALESCE((SELECT hash FROM events ORDER BY id DESC LIMIT 1),
-                     (SELECT hash FROM audit_checkpoints ORDER BY position DESC LIMIT 1), '{GENESIS}') AS hash
-     FROM events) AS head
-"""
-_HEAD_NOW: Final = f"SELECT head.id, head.hash FROM {_HEAD}"
+# An event follows the chain's head of record (bastion.ledger.chain). Its id is its position, the head's + 1, as
+# SQLite would give it, so it can be hashed before it is inserted.
+_HEAD_NOW: Final = "SELECT position, hash FROM audit_head"
+_MOVE_HEAD: Final = "UPDATE audit_head SET position = ?, hash = ?"
 _LAST_SEQ: Final = "SELECT COALESCE(MAX(seq), 0) FROM events WHERE invocation_id = ?"
 _INSERT_HASHED: Final = (
-    "INSERT INTO events (id, invocation_id, seq, kind, at, detail, prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO events (id, invocation_id, seq, kind, at, detail, state, prev_hash, hash) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 SELECT_EVENTS: Final = (
     "SELECT id, invocation_id, seq, kind, at, detail FROM events WHERE invocation_id = ? ORDER BY seq"
@@ -74,10 +69,11 @@ TRANSITION: Final = f"""
 """
 
 # The outcome of a call that ran: one fixed statement, the hot path's second write.
-FINISH: Final = """
+FINISH: Final = f"""
     UPDATE invocations SET
         status = :to, updated_at = :now, result = :result, error_class = :error_class, error_message = :error_message
     WHERE id = :id AND status = 'executing'
+    RETURNING {_COLUMN_LIST}
 """
 
 # An approver's decision: only a pending invocation that has not expired (no expires_at never expires).
@@ -113,7 +109,7 @@ MARK_UNKNOWN: Final = f"""
         error_class = 'unknown_outcome',
         error_message = :reason
     WHERE status = 'executing' AND {_ORPHANED}
-    RETURNING id
+    RETURNING {_COLUMN_LIST}
 """
 NEVER_STARTED: Final = f"""
     SELECT id FROM invocations WHERE status = 'approved' AND {_ORPHANED} ORDER BY created_at, rowid
@@ -122,26 +118,34 @@ PROCESS_STOPPED: Final = "the Bastion process running it stopped"
 
 
 class NewEvent(NamedTuple):
-    """An event to append: its invocation's next one (`seq` None), or the one numbered `seq`."""
+    """An event to append: its invocation's next one (`seq` None), or the one numbered `seq`; `state` is the
+    digest of the invocation's row after the change (bastion.ledger.chain.record_state)."""
 
     invocation_id: str
     kind: EventKind
     at: str
+    state: str
     detail: str = "{}"
     seq: int | None = None
 
 
+def changed(row: Sequence[Any], kind: EventKind, at: str, detail: str = "{}") -> NewEvent:
+    """The event recording a change that left the invocation `row` (as stored, `INVOCATION_COLUMNS` order)."""
+    return NewEvent(row[0], kind, at, record_state(row), detail)
+
+
 def append_events(conn: sqlite3.Connection, events: Sequence[NewEvent]) -> None:
     """Append `events` to the chain, in order, inside the caller's transaction (which holds the write lock, so the
-    head read first stays the head): each hashed here, after the one before it, and inserted with its hash. An event
-    without a seq takes its invocation's next (after the ones appended before it in the same call).
+    head read first stays the head): each hashed here, after the one before it, and inserted with its hash; the head
+    of record moves to the last. An event without a seq takes its invocation's next (after the ones appended before it
+    in the same call).
 
     (Chained in SQL instead, with the hash a function SQLite calls back, an event cost twice as much.)"""
     if not events:
         return
-    head_id, head_hash = conn.execute(_HEAD_NOW).fetchone()
+    head_position, head_hash = conn.execute(_HEAD_NOW).fetchone()
     last_seq: dict[str, int] = {}
-    rows = []
+    unlinked = []
     for event in events:
         seq = event.seq
         if seq is None:
@@ -150,11 +154,13 @@ def append_events(conn: sqlite3.Connection, events: Sequence[NewEvent]) -> None:
                 last = conn.execute(_LAST_SEQ, (event.invocation_id,)).fetchone()[0]
             seq = last + 1
         last_seq[event.invocation_id] = seq
-        head_id += 1
-        hashed = event_hash(head_hash, head_id, event.invocation_id, seq, event.kind, event.at, event.detail)
-        rows.append((head_id, event.invocation_id, seq, event.kind, event.at, event.detail, head_hash, hashed))
-        head_hash = hashed
-    conn.executemany(_INSERT_HASHED, rows)
+        unlinked.append(Unlinked(event.invocation_id, seq, event.kind, event.at, event.detail, event.state))
+    linked = links((head_position, head_hash), unlinked)
+    conn.executemany(
+        _INSERT_HASHED,
+        [(link.position, *event, link.prev_hash, link.hash) for event, link in zip(unlinked, linked, strict=True)],
+    )
+    conn.execute(_MOVE_HEAD, (linked[-1].position, linked[-1].hash))
 
 
 def invocation_from_row(row: Sequence[Any]) -> Invocation:
@@ -257,9 +263,10 @@ class SqliteInvocations:
     ) -> Callable[[sqlite3.Connection], None]:
         row = _invocation_row(invocation)
         at = timestamp(utcnow())
+        state = record_state(row)
         last = len(events)
         first = [
-            NewEvent(invocation.id, kind, at, detail.json if seq == last else "{}", seq)
+            NewEvent(invocation.id, kind, at, state, detail.json if seq == last else "{}", seq)
             for seq, kind in enumerate(events, start=1)
         ]
 
@@ -295,14 +302,13 @@ class SqliteInvocations:
         for name in TRANSITION_FIELDS:
             params[f"set_{name}"] = name in fields
             params[name] = _field_value(name, fields[name]) if name in fields else None
-        appended = NewEvent(invocation_id, event, now, detail.json)
 
         def work(conn: sqlite3.Connection) -> Sequence[Any] | None:
-            rows = conn.execute(TRANSITION, params).fetchall()
+            rows = conn.execute(TRANSITION, params).fetchall()  # all: the statement is then done
             if not rows:
                 return None
-            append_events(conn, [appended])
             row: Sequence[Any] = rows[0]
+            append_events(conn, [changed(row, event, now, detail.json)])
             return row
 
         updated = await self._db.write(work)
@@ -331,12 +337,12 @@ class SqliteInvocations:
             "error_class": error_class,
             "error_message": error_message,
         }
-        event = NewEvent(invocation_id, to, now)
 
         def work(conn: sqlite3.Connection) -> bool:
-            if conn.execute(FINISH, params).rowcount == 0:
+            rows = conn.execute(FINISH, params).fetchall()
+            if not rows:
                 return False
-            append_events(conn, [event])
+            append_events(conn, [changed(rows[0], to, now)])
             return True
 
         return await self._db.write(work, may_wait=True, may_defer=may_defer)
@@ -362,13 +368,12 @@ class SqliteInvocations:
         at = timestamp(now)
         to: Literal["approved", "denied"] = "approved" if approve else "denied"
         params = {"id": invocation_id, "to": to, "now": at, "approve": approve, "error_message": error_message}
-        decided_event = NewEvent(invocation_id, to, at, detail.json)
 
         def work(conn: sqlite3.Connection) -> tuple[Sequence[Any], bool]:
             """The updated row, and whether it expired instead of being decided."""
             decided = conn.execute(DECIDE, params).fetchall()
             if decided:
-                append_events(conn, [decided_event])
+                append_events(conn, [changed(decided[0], to, at, detail.json)])
                 if grant is not None:
                     insert_grant(conn, grant)
                 return decided[0], False
@@ -379,7 +384,7 @@ class SqliteInvocations:
                 raise Conflict(f"invocation {invocation_id} is already {found[0]}", invocation_id=invocation_id)
             # Pending, yet the decision did not apply: it is past its expiry.
             expired = conn.execute(EXPIRE_ONE, {"id": invocation_id, "now": at}).fetchall()
-            append_events(conn, [NewEvent(invocation_id, "expired", at)])
+            append_events(conn, [changed(expired[0], "expired", at)])
             return expired[0], True
 
         row, expired = await self._db.write(work)
@@ -398,7 +403,7 @@ class SqliteInvocations:
 
         def work(conn: sqlite3.Connection) -> builtins.list[Sequence[Any]]:
             rows: builtins.list[Sequence[Any]] = conn.execute(EXPIRE_DUE, {"now": at}).fetchall()
-            append_events(conn, [NewEvent(row[0], "expired", at) for row in rows])
+            append_events(conn, [changed(row, "expired", at) for row in rows])
             return rows
 
         expired = [invocation_from_row(row) for row in await self._db.write(work)]
@@ -434,10 +439,10 @@ class SqliteInvocations:
 
         def work(conn: sqlite3.Connection) -> RecoveryReport:
             params = {"gone": gone, "now": at, "reason": PROCESS_STOPPED}
-            unknown = [row[0] for row in conn.execute(MARK_UNKNOWN, params).fetchall()]
-            append_events(conn, [NewEvent(id_, "unknown", at, reason) for id_ in unknown])
+            unknown = conn.execute(MARK_UNKNOWN, params).fetchall()
+            append_events(conn, [changed(row, "unknown", at, reason) for row in unknown])
             return RecoveryReport(
-                unknown=sorted(unknown),
+                unknown=sorted(row[0] for row in unknown),
                 approved=[row[0] for row in conn.execute(NEVER_STARTED, {"gone": gone}).fetchall()],
                 pending=conn.execute(COUNT_PENDING).fetchone()[0],
             )

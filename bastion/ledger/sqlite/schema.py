@@ -331,6 +331,23 @@ _MIGRATION_12: Final = (
     """,
 )
 
+_MIGRATION_13: Final = (
+    # Records chained (bastion.ledger.chain): an event carries `state`, the digest of its invocation row after the
+    # change, which its hash covers; the events before stay as they are (state NULL: the pre-chain segment). The head
+    # of the chain is kept apart from the events, so losing the newest ones is noticed: taken from the chain as it
+    # stands.
+    "ALTER TABLE events ADD COLUMN state TEXT",
+    "CREATE TABLE audit_head (one INTEGER PRIMARY KEY CHECK (one = 1), position INTEGER NOT NULL, hash TEXT NOT NULL)",
+    f"""
+    INSERT INTO audit_head (one, position, hash)
+    SELECT 1,
+           COALESCE(MAX(id), (SELECT MAX(position) FROM audit_checkpoints), 0),
+           COALESCE((SELECT hash FROM events ORDER BY id DESC LIMIT 1),
+                    (SELECT hash FROM audit_checkpoints ORDER BY position DESC LIMIT 1), '{GENESIS}')
+    FROM events
+    """,
+)
+
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_1,
     _MIGRATION_2,
@@ -344,6 +361,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_10,
     _MIGRATION_11,
     _MIGRATION_12,
+    _MIGRATION_13,
 )
 """Migration N (1-based) brings a ledger from user_version N-1 to N."""
 
