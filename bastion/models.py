@@ -380,6 +380,9 @@ class AuditCheckpoint(BaseModel):
     events: int
     """How many events that prune removed."""
     invocations: int
+    key: str | None = None
+    """The public key that signed it (bastion.ledger.anchors); None for a checkpoint made before they were signed."""
+    signature: str | None = None
 
 
 class ChainBreak(BaseModel):
@@ -403,6 +406,10 @@ class AuditReport(BaseModel):
     verified: int
     pre_chain: int = 0
     """Of them, the events recorded before records were chained (their hash covers the event alone)."""
+    anchors: int = 0
+    """The signed anchors the chain was found to hold (`bastion audit verify --anchors`)."""
+    trusted_keys: int = 0
+    """How many public keys signatures were checked against (none: the checkpoint's signature was not checked)."""
     records: int = 0
     """The invocation rows found equal to the state their newest event carries."""
     records_not_covered: int = 0

@@ -27,14 +27,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Final, NamedTuple
 
 from bastion.models import AuditCheckpoint, AuditReport, ChainBreak, ChainedEvent
 
 GENESIS: Final = "0" * 64
 """The previous hash of the first event of a ledger."""
+
+_NONE: Final[Mapping[int, str]] = MappingProxyType({})
 
 PAGE: Final = 1000
 """How many events a verification reads at a time."""
@@ -133,6 +136,9 @@ def record_state(values: Sequence[object]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+CheckpointSigner = Callable[[int, str, datetime], tuple[str, str]]
+"""Signs a prune's checkpoint at (position, hash, at): (public key, signature), see bastion.ledger.anchors."""
+
 ReadPage = Callable[[int, int], Awaitable[Sequence[ChainedEvent]]]
 """Given (after position, limit), at most `limit` events of the chain after that position, in chain order."""
 
@@ -159,22 +165,29 @@ ReadOrphans = Callable[[], Awaitable[Sequence[str]]]
 
 
 async def verify_chain(
-    checkpoint: AuditCheckpoint | None, read_page: ReadPage, *, head_of_record: tuple[int, str]
+    checkpoint: AuditCheckpoint | None,
+    read_page: ReadPage,
+    *,
+    head_of_record: tuple[int, str],
+    anchored: Mapping[int, str] = _NONE,
 ) -> AuditReport:
     """Walk the chain from the checkpoint (or the genesis) to its head; report the first break, if any.
 
     `head_of_record`: the (position, hash) the ledger keeps of the chain's head apart from the events: a chain that
     ends elsewhere lost its newest events (reason `head`). A checkpoint with events at or before its position was not
-    made by a prune, which removes them with it (reason `checkpoint`)."""
+    made by a prune, which removes them with it (reason `checkpoint`). `anchored`: the (position: hash) of anchors
+    whose signatures were checked (bastion.ledger.anchors): the chain must hold that hash at each position it still
+    keeps, and reach the newest (reason `anchor`)."""
     prev = checkpoint.hash if checkpoint is not None else GENESIS
     after = checkpoint.position if checkpoint is not None else 0
-    verified = pre_chain = 0
+    verified = pre_chain = anchors = 0
     head: ChainedEvent | None = None
 
     def report(broken: ChainBreak | None) -> AuditReport:
         return AuditReport(
             verified=verified,
             pre_chain=pre_chain,
+            anchors=anchors,
             checkpoint=checkpoint,
             head_id=head.id if head else None,
             head_position=head.position if head else None,
@@ -201,6 +214,9 @@ async def verify_chain(
         page = await read_page(after, PAGE)
         for event in page:
             broken = _break_at(event, prev)
+            if broken is None and event.position in anchored:
+                broken = _anchor_break(event, anchored[event.position])
+                anchors += 1
             if broken is not None:
                 return report(broken)
             verified += 1
@@ -211,6 +227,30 @@ async def verify_chain(
             break
         after = page[-1].position
     ends = (head.position, head.hash) if head is not None else (after, prev)
+    beyond = [position for position in anchored if position > ends[0]]
+    if beyond:
+        return report(
+            ChainBreak(
+                event_id=head.id if head is not None else 0,
+                position=max(beyond),
+                reason="anchor",
+                message=(
+                    f"the chain ends at position {ends[0]}, but an anchor signed position {max(beyond)}: the events "
+                    "after it were removed, or the chain was rebuilt"
+                ),
+            )
+        )
+    if checkpoint is not None and checkpoint.position in anchored:
+        anchors += 1
+        if anchored[checkpoint.position] != checkpoint.hash:
+            return report(
+                ChainBreak(
+                    event_id=checkpoint.event_id,
+                    position=checkpoint.position,
+                    reason="anchor",
+                    message=f"the checkpoint at position {checkpoint.position} does not hold the hash anchored there",
+                )
+            )
     if ends != head_of_record:
         return report(
             ChainBreak(
@@ -275,6 +315,20 @@ async def verify_records(chain: AuditReport, read_records: ReadRecords, read_orp
             )
         )
     return report(None)
+
+
+def _anchor_break(event: ChainedEvent, anchored: str) -> ChainBreak | None:
+    if event.hash == anchored:
+        return None
+    return ChainBreak(
+        event_id=event.id,
+        position=event.position,
+        reason="anchor",
+        message=(
+            f"event {event.id} (position {event.position}) verifies, but its hash is not the one a signed anchor "
+            "holds for that position: the history up to it was rewritten, and its hashes recomputed"
+        ),
+    )
 
 
 def _record_break(invocation_id: str, message: str) -> ChainBreak:

@@ -9,12 +9,13 @@ head for its transaction, so nothing is appended while it cuts.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, Final
 
 from bastion.ledger.backend import INVOCATION_COLUMNS
-from bastion.ledger.chain import GENESIS, TERMINAL, StoredRecord, verify_chain, verify_records
+from bastion.ledger.chain import GENESIS, TERMINAL, CheckpointSigner, StoredRecord, verify_chain, verify_records
 from bastion.ledger.postgres.database import Connection, PostgresDatabase
 from bastion.ledger.postgres.invocations import invocation_from_row
 from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Invocation, PruneReport
@@ -30,7 +31,8 @@ EXPORT_PAGE: Final = f"""
     WHERE events.position > %s ORDER BY events.position LIMIT %s
 """
 CHECKPOINT: Final = (
-    "SELECT position, event_id, hash, at, events, invocations FROM audit_checkpoints ORDER BY position DESC LIMIT 1"
+    "SELECT position, event_id, hash, at, events, invocations, key, signature FROM audit_checkpoints "
+    "ORDER BY position DESC LIMIT 1"
 )
 LOCK_HEAD: Final = "SELECT position FROM audit_head FOR UPDATE"
 HEAD: Final = "SELECT position, hash FROM audit_head"
@@ -59,8 +61,8 @@ LAST_PRUNABLE: Final = """
     ORDER BY position DESC LIMIT 1
 """
 INSERT_CHECKPOINT: Final = (
-    "INSERT INTO audit_checkpoints (position, event_id, hash, at, events, invocations) "
-    "VALUES (%(position)s, %(event_id)s, %(hash)s, %(at)s, %(events)s, %(invocations)s)"
+    "INSERT INTO audit_checkpoints (position, event_id, hash, at, events, invocations, key, signature) "
+    "VALUES (%(position)s, %(event_id)s, %(hash)s, %(at)s, %(events)s, %(invocations)s, %(key)s, %(signature)s)"
 )
 DELETE_EVENTS: Final = "DELETE FROM events WHERE position <= %(through)s RETURNING invocation_id"
 DELETE_INVOCATIONS: Final = """
@@ -103,19 +105,26 @@ class PostgresAudit:
         if row is None:
             return None
         return AuditCheckpoint(
-            position=row[0], event_id=row[1], hash=row[2], at=row[3], events=row[4], invocations=row[5]
+            position=row[0],
+            event_id=row[1],
+            hash=row[2],
+            at=row[3],
+            events=row[4],
+            invocations=row[5],
+            key=row[6],
+            signature=row[7],
         )
 
     async def chain(self, after: int, limit: int) -> builtins.list[ChainedEvent]:
         """At most `limit` events of the chain after position `after`, in chain order."""
         return [chained_from_row(row) for row in await self._db.fetchall(CHAIN_PAGE, (after, limit))]
 
-    async def verify(self) -> AuditReport:
+    async def verify(self, anchored: Mapping[int, str] = MappingProxyType({})) -> AuditReport:
         """Check the chain from the checkpoint to its head of record, then every invocation row against its newest
-        event; the report names the first break."""
+        event; the report names the first break. `anchored`: (position: hash) of anchors whose signatures hold."""
         row = await self._db.fetchone(HEAD)
         head = (int(row[0]), str(row[1])) if row is not None else (0, GENESIS)
-        chain = await verify_chain(await self.checkpoint(), self.chain, head_of_record=head)
+        chain = await verify_chain(await self.checkpoint(), self.chain, head_of_record=head, anchored=anchored)
         return await verify_records(chain, self._records, self._orphans)
 
     async def _records(self, after: str, limit: int) -> builtins.list[StoredRecord]:
@@ -135,10 +144,11 @@ class PostgresAudit:
         width = len(INVOCATION_COLUMNS)
         return [(chained_from_row(row[width:]), invocation_from_row(row[:width])) for row in rows]
 
-    async def prune(self, before: datetime, *, now: datetime) -> PruneReport:
+    async def prune(self, before: datetime, *, now: datetime, sign: CheckpointSigner | None = None) -> PruneReport:
         """Delete the oldest events of the chain, up to the first that belongs to an invocation not finished before
         `before` (never the newest event), with the invocations left without events; record a checkpoint carrying
-        the last pruned event's hash, in one transaction holding the chain's head."""
+        the last pruned event's hash (signed with `sign`, when given), in one transaction holding the chain's
+        head."""
 
         async def work(conn: Connection) -> PruneReport:
             head = await (await conn.execute(LOCK_HEAD)).fetchone()
@@ -150,7 +160,10 @@ class PostgresAudit:
             if last is None:
                 return PruneReport(events=0, invocations=0, kept_by=kept_by)
             through, event_id, hash_ = int(last[0]), int(last[1]), str(last[2])
+            key, signature = sign(through, hash_, now) if sign is not None else (None, None)
             params = {
+                "key": key,
+                "signature": signature,
                 "position": through,
                 "event_id": event_id,
                 "hash": hash_,
@@ -165,7 +178,14 @@ class PostgresAudit:
             counts = {"position": through, "events": len(deleted), "invocations": invocations}
             await conn.execute(UPDATE_CHECKPOINT_COUNTS, counts)
             checkpoint = AuditCheckpoint(
-                position=through, event_id=event_id, hash=hash_, at=now, events=len(deleted), invocations=invocations
+                position=through,
+                event_id=event_id,
+                hash=hash_,
+                at=now,
+                events=len(deleted),
+                invocations=invocations,
+                key=key,
+                signature=signature,
             )
             return PruneReport(events=len(deleted), invocations=invocations, checkpoint=checkpoint, kept_by=kept_by)
 

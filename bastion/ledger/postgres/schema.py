@@ -282,6 +282,7 @@ _MIGRATION_7: Final = (
     # the change, which its hash covers (NULL for the events before: the pre-chain segment). The chain is computed in
     # Python now, for both backends (bastion.ledger.postgres.chain): the trigger and function that computed it here go.
     "ALTER TABLE events ADD COLUMN state text",
+    "ALTER TABLE audit_checkpoints ADD COLUMN key text, ADD COLUMN signature text",
     "DROP TRIGGER events_chain ON events",
     "DROP FUNCTION events_chain()",
     "DROP FUNCTION bastion_event_hash(text, bigint, text, integer, text, timestamptz, text)",

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import builtins
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, Final
 
 from bastion.ledger.backend import INVOCATION_COLUMNS
-from bastion.ledger.chain import GENESIS, TERMINAL, StoredRecord, verify_chain, verify_records
+from bastion.ledger.chain import GENESIS, TERMINAL, CheckpointSigner, StoredRecord, verify_chain, verify_records
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.invocations import invocation_from_row
 from bastion.ledger.sqlite.schema import dumps, timestamp
@@ -42,7 +43,8 @@ ORPHANS: Final = """
     ORDER BY invocation_id LIMIT 100
 """
 CHECKPOINT: Final = (
-    "SELECT position, event_id, hash, at, events, invocations FROM audit_checkpoints ORDER BY position DESC LIMIT 1"
+    "SELECT position, event_id, hash, at, events, invocations, key, signature FROM audit_checkpoints "
+    "ORDER BY position DESC LIMIT 1"
 )
 _PRUNABLE: Final = (
     f"(invocations.status IN ({', '.join(repr(s) for s in TERMINAL)}) AND invocations.updated_at < :before)"
@@ -56,8 +58,8 @@ LAST_PRUNABLE: Final = (
     "SELECT id, hash FROM events WHERE id < :limit AND id < (SELECT MAX(id) FROM events) ORDER BY id DESC LIMIT 1"
 )
 INSERT_CHECKPOINT: Final = (
-    "INSERT INTO audit_checkpoints (position, event_id, hash, at, events, invocations) "
-    "VALUES (:position, :position, :hash, :at, :events, :invocations)"
+    "INSERT INTO audit_checkpoints (position, event_id, hash, at, events, invocations, key, signature) "
+    "VALUES (:position, :position, :hash, :at, :events, :invocations, :key, :signature)"
 )
 PRUNED_INVOCATIONS: Final = "SELECT DISTINCT invocation_id FROM events WHERE id <= :through"
 DELETE_EVENTS: Final = "DELETE FROM events WHERE id <= :through"
@@ -99,6 +101,8 @@ def checkpoint_from_row(row: Sequence[Any]) -> AuditCheckpoint:
         at=datetime.fromisoformat(row[3]),
         events=row[4],
         invocations=row[5],
+        key=row[6],
+        signature=row[7],
     )
 
 
@@ -117,12 +121,12 @@ class SqliteAudit:
         """At most `limit` events of the chain after position `after`, in chain order."""
         return [chained_from_row(row) for row in await self._db.fetchall(CHAIN_PAGE, (after, limit))]
 
-    async def verify(self) -> AuditReport:
+    async def verify(self, anchored: Mapping[int, str] = MappingProxyType({})) -> AuditReport:
         """Check the chain from the checkpoint to its head of record, then every invocation row against its newest
-        event; the report names the first break."""
+        event; the report names the first break. `anchored`: (position: hash) of anchors whose signatures hold."""
         row = await self._db.fetchone(HEAD)
         head = (int(row[0]), str(row[1])) if row is not None else (0, GENESIS)
-        chain = await verify_chain(await self.checkpoint(), self.chain, head_of_record=head)
+        chain = await verify_chain(await self.checkpoint(), self.chain, head_of_record=head, anchored=anchored)
         return await verify_records(chain, self._records, self._orphans)
 
     async def _records(self, after: str, limit: int) -> builtins.list[StoredRecord]:
@@ -140,10 +144,10 @@ class SqliteAudit:
         width = len(INVOCATION_COLUMNS)
         return [(chained_from_row(row[width:]), invocation_from_row(row[:width])) for row in rows]
 
-    async def prune(self, before: datetime, *, now: datetime) -> PruneReport:
+    async def prune(self, before: datetime, *, now: datetime, sign: CheckpointSigner | None = None) -> PruneReport:
         """Delete the oldest events, up to the first that belongs to an invocation not finished before `before`
         (and never the newest event), with the invocations left without events; record a checkpoint carrying the
-        last pruned event's hash, in one transaction."""
+        last pruned event's hash (signed with `sign`, when given), in one transaction."""
         params = {"before": timestamp(before)}
 
         def work(conn: sqlite3.Connection) -> PruneReport:
@@ -154,18 +158,35 @@ class SqliteAudit:
             if last is None:
                 return PruneReport(events=0, invocations=0, kept_by=kept_by)
             through, hash_ = last
+            key, signature = sign(through, hash_, now) if sign is not None else (None, None)
             ids = dumps([row[0] for row in conn.execute(PRUNED_INVOCATIONS, {"through": through}).fetchall()])
             at = timestamp(now)
             # The checkpoint first: the delete trigger lets only events up to it go.
             conn.execute(
-                INSERT_CHECKPOINT, {"position": through, "hash": hash_, "at": at, "events": 0, "invocations": 0}
+                INSERT_CHECKPOINT,
+                {
+                    "position": through,
+                    "hash": hash_,
+                    "at": at,
+                    "events": 0,
+                    "invocations": 0,
+                    "key": key,
+                    "signature": signature,
+                },
             )
             events = conn.execute(DELETE_EVENTS, {"through": through}).rowcount
             invocations = conn.execute(DELETE_INVOCATIONS, {"ids": ids}).rowcount
             counts = {"position": through, "events": events, "invocations": invocations}
             conn.execute(UPDATE_CHECKPOINT_COUNTS, counts)
             checkpoint = AuditCheckpoint(
-                position=through, event_id=through, hash=hash_, at=now, events=events, invocations=invocations
+                position=through,
+                event_id=through,
+                hash=hash_,
+                at=now,
+                events=events,
+                invocations=invocations,
+                key=key,
+                signature=signature,
             )
             return PruneReport(events=events, invocations=invocations, checkpoint=checkpoint, kept_by=kept_by)
 

@@ -335,8 +335,10 @@ _MIGRATION_13: Final = (
     # Records chained (bastion.ledger.chain): an event carries `state`, the digest of its invocation row after the
     # change, which its hash covers; the events before stay as they are (state NULL: the pre-chain segment). The head
     # of the chain is kept apart from the events, so losing the newest ones is noticed: taken from the chain as it
-    # stands.
+    # stands. A prune signs the checkpoint it leaves, when it can.
     "ALTER TABLE events ADD COLUMN state TEXT",
+    "ALTER TABLE audit_checkpoints ADD COLUMN key TEXT",  # a prune's signature (bastion.ledger.anchors)
+    "ALTER TABLE audit_checkpoints ADD COLUMN signature TEXT",
     "CREATE TABLE audit_head (one INTEGER PRIMARY KEY CHECK (one = 1), position INTEGER NOT NULL, hash TEXT NOT NULL)",
     f"""
     INSERT INTO audit_head (one, position, hash)

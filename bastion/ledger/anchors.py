@@ -1,0 +1,239 @@
+"""Signed anchors of the audit chain, and the Ed25519 key that signs them, kept outside the store.
+
+Someone who can write the database can rewrite its whole history and recompute every hash of the chain
+(bastion.ledger.chain): the chain then holds, and proves nothing. What they cannot do without the signing key is
+sign: `bastion audit anchor` signs the chain's head (position and hash) and appends it, one JSON line, to a file the
+operator keeps elsewhere (or prints it for a log shipper); a retention prune signs the checkpoint it leaves.
+`bastion audit verify --anchors FILE` then checks the chain against every anchor and the checkpoint against its
+signature: a history rewritten before an anchor, or cut after one, no longer verifies.
+
+The signing key is a PEM file (PKCS #8, mode 0600) beside the key of argument hashes (bastion.ledger.keys), created
+on first use. Its public half, `ed25519:<base64>`, is what a verifier trusts: `bastion audit key` prints it, to
+publish wherever verifiers look (a runbook, a ticket, the repository of the deployment). Rotating: move the old
+file aside and anchor again; give verifiers both public keys while anchors signed by the old one are kept.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Final, Literal, Protocol
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from pydantic import BaseModel, ValidationError
+
+from bastion.errors import ConfigError
+from bastion.ledger.chain import stored_time
+from bastion.models import AuditCheckpoint, AuditReport, ChainBreak
+
+PUBLIC_PREFIX: Final = "ed25519:"
+
+Signed = Literal["anchor", "checkpoint"]
+"""What a signature is of: the text signed names it, so a checkpoint's signature is no anchor's."""
+
+
+class Anchor(BaseModel):
+    """The chain's head at one moment, signed: one line of an anchors file."""
+
+    position: int
+    hash: str
+    at: datetime
+    key: str
+    """The public key that signed it (`ed25519:<base64>`)."""
+    signature: str
+    """Ed25519 over `signed_text("anchor", position, hash, at)`, base64."""
+
+
+def signing_key_path_for(key_path: Path) -> Path:
+    """Where the signing key of a ledger whose argument-hash key is `key_path` is kept: beside it."""
+    return key_path.with_name(f"{key_path.stem}.signing.pem")
+
+
+def load_signing_key(path: Path) -> Ed25519PrivateKey | None:
+    """The signing key in `path`; None when there is no such file. ConfigError when it cannot be read or is no
+    Ed25519 key."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"{path}: the ledger's signing key cannot be read ({exc}); check its permissions") from exc
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"{path}: not a PEM private key ({exc}); restore it from a backup, or move it aside to start a new one "
+            "(publish the new public key: anchors signed by the old one need the old public key to verify)"
+        ) from exc
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ConfigError(f"{path}: the signing key must be Ed25519, got {type(key).__name__}; move it aside")
+    return key
+
+
+def load_or_create_signing_key(path: Path) -> Ed25519PrivateKey:
+    """The signing key in `path`, created (mode 0600, atomically: two processes agree on one) when missing."""
+    key = load_signing_key(path)
+    if key is not None:
+        return key
+    created = Ed25519PrivateKey.generate()
+    pem = created.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draft = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(pem)
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(draft, path)  # fails if another process created one first: then theirs is the key
+        except FileExistsError:
+            return load_or_create_signing_key(path)
+    finally:
+        draft.unlink(missing_ok=True)
+    return created
+
+
+def public_text(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
+    """The public key as verifiers are given it: `ed25519:` and the raw 32 bytes in base64."""
+    public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return PUBLIC_PREFIX + base64.b64encode(raw).decode("ascii")
+
+
+def parse_public(text: str) -> Ed25519PublicKey:
+    """A public key given as `ed25519:<base64>`; ConfigError naming the expected form otherwise."""
+    body = text.strip().removeprefix(PUBLIC_PREFIX)
+    try:
+        return Ed25519PublicKey.from_public_bytes(base64.b64decode(body, validate=True))
+    except ValueError as exc:
+        raise ConfigError(
+            f"{text!r} is not a public key: expected ed25519:<base64 of 32 bytes>, as `bastion audit key` prints it"
+        ) from exc
+
+
+def signed_text(what: Signed, position: int, hash_: str, at: datetime) -> bytes:
+    """The exact bytes a signature covers."""
+    return f"bastion audit {what} v1\n{position}\n{hash_}\n{stored_time(at)}".encode()
+
+
+def sign(key: Ed25519PrivateKey, what: Signed, position: int, hash_: str, at: datetime) -> tuple[str, str]:
+    """(public key, signature) of `what` at (position, hash, at)."""
+    signature = key.sign(signed_text(what, position, hash_, at))
+    return public_text(key), base64.b64encode(signature).decode("ascii")
+
+
+def sign_anchor(key: Ed25519PrivateKey, position: int, hash_: str, at: datetime) -> Anchor:
+    public, signature = sign(key, "anchor", position, hash_, at)
+    return Anchor(position=position, hash=hash_, at=at, key=public, signature=signature)
+
+
+def signature_fault(
+    what: Signed,
+    position: int,
+    hash_: str,
+    at: datetime,
+    key: str | None,
+    signature: str | None,
+    trusted: Collection[str],
+) -> str | None:
+    """Why a signature does not hold (None when it does): missing, by a key not trusted, or not over this."""
+    if key is None or signature is None:
+        return "it is not signed"
+    if key not in trusted:
+        return f"it is signed by {key}, which is not a trusted key (give it with --public-key if it is yours)"
+    try:
+        parse_public(key).verify(base64.b64decode(signature), signed_text(what, position, hash_, at))
+    except (InvalidSignature, ValueError, ConfigError):
+        return "its signature is not that of its content: it was forged or changed"
+    return None
+
+
+def read_anchors(path: Path) -> list[Anchor]:
+    """Every anchor of an anchors file, in order. ConfigError naming the line that is not one."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"{path}: the anchors cannot be read ({exc})") from exc
+    anchors = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            anchors.append(Anchor.model_validate_json(line))
+        except ValidationError as exc:
+            raise ConfigError(
+                f"{path}:{number}: not an anchor ({exc.errors()[0]['msg']}); each line is one `bastion audit anchor` "
+                "wrote: restore the file from where it is shipped"
+            ) from exc
+    return anchors
+
+
+def append_anchor(path: Path, anchor: Anchor) -> None:
+    """Add the anchor as the file's last line, flushed to disk before returning."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as out:
+        out.write(anchor_line(anchor) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def anchor_line(anchor: Anchor) -> str:
+    return json.dumps(anchor.model_dump(mode="json"), separators=(",", ":"))
+
+
+class _Audit(Protocol):
+    async def checkpoint(self) -> AuditCheckpoint | None: ...
+
+    async def verify(self, anchored: Mapping[int, str] = ...) -> AuditReport: ...
+
+
+async def verify_signed(audit: _Audit, anchors: Sequence[Anchor], trusted: Collection[str]) -> AuditReport:
+    """Verify the ledger's chain and records against signed `anchors`, and its checkpoint's signature, trusting the
+    public keys `trusted` (none: only the store's own consistency is checked). The first anchor or checkpoint whose
+    signature does not hold breaks it before the chain is read."""
+    anchored: dict[int, str] = {}
+    for number, anchor in enumerate(anchors, start=1):
+        fault = signature_fault(
+            "anchor", anchor.position, anchor.hash, anchor.at, anchor.key, anchor.signature, trusted
+        )
+        if fault is None and anchored.get(anchor.position, anchor.hash) != anchor.hash:
+            fault = "another anchor signed a different hash at that position: two histories were signed"
+        if fault is not None:
+            return _broken(
+                "anchor", anchor.position, f"anchor {number} (position {anchor.position}) does not hold: {fault}"
+            )
+        anchored[anchor.position] = anchor.hash
+    checkpoint = await audit.checkpoint()
+    if checkpoint is not None and trusted:
+        fault = signature_fault(
+            "checkpoint",
+            checkpoint.position,
+            checkpoint.hash,
+            checkpoint.at,
+            checkpoint.key,
+            checkpoint.signature,
+            trusted,
+        )
+        if fault is not None:
+            return _broken(
+                "checkpoint",
+                checkpoint.position,
+                f"the checkpoint at position {checkpoint.position} does not hold: {fault}; a checkpoint no prune "
+                "signed may hide the events before it",
+            )
+    report = await audit.verify(anchored)
+    return report.model_copy(update={"trusted_keys": len(trusted)})
+
+
+def _broken(reason: Literal["anchor", "checkpoint"], position: int, message: str) -> AuditReport:
+    return AuditReport(verified=0, broken=ChainBreak(event_id=0, position=position, reason=reason, message=message))
