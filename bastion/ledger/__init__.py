@@ -16,7 +16,7 @@ from typing import Final
 from bastion.config import SQLITE_PREFIX, is_postgres_url, sqlite_path
 from bastion.config.models import display_url
 from bastion.errors import ConfigError
-from bastion.ledger.keys import load_key, load_or_create_key
+from bastion.ledger.keys import load_key, load_or_create_key, marker_key_from
 from bastion.ledger.postgres import PostgresBackend, key_check
 from bastion.ledger.postgres.audit import PostgresAudit
 from bastion.ledger.postgres.feed import PostgresFeed
@@ -71,6 +71,9 @@ class OpenLedger:
     """The stores as the backend implements them (tests of SQLite internals reach the file through it)."""
     key_path: Path
     """The file of the key of its argument hashes (every instance on one PostgreSQL ledger needs the same)."""
+    marker_key: bytes
+    """The key provider calls mark what they make with, derived from the ledger's key (`marker_key_from`): what a
+    reconcile by check finds counts only when it carries this key's mark."""
 
     @classmethod
     def of(
@@ -91,6 +94,7 @@ class OpenLedger:
             audit=backend.audit,
             backend=backend,
             key_path=key_path,
+            marker_key=marker_key_from(key),
         )
 
     @property

@@ -85,6 +85,16 @@ def _keyed(key: bytes) -> hmac.HMAC:
     return hmac.new(key, digestmod=hashlib.sha256)
 
 
+MARKER_PURPOSE: Final = b"bastion reconciliation marker v1"
+
+
+def marker_key_from(key: bytes) -> bytes:
+    """The key that provider calls mark what they make with (bastion/sources/providers/evidence.py), derived from
+    the ledger's key: as secret as it (never in the database, never shown to agents), yet no use for argument
+    hashes."""
+    return hmac.digest(key, MARKER_PURPOSE, "sha256")
+
+
 def matches(key: bytes, arguments: Any, stored: str) -> bool:
     """Whether `arguments` are the ones hashed into `stored` (also an unkeyed hash of a ledger from before keys)."""
     if hmac.compare_digest(keyed_hash(key, arguments), stored):
