@@ -116,13 +116,25 @@ class Found:
 
     `completed`: what the call made was found; `failed`: the source is certain the call never acted (only a
     source whose look-up is authoritative says so; the others answer None, "not found", and the call stays
-    unknown)."""
+    unknown). What was found settles the call only when it is `accepted`: a look-up that finds something carrying
+    the call's mark which does not prove the call made it (the mark's key, its creator, its place or its time
+    do not fit the call) reports it with the `reason`, and the call stays unknown."""
 
     outcome: LookedUpOutcome
     where: str
     """Where it was found (a URL, an id), or why the source is certain it does not exist."""
     result: Any = None
     """What the call would have returned, read back from what was found (None when it failed)."""
+    creator: str | None = None
+    """Who made what was found, as the downstream names them (None when it failed)."""
+    created_at: str | None = None
+    """When it was made, as the downstream says (None when it failed)."""
+    reason: str | None = None
+    """Why what was found is no proof that the call made it; None when it is (the call may be settled by it)."""
+
+    @property
+    def accepted(self) -> bool:
+        return self.reason is None
 
 
 @dataclass(frozen=True, slots=True)

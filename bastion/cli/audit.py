@@ -78,7 +78,9 @@ def invocations_reconcile(
 ) -> None:
     """Record the outcome of a call Bastion could not know (status unknown): by hand (--outcome), after looking in
     the downstream for its correlation id (io.bastion/correlation-id) or idempotency key, or by check (--check),
-    where its provider looks it up. A check that finds nothing certain leaves the call unknown and exits 1.
+    where its provider looks it up. A check that finds nothing certain, or something that is no proof the call made
+    it (not made by the provider's credential, elsewhere, at another time, its mark not keyed by this Bastion),
+    leaves the call unknown and exits 1.
     Owners and admins only."""
     if check and outcome is not None:
         raise Exit("error: give --outcome (by hand) or --check (ask the provider), not both", 2)
@@ -123,22 +125,30 @@ def _reconcile_by_check(
 
     checked = run_async(run)
     settled, found = checked.invocation, checked.found
+    by_hand = "Look for it yourself and settle it with --outcome completed|failed."
     if as_json:
         emit_json(check_json(settled, found))
-    elif found is not None:
+    elif found is None:
         out.print(
-            f"reconciled {settled.id} ({settled.tool}) as {settled.status} by check: {found.where}",
+            f"not found: {settled.source_id} has no trace of {settled.id} ({settled.tool}) it can be sure of; left "
+            f"{settled.status}. {by_hand}",
+            markup=False,
+            highlight=False,
+        )
+    elif not found.accepted:
+        out.print(
+            f"not accepted: {settled.source_id} has {found.where} carrying the mark of {settled.id} ({settled.tool}), "
+            f"but it is no proof the call made it: {found.reason}. Left {settled.status}. {by_hand}",
             markup=False,
             highlight=False,
         )
     else:
         out.print(
-            f"not found: {settled.source_id} has no trace of {settled.id} ({settled.tool}) it can be sure of; left "
-            f"{settled.status}. Look for it yourself and settle it with --outcome completed|failed.",
+            f"reconciled {settled.id} ({settled.tool}) as {settled.status} by check: {found.where}",
             markup=False,
             highlight=False,
         )
-    if found is None:
+    if found is None or not found.accepted:
         raise typer.Exit(1)
 
 

@@ -5,6 +5,7 @@ Every way of deciding — the REST API, the local CLI, a remote CLI — goes thr
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -24,6 +25,8 @@ from bastion.models import PLUGIN_SOURCE_ID, Invocation, InvocationEvent, Pin, P
 from bastion.pipeline.grants import Grants
 from bastion.pipeline.seams import InvocationStore, Ledger
 from bastion.sources.seam import ActionSource, LookupSource
+
+logger = logging.getLogger(__name__)
 
 MIN_ID_PREFIX: Final = 6
 """The fewest characters of an invocation id that name it (when no other id starts with them)."""
@@ -157,7 +160,8 @@ SourceOf = Callable[[str], ActionSource | None]
 
 @dataclass(frozen=True, slots=True)
 class Checked:
-    """What a reconcile by check came to: the invocation (reconciled, or unchanged when nothing was `found`)."""
+    """What a reconcile by check came to: the invocation (reconciled, or unchanged when nothing was `found` or what
+    was found is not `accepted`)."""
 
     invocation: Invocation
     found: Found | None
@@ -183,15 +187,24 @@ async def reconcile(
     from_statuses: Collection[Status] = RECONCILABLE,
 ) -> Invocation:
     """Record what came of a call whose outcome was unknown, so it is settled on the record, not left open:
-    unknown or executing -> `outcome`, with a `reconciled` event naming who, how (by hand, by check with what was
-    `found`, or by the rollback whose report is `rolled_back`) and why. Approvers only; NotFound, or Conflict when
-    the invocation is not unresolved (naming its status)."""
+    unknown or executing -> `outcome`, with a `reconciled` event naming who (`by`: the approver), how (`how`: by
+    `hand`, by `check` with the evidence `found`, or by the `rollback` whose report is `rolled_back`) and why (the
+    `note`, the evidence: where, who made it and when, or the rollback's report). Approvers only; NotFound, or
+    Conflict when the invocation is not unresolved (naming its status); InvalidArguments for evidence that is not
+    accepted (it settles nothing)."""
     _require_approver(principal, invocation_id)
+    if found is not None and not found.accepted:
+        raise InvalidArguments(
+            f"what was found of invocation {invocation_id} ({found.where}) is no proof the call made it: "
+            f"{found.reason}; settle it by hand with --outcome",
+            invocation_id=invocation_id,
+        )
     invocation_id = await resolve_invocation_id(ledger.invocations, invocation_id, principal)
     failed = outcome == "failed"
     detail: dict[str, Any] = {"outcome": outcome, "by": principal.name, "how": "hand", "note": note}
     if found is not None:
-        detail |= {"how": "check", "found": {"where": found.where, "result": found.result}}
+        evidence = {"where": found.where, "creator": found.creator, "created_at": found.created_at}
+        detail |= {"how": "check", "found": evidence | {"result": found.result}}
     if rolled_back is not None:
         detail |= {"how": "rollback", "rollback": dict(rolled_back)}
     reconciled = await ledger.invocations.transition(
@@ -277,7 +290,9 @@ async def reconcile_by_check(
     executing and not updated for `stale_after` (Conflict otherwise), and its action must declare
     `reconcile = "lookup"` (InvalidArguments otherwise, naming the fix: by hand). Nothing found that the source
     can be sure of leaves the call as it is (`found` None), and so does "nothing was made" for a call updated within
-    `stale_after`. The source's errors (unavailable, rate limited...) leave it too."""
+    `stale_after`. So does what carries the call's mark but is no proof the call made it (`found` not accepted:
+    its reason says why); it is logged, and answered for the approver to judge. The source's errors (unavailable,
+    rate limited...) leave it too."""
     _require_approver(principal, invocation_id)
     invocation_id = await resolve_invocation_id(ledger.invocations, invocation_id, principal)
     invocation = await ledger.invocations.get(invocation_id)
@@ -313,6 +328,16 @@ async def reconcile_by_check(
         # Nothing made is certain only once the call has been left alone long enough: a request that timed out
         # a moment ago may still be applied by the downstream.
         return Checked(invocation, None)
+    if not found.accepted:
+        logger.warning(
+            "invocation %s (%s): %s carries its mark but is not accepted as what it made: %s; left %s",
+            invocation_id,
+            invocation.policy_key,
+            found.where,
+            found.reason,
+            invocation.status,
+        )
+        return Checked(invocation, found)
     settled = await reconcile(
         ledger,
         invocation_id,

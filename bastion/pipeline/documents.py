@@ -67,10 +67,20 @@ class FoundView(BaseModel):
     """Where it was found (a URL, an id), or why the source is certain the call never acted."""
     result: Any = None
     """What the call would have returned, read back from what was found."""
+    creator: str | None = None
+    """Who made it, as the downstream names them."""
+    created_at: str | None = None
+    """When it was made, as the downstream says."""
+    accepted: bool = True
+    """Whether it proves the call made it (then the call was reconciled by it); false leaves the call as it was."""
+    reason: str | None = None
+    """Why it is not accepted (e.g. made by someone else than the provider's credential, or outside the call's
+    time); null when it is."""
 
 
 class CheckReport(BaseModel):
-    """A reconcile by check: the invocation (reconciled as `found` says, or unchanged when nothing was found)."""
+    """A reconcile by check: the invocation (reconciled as `found` says, or unchanged when nothing was found or what
+    was found is not accepted)."""
 
     invocation: Invocation
     found: FoundView | None
@@ -79,7 +89,17 @@ class CheckReport(BaseModel):
 
 def check_json(invocation: Invocation, found: Found | None) -> dict[str, Any]:
     """The JSON shape of a reconcile by check, as the API answers and `reconcile --check --json` prints it."""
-    view = None if found is None else FoundView(outcome=found.outcome, where=found.where, result=found.result)
+    view = None
+    if found is not None:
+        view = FoundView(
+            outcome=found.outcome,
+            where=found.where,
+            result=found.result,
+            creator=found.creator,
+            created_at=found.created_at,
+            accepted=found.accepted,
+            reason=found.reason,
+        )
     return CheckReport(invocation=invocation, found=view).model_dump(mode="json")
 
 

@@ -465,8 +465,11 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         "what they make: see docs/serving.md); 422 `invalid_arguments` for any other, to settle by hand with "
         "POST .../reconcile. 409 when the call is not unknown or executing for more than "
         f"{STALE_AFTER.total_seconds():g} s. Found: records a `reconciled` event (`how`: `check`, with what was "
-        "found) and answers it with the invocation reconciled. Not found (`found` null): the call is left as it "
-        "was. 502 or 429 when the source cannot be asked now; nothing is recorded.",
+        "found: where, its creator and creation time) and answers it with the invocation reconciled. Found but "
+        "no proof the call made it (`found.accepted` false, `found.reason` saying why: its mark not keyed by this "
+        "Bastion, made by another than the provider's credential, elsewhere or outside the call's time) or not "
+        "found (`found` null): the call is left as it was. 502 or 429 when the source cannot be asked now; "
+        "nothing is recorded.",
     ),
     Operation(
         "GET",
