@@ -12,17 +12,23 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import anyio
 import httpx2
 import mcp_types as types
 
+from bastion.actions import Found
 from bastion.config import ProviderConfig
+from bastion.models import Invocation, utcnow
 from bastion.sources.providers import ProviderSource, provider_source
 
 CANARY = "canary-4f1d2c9e7b"
 """A provider token that no redaction pattern matches."""
+
+MARKER_KEY = bytes.fromhex("6d61726b6572206b6579206f66207468652074657374732c2033322062797465")
+"""The marker key the providers of these tests mark what their calls make with (a gateway's is its ledger's)."""
 
 Answer = httpx2.Response | Exception | Callable[[httpx2.Request], Awaitable[httpx2.Response]]
 
@@ -74,7 +80,9 @@ def source(
     provider_id: str, api: ScriptedApi, *, token: str | None = CANARY, call_timeout: float = 30.0, **settings: Any
 ) -> ProviderSource:
     config = ProviderConfig.model_validate({"token": token, **settings})
-    return provider_source(provider_id, config, call_timeout=call_timeout, transport=api.transport)
+    return provider_source(
+        provider_id, config, call_timeout=call_timeout, marker_key=MARKER_KEY, transport=api.transport
+    )
 
 
 @asynccontextmanager
@@ -102,6 +110,29 @@ async def call(
     timeout: float = 5,
 ) -> types.CallToolResult:
     return await provider.call(action, arguments, correlation_id=correlation_id, timeout=timeout)
+
+
+async def looked_up(
+    provider: ProviderSource, action: str, arguments: dict[str, Any], *, invocation_id: str = "inv-1"
+) -> Found | None:
+    """What the provider's look-up finds of a call of `action` with `arguments`, made a minute ago."""
+    at = utcnow() - timedelta(minutes=1)
+    invocation = Invocation(
+        id=invocation_id,
+        status="unknown",
+        policy_key=f"{provider.source_id}:{action}",
+        tool=f"{provider.namespace}__{action}",
+        source_id=provider.source_id,
+        action_id=action,
+        risk="write",
+        mode="allow",
+        mode_source="policy",
+        session_id="s",
+        args=arguments,
+        created_at=at,
+        updated_at=at,
+    )
+    return await provider.look_up(action, invocation)
 
 
 def dumped(*values: Any) -> str:

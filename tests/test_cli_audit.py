@@ -13,8 +13,9 @@ import anyio
 import pytest
 
 from bastion.models import utcnow
+from bastion.sources.providers.evidence import tag_of
 from bastion.sources.providers.github import marker
-from tests.fake_apis import FakeGitHub
+from tests.fake_apis import AGENT_TOKEN, FakeGitHub
 from tests.processes import bastion_command, bastion_env
 from tests.processes import run_cli as run_any_cli
 from tests.providers import CANARY
@@ -84,18 +85,22 @@ async def test_reconcile_by_check_asks_the_provider_and_says_when_it_cannot(tmp_
         make_invocation(1, status="unknown", policy_key="github:create_issue", action_id="create_issue", args=issue),
         make_invocation(2, status="unknown", policy_key="github:close_issue", action_id="close_issue", args=issue),
         make_invocation(3, status="unknown", policy_key="github:create_issue", action_id="create_issue", args=issue),
+        make_invocation(4, status="unknown", policy_key="github:create_issue", action_id="create_issue", args=issue),
     ]
     async with open_ledger(config) as ledger:
         for call in calls:
             call = call.model_copy(update=github | {"tool": call.policy_key.replace(":", "__")})
             await ledger.invocations.record(call, ["planned", "executing", "unknown"])
+        keyed = marker("inv-0001", tag_of(ledger.marker_key, "inv-0001"))  # the ledger's key, as `serve` marks
     fake = FakeGitHub()
-    fake.seed_issue("Crash on save", f"Made by an agent.\n\n{marker('inv-0001')}")
+    fake.seed_issue("Crash on save", f"Made by Bastion.\n\n{keyed}")
+    fake.seed_issue("Crash on save", "Made by the agent.\n\n<!-- bastion:invocation inv-0004 -->", by=AGENT_TOKEN)
 
-    async def reconcile(*args: str) -> tuple[int, str]:
+    async def reconcile(*args: str) -> tuple[int, str, str]:
+        """The command's exit status, its JSON report (stdout) and its log (stderr)."""
         command = bastion_command("invocations", "reconcile", *args, "--json", "--config", str(config))
         done = await anyio.run_process(command, env=env, check=False)
-        return done.returncode, done.stdout.decode() + done.stderr.decode()
+        return done.returncode, done.stdout.decode(), done.stderr.decode()
 
     async with serving(fake.asgi()) as api_url:
         with (config / "bastion.toml").open("a") as toml:
@@ -104,6 +109,7 @@ async def test_reconcile_by_check_asks_the_provider_and_says_when_it_cannot(tmp_
         no_look_up = await reconcile("inv-0002", "--check")
         found = await reconcile("inv-0001", "--check", "--note", "asked")
         not_found = await reconcile("inv-0003", "--check")
+        forged = await reconcile("inv-0004", "--check")
 
     assert both[0] == 2
     assert no_look_up[0] == 1, no_look_up
@@ -114,6 +120,12 @@ async def test_reconcile_by_check_asks_the_provider_and_says_when_it_cannot(tmp_
     assert report["found"]["result"]["url"] == "https://github.com/acme/app/issues/1"
     assert not_found[0] == 1
     assert (json.loads(not_found[1])["found"], json.loads(not_found[1])["invocation"]["status"]) == (None, "unknown")
+    assert forged[0] == 1, forged
+    rejected = json.loads(forged[1])
+    assert (rejected["invocation"]["status"], rejected["found"]["accepted"]) == ("unknown", False)
+    assert (rejected["found"]["creator"], rejected["found"]["result"]["number"]) == ("agent", 2)
+    assert "not keyed by this Bastion" in rejected["found"]["reason"]
+    assert "not accepted" in forged[2], "the log says what was found and why it is not accepted"
     async with open_ledger(config) as ledger:
         events = await ledger.invocations.events("inv-0001")
     assert (events[-1].kind, events[-1].detail["how"], events[-1].detail["note"]) == ("reconciled", "check", "asked")

@@ -1,7 +1,8 @@
 """End to end: a real MCP client, a real `bastion serve` process, and a fake GitHub API on loopback.
 
 A read runs at once; a write waits for an approver (deciding from another process) and is sent once, with the
-invocation id as its Idempotency-Key and marker; a danger action is refused without a request; a provider whose
+invocation id as its Idempotency-Key and in its marker, tagged with the marker key of the ledger the process
+opened; a danger action is refused without a request; a provider whose
 token is not bound is `unavailable` and its calls `binding_required`. The token (a canary) reaches the API and
 nothing else: not the ledger's bytes, not a result, not a log line, not a status, even though the API echoes it.
 """
@@ -23,6 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bastion.sources.providers.evidence import tag_of
+from bastion.sources.providers.github import marker
 from tests.processes import bastion_env, bastion_http, run_cli
 from tests.providers import CANARY
 from tests.test_api import serving
@@ -140,7 +143,7 @@ async def test_a_provider_through_a_real_bastion_reads_waits_for_approval_refuse
                 assert posted.headers["idempotency-key"] == pending.id
                 assert posted.body == {
                     "title": "Crash on save",
-                    "body": f"Steps: save.\n\n<!-- bastion:invocation {pending.id} -->",
+                    "body": f"Steps: save.\n\n{marker(pending.id, tag_of(ledger.marker_key, pending.id))}",
                 }
                 assert not created[0].is_error and created[0].structured_content == {
                     "number": 2,

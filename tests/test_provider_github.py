@@ -6,14 +6,18 @@ from typing import Any
 
 import pytest
 
-from bastion.errors import UpstreamError
-from bastion.sources.providers.github import BODY_CHARS
-from tests.providers import CANARY, ScriptedApi, body_of, call, ok, query_of, running, source
+from bastion.config import ProviderConfig
+from bastion.errors import ConnectorUnavailable, UpstreamError
+from bastion.sources.providers import provider_source
+from bastion.sources.providers.evidence import tag_of
+from bastion.sources.providers.github import BODY_CHARS, marker
+from tests.providers import CANARY, MARKER_KEY, ScriptedApi, body_of, call, looked_up, ok, query_of, running, source
 
 pytestmark = pytest.mark.anyio
 
 API = "https://api.github.com"
-MARKER = "<!-- bastion:invocation inv-1 -->"
+MARKER = marker("inv-1", tag_of(MARKER_KEY, "inv-1"))
+ME = {"login": "bastion-bot", "id": 1}
 
 
 def issue(number: int, **extra: Any) -> dict[str, Any]:
@@ -138,6 +142,41 @@ async def test_create_issue_posts_the_body_with_its_invocation_marker_and_idempo
         "url": "https://github.com/acme/app/issues/12",
     }
     assert not result.is_error
+
+
+async def test_the_marker_carries_a_tag_keyed_with_the_marker_key_that_the_invocation_id_alone_cannot_give() -> None:
+    assert MARKER.startswith("<!-- bastion:invocation inv-1 ") and MARKER.endswith(" -->")
+    assert MARKER != "<!-- bastion:invocation inv-1 -->", "the old, unkeyed marker"
+    assert marker("inv-1", tag_of(b"another key" * 3, "inv-1")) != MARKER
+    assert len(tag_of(MARKER_KEY, "inv-1")) == 32
+
+
+async def test_a_provider_without_the_marker_key_refuses_to_mark_or_look_up_before_sending_anything() -> None:
+    api = ScriptedApi([ok([])])
+    unkeyed = provider_source("github", ProviderConfig.model_validate({"token": CANARY}), transport=api.transport)
+    async with running(unkeyed) as github:
+        await call(github, "list_issues", {"owner": "acme", "repo": "app"})
+        with pytest.raises(ConnectorUnavailable):
+            await call(github, "create_issue", {"owner": "acme", "repo": "app", "title": "t"})
+        with pytest.raises(ConnectorUnavailable):
+            await looked_up(github, "create_issue", {"owner": "acme", "repo": "app", "title": "t"})
+    assert [r.method for r in api.requests] == ["GET"], "only the read was sent"
+
+
+async def test_a_look_up_accepts_only_its_keyed_marker_on_what_the_token_s_user_made_where_and_when_the_call_did() -> (
+    None
+):
+    now = "2099-01-01T00:00:00Z"  # the window of the call below ends long before
+    mine = {"user": ME, "repository_url": f"{API}/repos/acme/app", "created_at": now}
+    elsewhere = issue(4, body=MARKER, **mine | {"repository_url": f"{API}/repos/acme/other"})
+    answers = [ok([issue(3, body="nothing"), elsewhere]), ok(ME)]
+    api = ScriptedApi(answers)
+    async with running(source("github", api)) as github:
+        found = await looked_up(github, "create_issue", {"owner": "acme", "repo": "app", "title": "t"})
+    assert found is not None and not found.accepted and found.reason is not None
+    assert "acme/other" in found.reason and "outside the call's window" in found.reason
+    assert (found.creator, found.created_at, found.result["number"]) == ("bastion-bot", now, 4)
+    assert [r.url.path for r in api.requests] == ["/repos/acme/app/issues", "/user"]
 
 
 async def test_an_issue_created_without_a_body_carries_only_the_marker() -> None:

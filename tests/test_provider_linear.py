@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from bastion.errors import BastionError, RateLimited, UnknownOutcome, UpstreamError
-from bastion.sources.providers.linear import issue_id_for
-from tests.providers import CANARY, ScriptedApi, body_of, call, ok, running, source
+from bastion.sources.providers.linear import issue_id_for, unkeyed_issue_id_for
+from tests.providers import CANARY, MARKER_KEY, ScriptedApi, body_of, call, looked_up, ok, running, source
 
 pytestmark = pytest.mark.anyio
 
@@ -96,11 +96,33 @@ async def test_create_issue_finds_the_team_then_creates_it_under_an_id_derived_f
     assert create.headers["idempotency-key"] == "inv-1"
     assert "issueCreate(input: $input)" in body_of(create)["query"]
     assert body_of(create)["variables"] == {
-        "input": {"id": issue_id_for("inv-1"), "teamId": TEAM_ID, "title": "Fix login", "priority": 2}
+        "input": {"id": issue_id_for(MARKER_KEY, "inv-1"), "teamId": TEAM_ID, "title": "Fix login", "priority": 2}
     }
-    assert issue_id_for("inv-1") == issue_id_for("inv-1") != issue_id_for("inv-2")
-    assert uuid.UUID(issue_id_for("inv-1")).version == 4
+    assert issue_id_for(MARKER_KEY, "inv-1") == issue_id_for(MARKER_KEY, "inv-1") != issue_id_for(MARKER_KEY, "inv-2")
+    assert uuid.UUID(issue_id_for(MARKER_KEY, "inv-1")).version == 4
     assert result.structured_content is not None and result.structured_content["identifier"] == "ENG-9"
+
+
+async def test_the_issue_id_is_keyed_so_the_invocation_id_alone_does_not_give_it() -> None:
+    keyed = issue_id_for(MARKER_KEY, "inv-1")
+    assert keyed != unkeyed_issue_id_for("inv-1"), "the old id, a public hash of the invocation id"
+    assert keyed != issue_id_for(b"another key" * 3, "inv-1")
+
+
+async def test_a_look_up_reports_an_issue_of_the_old_unkeyed_id_another_user_made_without_accepting_it() -> None:
+    old = node("ENG-7", id=unkeyed_issue_id_for("inv-1"), createdAt="2099-01-01T00:00:00.000Z")
+    old |= {"creator": {"id": "user-agent", "name": "Agent"}, "team": {"id": TEAM_ID, "key": "ENG"}}
+    answer = {"data": {"viewer": {"id": "user-bastion", "name": "Bastion"}, "issues": {"nodes": [old]}}}
+    api = ScriptedApi([ok(answer)])
+    async with running(source("linear", api)) as linear:
+        found = await looked_up(linear, "create_issue", {"team": "ENG", "title": "t"})
+    assert body_of(api.last)["variables"] == {"ids": [issue_id_for(MARKER_KEY, "inv-1"), unkeyed_issue_id_for("inv-1")]}
+    assert "idempotency-key" not in api.last.headers
+    assert found is not None and (found.outcome, found.accepted) == ("completed", False)
+    assert found.reason is not None
+    for why in ("without a key", "made by Agent, not by the token's user Bastion", "outside the call's window"):
+        assert why in found.reason
+    assert (found.creator, found.result["identifier"]) == ("Agent", "ENG-7")
 
 
 async def test_create_issue_with_a_team_id_asks_nothing_first() -> None:
@@ -109,7 +131,7 @@ async def test_create_issue_with_a_team_id_asks_nothing_first() -> None:
         await call(linear, "create_issue", {"team": TEAM_ID, "title": "t", "description": "d", "label_ids": ["l1"]})
     assert len(api.requests) == 1
     assert body_of(api.last)["variables"]["input"] == {
-        "id": issue_id_for("inv-1"),
+        "id": issue_id_for(MARKER_KEY, "inv-1"),
         "teamId": TEAM_ID,
         "title": "t",
         "description": "d",

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from bastion.errors import BastionError, RateLimited, UpstreamError
+from bastion.sources.providers.evidence import tag_of
 from bastion.sources.providers.slack import METADATA_EVENT
-from tests.providers import CANARY, ScriptedApi, body_of, call, ok, query_of, running, source
+from tests.providers import CANARY, MARKER_KEY, ScriptedApi, body_of, call, looked_up, ok, query_of, running, source
 
 pytestmark = pytest.mark.anyio
 
@@ -73,9 +74,29 @@ async def test_post_message_posts_json_with_the_invocation_in_its_metadata() -> 
         "channel": "C1",
         "text": "Deployed v2",
         "thread_ts": "1699.1",
-        "metadata": {"event_type": METADATA_EVENT, "event_payload": {"invocation_id": "inv-1"}},
+        "metadata": {
+            "event_type": METADATA_EVENT,
+            "event_payload": {"invocation_id": "inv-1", "tag": tag_of(MARKER_KEY, "inv-1")},
+        },
     }
     assert result.structured_content == {"channel": "C1", "ts": "1700000000.000100", "thread_ts": None}
+
+
+async def test_a_look_up_reports_a_message_with_untagged_metadata_from_another_poster_without_accepting_it() -> None:
+    metadata = {"event_type": METADATA_EVENT, "event_payload": {"invocation_id": "inv-1"}}
+    message = {"ts": "4070908800.000100", "user": "U0AGENT", "text": "Deployed.", "metadata": metadata}
+    me = {"ok": True, "user_id": "U0BASTION", "user": "bastion", "bot_id": "B0BASTION"}
+    api = ScriptedApi([ok({"ok": True, "messages": [{"ts": "1.0", "text": "other"}, message]}), ok(me)])
+    async with running(source("slack", api)) as slack:
+        found = await looked_up(slack, "post_message", {"channel": "C1", "text": "Deployed."})
+    history, identity = api.requests
+    assert (history.url.path, query_of(history)["include_all_metadata"]) == ("/api/conversations.history", "true")
+    assert identity.url.path == "/api/auth.test"
+    assert found is not None and (found.outcome, found.accepted) == ("completed", False)
+    assert found.reason is not None
+    for why in ("tag is missing", "posted by U0AGENT, not by the token's bot B0BASTION", "outside the call's window"):
+        assert why in found.reason
+    assert (found.creator, found.result["ts"]) == ("U0AGENT", "4070908800.000100")
 
 
 @pytest.mark.parametrize(

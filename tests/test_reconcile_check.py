@@ -2,7 +2,9 @@
 
 A real gateway behind the real host server, a real MCP client and a real SQLite ledger; the provider's API is a
 stateful fake (tests/fake_apis.py) that can apply a write and drop the connection before answering, so the ledger
-says `unknown` while the write happened, or drop it before applying anything.
+says `unknown` while the write happened, or drop it before applying anything. Only what the call itself made
+settles it: what anyone else made carrying its mark (the agent, with its own token or through another call) is
+reported and leaves it unknown.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from bastion.pipeline.gateway import Gateway
 from bastion.server.http import allowed_hosts_for, build_app
 from bastion.server.mcp import HostServer
 from bastion.sources.providers import provider_source
+from bastion.sources.providers.evidence import tag_of
 from bastion.sources.providers.github import marker
-from tests.fake_apis import FakeApi, FakeGitHub, FakeLinear, FakeSlack
+from bastion.sources.providers.linear import issue_id_for, unkeyed_issue_id_for
+from bastion.sources.providers.slack import METADATA_EVENT
+from tests.fake_apis import AGENT_TOKEN, FakeApi, FakeGitHub, FakeLinear, FakeSlack
 from tests.providers import CANARY, dumped
 from tests.test_api import error_class, serving
 from tests.test_gateway import error_of
@@ -53,6 +58,11 @@ class Running:
     client: Client
     gateway: Gateway
     fake: FakeApi
+    marker_key: bytes
+    """The ledger's marker key: a test uses it to copy the mark of what a call made (a real copy needs that object)."""
+
+    def tag(self, invocation_id: str) -> str:
+        return tag_of(self.marker_key, invocation_id)
 
     async def unknown_call(self, tool: str, arguments: dict[str, Any]) -> Invocation:
         """Call `tool` while the fake loses the write's answer or request as set; the call is recorded unknown."""
@@ -82,11 +92,16 @@ async def bastion(tmp_path: Path, provider_id: str, fake: FakeApi) -> AsyncItera
         policy=PolicyConfig.model_validate({"modes": WRITES}),
         ledger_url=f"sqlite:///{tmp_path}/l.db",
     )
-    provider = provider_source(provider_id, ProviderConfig.model_validate({"token": CANARY}), transport=fake.transport)
     async with await open_ledger(tmp_path / "l.db", redactor=Redactor()) as ledger:
+        provider = provider_source(
+            provider_id,
+            ProviderConfig.model_validate({"token": CANARY}),
+            marker_key=ledger.marker_key,
+            transport=fake.transport,
+        )
         gateway = Gateway(config, ledger, [provider])
         async with gateway.running(), Client(HostServer(gateway).server, cache=None) as client:
-            yield Running(client, gateway, fake)
+            yield Running(client, gateway, fake, ledger.marker_key)
 
 
 async def test_a_github_issue_made_though_its_answer_was_lost_is_reconciled_completed_by_check_with_what_was_found(
@@ -94,7 +109,7 @@ async def test_a_github_issue_made_though_its_answer_was_lost_is_reconciled_comp
 ) -> None:
     fake = FakeGitHub()
     fake.seed_issue("Older", "no marker here")
-    fake.seed_issue("Another call's", f"Made by Bastion.\n\n{marker('inv-another')}")
+    fake.seed_issue("Another call's", f"Made by Bastion.\n\n{marker('inv-another', 'f' * 32)}")
     async with bastion(tmp_path, "github", fake) as bastion_:
         fake.lose = "answer"
         invocation = await bastion_.unknown_call("github__create_issue", ISSUE)
@@ -108,14 +123,21 @@ async def test_a_github_issue_made_though_its_answer_was_lost_is_reconciled_comp
     expected = {"number": 3, "title": "Crash on save", "state": "open", "url": "https://github.com/acme/app/issues/3"}
     assert (checked.found.outcome, checked.found.result) == ("completed", expected)
     assert "acme/app#3" in checked.found.where
+    assert checked.found.accepted and (checked.found.creator, checked.found.reason) == ("bastion-bot", None)
     assert events[-1].kind == "reconciled"
     detail = events[-1].detail
     assert [detail[k] for k in ("outcome", "how", "by", "note")] == ["completed", "check", "alice", "asked GitHub"]
-    assert detail["found"]["result"] == expected
-    (look_up,) = fake.reads()
+    assert detail["found"] == {
+        "where": checked.found.where,
+        "creator": "bastion-bot",
+        "created_at": fake.issues[2]["created_at"],
+        "result": expected,
+    }
+    look_up, who = fake.reads()
     assert (look_up.url.path, look_up.url.params["state"]) == ("/repos/acme/app/issues", "all")
+    assert who.url.path == "/user", "who made it is checked against the token's own user"
     assert "idempotency-key" not in look_up.headers, "a look-up changes nothing"
-    assert [r.method for r in fake.requests] == ["POST", "GET"]
+    assert [r.method for r in fake.requests] == ["POST", "GET", "GET"]
 
 
 async def test_a_github_comment_whose_answer_was_lost_is_found_by_its_marker_among_the_issue_s_comments(
@@ -130,7 +152,7 @@ async def test_a_github_comment_whose_answer_was_lost_is_found_by_its_marker_amo
         checked = await bastion_.check(invocation.id)
     assert checked.invocation.status == "completed"
     assert checked.found is not None and checked.found.result["id"] == 100
-    assert fake.reads()[-1].url.path == "/repos/acme/app/issues/1/comments"
+    assert fake.reads()[0].url.path == "/repos/acme/app/issues/1/comments"
 
 
 async def test_a_github_call_that_never_reached_the_api_is_left_unknown_by_check_since_github_cannot_be_sure(
@@ -192,13 +214,176 @@ async def test_a_slack_message_posted_though_its_answer_was_lost_is_found_by_its
     assert in_channel.invocation.status == in_thread.invocation.status == "completed"
     assert in_channel.found is not None and in_channel.found.result == {
         "channel": "C1",
-        "ts": "1700000000.000001",
+        "ts": fake.messages[0]["message"]["ts"],
         "thread_ts": None,
     }
+    assert in_channel.found.creator == "B0BASTION", "the token's bot posted it"
     assert in_thread.found is not None and in_thread.found.result["thread_ts"] == "1699999999.000001"
     methods = [r.url.path.rsplit("/", 1)[1] for r in fake.reads()]
-    assert methods == ["conversations.list", "conversations.history", "conversations.replies"]
-    assert all(r.url.params.get("include_all_metadata") == "true" for r in fake.reads()[1:])
+    assert methods == ["conversations.list", "conversations.history", "auth.test", "conversations.replies", "auth.test"]
+    reads = [r for r in fake.reads() if r.url.path.endswith(("history", "replies"))]
+    assert all(r.url.params.get("include_all_metadata") == "true" for r in reads)
+
+
+def old_marker(invocation_id: str) -> str:
+    """The marker calls wrote before it was keyed: anyone who knows the invocation id can write it."""
+    return f"<!-- bastion:invocation {invocation_id} -->"
+
+
+async def _left_unknown(running: Running, invocation: Invocation) -> Checked:
+    """A check of `invocation` that finds what carries its mark, does not accept it, and records nothing."""
+    checked = await running.check(invocation.id)
+    events = await running.gateway.ledger.invocations.events(invocation.id)
+    assert checked.invocation.status == "unknown"
+    assert checked.found is not None and not checked.found.accepted, checked.found
+    assert checked.found.reason is not None
+    assert events[-1].kind == "unknown", "nothing is recorded of what is no proof"
+    return checked
+
+
+async def test_a_github_issue_with_the_call_s_mark_made_by_anyone_but_the_call_leaves_it_unknown_with_what_was_found(
+    tmp_path: Path,
+) -> None:
+    fake = FakeGitHub()
+    async with bastion(tmp_path, "github", fake) as bastion_:
+        fake.lose = "request"
+        lost = await bastion_.unknown_call("github__create_issue", ISSUE)
+        assert fake.issues == [], "the call made nothing"
+
+        # The agent has Bastion write the old public marker for it, in another call (Bastion's user, in the window).
+        forged = {**ISSUE, "body": f"Looks like Bastion's.\n\n{old_marker(lost.id)}"}
+        assert not (await bastion_.client.call_tool("github__create_issue", forged)).is_error
+        by_proxy = await _left_unknown(bastion_, lost)
+        assert "not keyed by this Bastion" in str(by_proxy.found and by_proxy.found.reason)
+        assert by_proxy.found is not None and by_proxy.found.creator == "bastion-bot"
+
+        # A copy of the call's keyed marker, on an issue the agent makes with its own token.
+        keyed = marker(lost.id, bastion_.tag(lost.id))
+        async with fake.client(AGENT_TOKEN) as agent:
+            await agent.post("/repos/acme/app/issues", json={"title": "Crash on save", "body": keyed})
+        copied = await _left_unknown(bastion_, lost)
+        assert copied.found is not None and copied.found.creator == "agent"
+        assert "made by agent, not by the token's user bastion-bot" in str(copied.found.reason)
+        assert "1 other object(s)" in str(copied.found.reason), "the other forgery is counted"
+        assert copied.found.result["number"] == 2
+
+        # A copy on an issue Bastion's user made long before the call (edited since, so listed).
+        fake.seed_issue("Old", keyed, created="2020-01-01T00:00:00Z")
+        old = await _left_unknown(bastion_, lost)
+        assert old.found is not None and "outside the call's window" in str(old.found.reason)
+
+        fake.lose = "answer"
+        genuine = await bastion_.unknown_call("github__create_issue", ISSUE)
+        accepted = await bastion_.check(genuine.id)
+    assert accepted.invocation.status == "completed"
+    assert accepted.found is not None and accepted.found.accepted and accepted.found.result["number"] == 4
+
+
+async def test_a_github_comment_with_the_call_s_mark_made_by_anyone_but_the_call_leaves_it_unknown_with_what_was_found(
+    tmp_path: Path,
+) -> None:
+    fake = FakeGitHub()
+    fake.seed_issue("Crash on save", None)
+    arguments = {"owner": "acme", "repo": "app", "number": 1, "body": "Fixed in main."}
+    async with bastion(tmp_path, "github", fake) as bastion_:
+        fake.lose = "request"
+        lost = await bastion_.unknown_call("github__comment_on_issue", arguments)
+        async with fake.client(AGENT_TOKEN) as agent:
+            await agent.post("/repos/acme/app/issues/1/comments", json={"body": f"Done.\n\n{old_marker(lost.id)}"})
+        public = await _left_unknown(bastion_, lost)
+        assert public.found is not None and public.found.creator == "agent"
+        assert "not keyed by this Bastion" in str(public.found.reason)
+
+        keyed = marker(lost.id, bastion_.tag(lost.id))
+        forged = {**arguments, "body": f"Done.\n\n{keyed}"}  # a copy, through another call: Bastion's own user
+        assert not (await bastion_.client.call_tool("github__comment_on_issue", forged)).is_error
+        fake.comments[-1]["created_at"] = "2020-01-01T00:00:00Z"  # ...that was made long before the call
+        old = await _left_unknown(bastion_, lost)
+        assert old.found is not None and old.found.creator == "bastion-bot"
+        assert "outside the call's window" in str(old.found.reason)
+
+        fake.lose = "answer"
+        genuine = await bastion_.unknown_call("github__comment_on_issue", arguments)
+        accepted = await bastion_.check(genuine.id)
+    assert accepted.invocation.status == "completed"
+    assert accepted.found is not None and accepted.found.accepted and accepted.found.result["id"] == 102
+
+
+async def test_a_linear_issue_under_the_call_s_old_public_id_or_moved_elsewhere_leaves_it_unknown_not_failed(
+    tmp_path: Path,
+) -> None:
+    fake = FakeLinear()
+    arguments = {"team": "ENG", "title": "Crash on save"}
+    async with bastion(tmp_path, "linear", fake) as bastion_:
+        fake.lose = "request"
+        lost = await bastion_.unknown_call("linear__create_issue", arguments)
+        await fake.create(AGENT_TOKEN, unkeyed_issue_id_for(lost.id))  # the id anyone could derive from the call's
+        squatted = await bastion_.check(lost.id, stale_after=timedelta(0))
+        assert squatted.invocation.status == "unknown", "neither completed nor failed"
+        assert squatted.found is not None and not squatted.found.accepted
+        assert squatted.found.creator == "Agent"
+        assert "without a key" in str(squatted.found.reason) and "not by the token's user Bastion" in str(
+            squatted.found.reason
+        )
+
+        fake.lose = "answer"
+        genuine = await bastion_.unknown_call("linear__create_issue", arguments)
+        keyed = issue_id_for(bastion_.marker_key, genuine.id)
+        assert set(fake.issues) == {unkeyed_issue_id_for(lost.id), keyed}
+        fake.issues[keyed]["team"] = {"id": "team-ops", "key": "OPS"}  # moved to another team since
+        moved = await _left_unknown(bastion_, genuine)
+        assert "in team OPS, not in ENG" in str(moved.found and moved.found.reason)
+        fake.issues[keyed]["team"] = {"id": "team-eng", "key": "ENG"}
+        accepted = await bastion_.check(genuine.id)
+    assert accepted.invocation.status == "completed"
+    assert accepted.found is not None and accepted.found.accepted and accepted.found.creator == "Bastion"
+
+
+async def test_a_slack_message_with_the_call_s_mark_posted_by_anyone_but_the_call_leaves_it_unknown_with_what_was_found(
+    tmp_path: Path,
+) -> None:
+    fake = FakeSlack()
+    arguments = {"channel": "#general", "text": "Deployed."}
+    async with bastion(tmp_path, "slack", fake) as bastion_:
+        fake.lose = "request"
+        lost = await bastion_.unknown_call("slack__post_message", arguments)
+        untagged = {"event_type": METADATA_EVENT, "event_payload": {"invocation_id": lost.id}}
+        await fake.post(AGENT_TOKEN, {"channel": "C1", "text": "Deployed.", "metadata": untagged})
+        public = await _left_unknown(bastion_, lost)
+        assert public.found is not None and public.found.creator == "U0AGENT"
+        assert "tag is missing" in str(public.found.reason) and "not by the token's bot B0BASTION" in str(
+            public.found.reason
+        )
+
+        keyed = {
+            "event_type": METADATA_EVENT,
+            "event_payload": {"invocation_id": lost.id, "tag": bastion_.tag(lost.id)},
+        }
+        root = await fake.post(CANARY, {"channel": "C1", "text": "Release thread"})
+        reply = {
+            "channel": "C1",
+            "text": "Deployed.",
+            "metadata": keyed,
+            "thread_ts": root["ts"],
+            "reply_broadcast": True,
+        }
+        await fake.post(CANARY, reply)  # a copy, with Bastion's token, as a reply also sent to the channel
+        elsewhere = await _left_unknown(bastion_, lost)
+        assert elsewhere.found is not None and elsewhere.found.creator == "B0BASTION"
+        assert f"a reply in thread {root['ts']}" in str(elsewhere.found.reason)
+
+        long_ago = await _recorded(bastion_, "unknown", minutes_ago=120, tool="slack:post_message", args=arguments)
+        await fake.post(CANARY, {"channel": "C1", "text": "Deployed.", "metadata": {**keyed, "event_payload": {
+            "invocation_id": long_ago.id, "tag": bastion_.tag(long_ago.id)}}})  # fmt: skip
+        late = await _left_unknown(bastion_, long_ago)
+        assert "outside the call's window" in str(late.found and late.found.reason)
+
+        fake.lose = "answer"
+        genuine = await bastion_.unknown_call("slack__post_message", arguments)
+        accepted = await bastion_.check(genuine.id)
+    assert accepted.invocation.status == "completed"
+    assert accepted.found is not None and accepted.found.accepted
+    assert accepted.found.result["ts"] == fake.messages[-1]["message"]["ts"]
 
 
 async def test_a_check_is_refused_for_an_action_without_a_look_up_for_an_agent_and_for_a_resolved_call(
@@ -221,24 +406,32 @@ async def test_a_check_is_refused_for_an_action_without_a_look_up_for_an_agent_a
             await bastion_.check(created.id)
         still = await bastion_.gateway.ledger.invocations.get(closed.id)
     assert still is not None and still.status == "unknown"
-    assert len(fake.reads()) == reads + 1, "only the allowed check asked the API"
+    assert len(fake.reads()) == reads + 2, "only the allowed check asked the API (what it made, who the token is)"
 
 
-async def _recorded(running: Running, status: Literal["executing", "unknown"], *, minutes_ago: float) -> Invocation:
-    """A `github:create_issue` call recorded straight into the ledger, last updated `minutes_ago`."""
+async def _recorded(
+    running: Running,
+    status: Literal["executing", "unknown"],
+    *,
+    minutes_ago: float,
+    tool: str = "github:create_issue",
+    args: dict[str, Any] = ISSUE,
+) -> Invocation:
+    """A call of `tool` (a policy key) recorded straight into the ledger, last updated `minutes_ago`."""
     at = utcnow() - timedelta(minutes=minutes_ago)
+    source_id, _, action_id = tool.partition(":")
     invocation = Invocation(
         id=f"inv-{status}",
         status=status,
-        policy_key="github:create_issue",
-        tool="github__create_issue",
-        source_id="github",
-        action_id="create_issue",
+        policy_key=tool,
+        tool=tool.replace(":", "__"),
+        source_id=source_id,
+        action_id=action_id,
         risk="write",
         mode="allow",
         mode_source="policy",
         session_id="s",
-        args=ISSUE,
+        args=args,
         owner=running.gateway.instance_id,  # alive: recovery leaves it as it is
         created_at=at,
         updated_at=at,
@@ -252,7 +445,7 @@ async def test_a_call_executing_recently_is_not_checked_but_one_stale_for_the_gi
     fake = FakeGitHub()
     async with bastion(tmp_path, "github", fake) as bastion_:
         stuck = await _recorded(bastion_, "executing", minutes_ago=2)
-        fake.seed_issue("Crash on save", f"Steps: save.\n\n{marker(stuck.id)}")
+        fake.seed_issue("Crash on save", f"Steps: save.\n\n{marker(stuck.id, bastion_.tag(stuck.id))}")
         with pytest.raises(Conflict):
             await bastion_.check(stuck.id)
         checked = await bastion_.check(stuck.id, stale_after=timedelta(minutes=1))
@@ -265,7 +458,7 @@ async def test_what_a_look_up_finds_is_scrubbed_of_the_provider_s_token_even_whe
     fake = FakeGitHub()
     async with bastion(tmp_path, "github", fake) as bastion_:
         unknown = await _recorded(bastion_, "unknown", minutes_ago=1)
-        fake.seed_issue(f"token seen: {CANARY}", marker(unknown.id))
+        fake.seed_issue(f"token seen: {CANARY}", marker(unknown.id, bastion_.tag(unknown.id)))
         checked = await bastion_.check(unknown.id)
         events = await bastion_.gateway.ledger.invocations.events(unknown.id)
     assert checked.found is not None and checked.found.result["title"] == "token seen: [REDACTED]"

@@ -37,7 +37,7 @@ from bastion.models import Invocation, Principal
 from bastion.pipeline.authority import local_owner, resolve_invocation_id
 from bastion.pipeline.gateway import Gateway
 from bastion.sources.mcp import McpConnector
-from bastion.sources.registry import load_sources
+from bastion.sources.registry import Sources
 
 USAGE_ERROR: Final = "usage_error"
 """The error class of a command line used wrongly (exit 2), in `--json` error output."""
@@ -267,12 +267,19 @@ async def open_gateway(
 ) -> AsyncIterator[Gateway]:
     """A running gateway (`bastion.assembly.open_gateway`), its sources' problems printed as warnings. With
     `progress`, a spinner on stderr (a terminal only) says how the connectors are starting."""
-    sources = load_sources(config)
+    starting = partial(startup_spinner, show=progress)
+    async with assembly.open_gateway(
+        config,
+        loaded=_warn_of_problems,
+        wait_for_sources=wait_for_sources,
+        redactor=redactor_in_logs(config),
+        starting=starting,
+    ) as gateway:
+        yield gateway
+
+
+def _warn_of_problems(sources: Sources) -> None:
+    """Each problem found loading the sources, as a warning on stderr."""
     for problem in sources.problems:
         skipped = " (this action file is skipped)" if problem.error_class in ("parse_error", "validation_error") else ""
         err.print(f"warning: {problem}{skipped}", markup=False, highlight=False)
-    starting = partial(startup_spinner, show=progress)
-    async with assembly.open_gateway(
-        config, sources, wait_for_sources=wait_for_sources, redactor=redactor_in_logs(config), starting=starting
-    ) as gateway:
-        yield gateway

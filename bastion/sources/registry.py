@@ -71,13 +71,15 @@ class Sources:
     """The action files', the plugin packages' and the package kinds' problems, each with its file and line."""
 
 
-def load_sources(config: Config) -> Sources:
+def load_sources(config: Config, *, marker_key: bytes | None = None) -> Sources:
     """Every source the configuration names: its connectors, providers, manifest actions, plugin packages and the
-    sources of kinds installed packages offer. Nothing is started; a source that cannot be built is a problem."""
+    sources of kinds installed packages offer. Nothing is started; a source that cannot be built is a problem.
+    `marker_key` (the ledger's) keys what provider calls make; without it they cannot be run or looked up (for
+    the commands that only read the configuration)."""
     limits = config.settings.limits
     found = Sources()
     found.all += [McpConnector(c, list_timeout=limits.list_timeout_seconds) for c in config.connectors]
-    found.all += [provider_of(config, provider_id) for provider_id in config.providers]
+    found.all += [provider_of(config, provider_id, marker_key=marker_key) for provider_id in config.providers]
     found.manifests, manifest_problems = _manifests(config)
     found.problems += manifest_problems
     if found.manifests:
@@ -93,14 +95,16 @@ def load_sources(config: Config) -> Sources:
     return found
 
 
-def provider_of(config: Config, provider_id: str) -> ProviderSource:
-    """The configured provider `provider_id` as a source (unbound when its credential is not)."""
+def provider_of(config: Config, provider_id: str, *, marker_key: bytes | None = None) -> ProviderSource:
+    """The configured provider `provider_id` as a source (unbound when its credential is not), its calls' marks
+    keyed with `marker_key` (see `load_sources`)."""
     unbound = config.unbound.get(provider_id)
     return provider_source(
         provider_id,
         config.providers[provider_id],
         unbound=unbound.message if unbound else None,
         call_timeout=config.settings.limits.call_timeout_seconds,
+        marker_key=marker_key,
     )
 
 

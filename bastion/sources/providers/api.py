@@ -8,7 +8,8 @@ Every foreign failure becomes a Bastion error here, by whether the request could
 - a timeout or a dropped connection once a *mutating* request was sent: `UnknownOutcome` (it may have acted);
   the same after a request that changes nothing (a read) is an `UpstreamError`: a retry is safe.
 
-A mutating request carries the call's correlation id as its `Idempotency-Key` header.
+A mutating request carries the call's correlation id as its `Idempotency-Key` header; what a call makes carries
+its keyed `tag` (see `evidence.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from bastion import tracing
 from bastion.errors import BastionError, ConnectorUnavailable, RateLimited, UnknownOutcome, UpstreamError
+from bastion.sources.providers.evidence import tag_of, verifies
 
 IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
 MAX_PAGES: Final = 10
@@ -44,13 +46,34 @@ class Api:
     """One call of one provider action: its requests share the call's correlation id, and know whether one that
     could change something has gone out (then a lost answer means an unknown outcome)."""
 
-    def __init__(self, client: httpx2.AsyncClient, *, name: str, correlation_id: str) -> None:
+    def __init__(
+        self, client: httpx2.AsyncClient, *, name: str, correlation_id: str, marker_key: bytes | None = None
+    ) -> None:
         self.client = client
         self.name = name
         """How errors name the provider and action, e.g. `github:create_issue`."""
         self.correlation_id = correlation_id
+        self._marker_key = marker_key
         self.mutated = False
         """Whether a mutating request may have reached the API during this call."""
+
+    @property
+    def marker_key(self) -> bytes:
+        """The key of the call's marks; ConnectorUnavailable, before anything is sent, when the source was built
+        without one."""
+        if self._marker_key is None:
+            raise without_marker_key(self.name)
+        return self._marker_key
+
+    @property
+    def tag(self) -> str:
+        """The call's keyed tag (`evidence.tag_of`): what it makes carries it, and nobody without the key can
+        write it."""
+        return tag_of(self.marker_key, self.correlation_id)
+
+    def verifies(self, tag: str | None) -> bool:
+        """Whether `tag`, read from something found, is this call's own."""
+        return verifies(self.marker_key, self.correlation_id, tag)
 
     async def request(
         self,
@@ -186,6 +209,15 @@ class Api:
                 break
             self._same_origin(url)
         return items[:limit], len(items) > limit or url is not None
+
+
+def without_marker_key(name: str) -> ConnectorUnavailable:
+    """The error of a call that must mark what it makes, or look it up, on a source built without the marker key."""
+    return ConnectorUnavailable(
+        f"{name}: this provider was built without the ledger's marker key, so it can neither mark what it makes nor "
+        "look it up; nothing was sent (a bug: Bastion's composition root gives every provider the key, see "
+        "bastion/assembly.py)"
+    )
 
 
 def _origin(url: httpx2.URL) -> tuple[str, str, int | None]:

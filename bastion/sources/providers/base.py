@@ -8,6 +8,9 @@ the pipeline's `ActionSource` structurally: one client per provider, opened by `
 A provider whose credential is not bound is `unavailable`: it lists no actions and a call of one of its tools
 is refused with `binding_required`. The credential lives only in the client's headers; whatever a call returns
 or raises is scrubbed of it, so even an API that echoes it back cannot hand it to a host or the ledger.
+
+What a call makes carries a mark keyed with the marker key the source is given (the ledger's, see
+`evidence.py`); a look-up accepts only what carries that mark and fits the call itself.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Final, Generic, Literal, TypeVar
 
 import anyio
@@ -29,7 +32,8 @@ from bastion.actions import ActionSpec, Found, Reconciliation
 from bastion.config import ProviderConfig
 from bastion.errors import BastionError, BindingRequired, ConnectorUnavailable, InvalidArguments, UpstreamError
 from bastion.models import Invocation, Risk, SourceStatus
-from bastion.sources.providers.api import Api
+from bastion.sources.providers.api import Api, without_marker_key
+from bastion.sources.providers.evidence import Window
 from bastion.sources.seam import ChangeFn, ProgressFn
 from bastion.sources.secrets import scrub
 
@@ -39,11 +43,13 @@ USER_AGENT: Final = f"bastion/{__version__}"
 CONNECT_TIMEOUT: Final = 10.0
 
 CLOCK_SKEW: Final = timedelta(minutes=10)
-"""A look-up searches what was made from this long before the invocation was recorded (the API's clock may lag)."""
+"""A look-up accepts what was made this long before the invocation was recorded, or after its last update (the
+API's clock may differ from ours)."""
 
-LookUpFn = Callable[[Api, Mapping[str, Any], datetime], Awaitable[Found | None]]
-"""Find what one call made: (the call's view of the API, its arguments as the ledger kept them, the earliest time
-it can have been made). The invocation id is `api.correlation_id`."""
+LookUpFn = Callable[[Api, Mapping[str, Any], Window], Awaitable[Found | None]]
+"""Find what one call made: (the call's view of the API, its arguments as the ledger kept them, when it can have
+been made). The invocation id is `api.correlation_id`, its tag `api.tag`. What carries the call's mark but does
+not prove the call made it comes back not accepted (`Found.reason`), see `evidence.py`."""
 
 P = TypeVar("P", bound=BaseModel)
 M = TypeVar("M", bound=BaseModel)
@@ -77,8 +83,8 @@ class ProviderAction(Generic[P]):
     idempotency_key: bool = False
     """The action is safe to repeat with the same correlation id (it sets a state, or the API takes the key)."""
     look_up: LookUpFn | None = None
-    """How to find what a call made by its correlation id (a marker, a derived id) when its outcome is unknown;
-    None when the API offers no way."""
+    """How to find what a call made by its keyed mark (a marker, a derived id) when its outcome is unknown; None
+    when the API offers no way."""
 
     @property
     def reconcile(self) -> Reconciliation:
@@ -165,12 +171,15 @@ class ProviderSource:
         *,
         unbound: str | None = None,
         call_timeout: float = 30.0,
+        marker_key: bytes | None = None,
         transport: httpx2.AsyncBaseTransport | None = None,
     ) -> None:
         """`unbound` says why the credential is not bound and how to bind it (then the provider is `unavailable`;
-        a provider without a token always is); `transport` replaces the network (tests hand in an
-        `httpx2.MockTransport`)."""
+        a provider without a token always is); `marker_key` keys the marks of what its calls make (the ledger's
+        `marker_key`: without it, an action that marks what it makes and every look-up are refused, before
+        anything is sent); `transport` replaces the network (tests hand in an `httpx2.MockTransport`)."""
         self._id = provider_id
+        self._marker_key = marker_key
         self._config = config
         self._definition = definition
         self._secret = config.token.get_secret_value() if config.token is not None else ""
@@ -278,7 +287,7 @@ class ProviderSource:
             params = action.params.model_validate(arguments)
         except ValidationError as exc:  # the gateway checked the same schema: only a bug of ours gets here
             raise UpstreamError(f"{name}: the arguments do not fit the action ({exc.errors()[0]['msg']})") from exc
-        api = Api(client, name=name, correlation_id=correlation_id)
+        api = Api(client, name=name, correlation_id=correlation_id, marker_key=self._marker_key)
         try:
             output: Output | None = None
             with anyio.move_on_after(timeout):
@@ -296,8 +305,9 @@ class ProviderSource:
         )
 
     async def look_up(self, action_id: str, invocation: Invocation) -> Found | None:
-        """Ask the API what came of `invocation` (see `LookupSource` in bastion.pipeline.seams): the action's
-        `look_up`, within the call timeout, its answer scrubbed of the token. Reads only."""
+        """Ask the API what came of `invocation` (see `LookupSource` in bastion.sources.seam): the action's
+        `look_up` over the invocation's window, within the call timeout, its answer scrubbed of the token. Reads
+        only."""
         name = f"{self._id}:{action_id}"
         action = self._definition.by_name.get(action_id)
         if action is None or action.look_up is None:
@@ -309,11 +319,16 @@ class ProviderSource:
         client = self._client
         if client is None:
             raise ConnectorUnavailable(f"provider {self._id} is not running; nothing was asked")
-        api = Api(client, name=name, correlation_id=invocation.id)
+        if self._marker_key is None:
+            raise without_marker_key(name)
+        api = Api(client, name=name, correlation_id=invocation.id, marker_key=self._marker_key)
         arguments = invocation.args if isinstance(invocation.args, Mapping) else {}
+        window = Window.of(
+            invocation.created_at, invocation.updated_at, call_timeout=self._call_timeout, skew=CLOCK_SKEW
+        )
         try:
             with anyio.fail_after(self._call_timeout):
-                found = await action.look_up(api, arguments, invocation.created_at - CLOCK_SKEW)
+                found = await action.look_up(api, arguments, window)
         except TimeoutError as exc:
             wait = f"{self._call_timeout:g} s"
             raise UpstreamError(f"{name}: the look-up got no answer within {wait}; it changed nothing, retry") from exc
@@ -323,4 +338,12 @@ class ProviderSource:
             raise
         if found is None:
             return None
-        return replace(found, where=scrub(found.where, self._secret), result=scrub(found.result, self._secret))
+        secret = self._secret
+        return replace(
+            found,
+            where=scrub(found.where, secret),
+            result=scrub(found.result, secret),
+            creator=scrub(found.creator, secret),
+            created_at=scrub(found.created_at, secret),
+            reason=scrub(found.reason, secret),
+        )

@@ -2,19 +2,25 @@
 
 Risks: the lists and gets are `read`; creating an issue, commenting and closing an issue are `write` (a person
 can edit, delete or reopen them); merging a pull request is `danger` (it changes the base branch for everyone,
-and undoing it takes a revert). What Bastion creates carries a hidden marker with the invocation id
-(`<!-- bastion:invocation ID -->` at the end of the body), so an `unknown` outcome can be settled by looking for
-it (`bastion invocations reconcile ID --check`); every mutating request also sends the id as `Idempotency-Key`.
+and undoing it takes a revert). What Bastion creates carries a hidden marker with the invocation id and its keyed
+tag (`<!-- bastion:invocation ID TAG -->` at the end of the body, see `evidence.py`), so an `unknown` outcome can
+be settled by looking for it (`bastion invocations reconcile ID --check`); every mutating request also sends the
+id as `Idempotency-Key`.
 
-A look-up lists the repository's issues (or the issue's comments) updated since the call, newest first (a list,
-not the search API, whose index lags), and reads each body for the marker. Found: the call completed. Not found
-leaves the call unknown: anyone with write access can edit the marker out of a body or delete what was made, and
-the list is bounded (`api.MAX_PAGES` pages), so GitHub cannot say for certain that a call never acted.
+A look-up lists the repository's issues (or the issue's comments) updated since the call began, newest first (a
+list, not the search API, whose index lags), and keeps those whose body carries the invocation's marker. One is
+accepted, and the call completed, only when its tag verifies, it was made by the token's own user (`GET /user`,
+by id), it is in the repository (the issue) the call named, and it was made within the call's window. Any other
+(the old unkeyed marker, which anyone who knows the invocation id can write; a copied marker on an object of
+another user, place or time) is answered not accepted, saying why, and the call stays unknown. Not found leaves
+it unknown too: anyone with write access can edit the marker out of a body or delete what was made, and the list
+is bounded (`api.MAX_PAGES` pages), so GitHub cannot say for certain that a call never acted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
@@ -22,8 +28,9 @@ from pydantic import AliasPath, BeforeValidator, Field
 
 from bastion.actions import Found
 from bastion.config import ProviderConfig
-from bastion.sources.providers.api import Api, Json
+from bastion.sources.providers.api import MAX_PAGES, Api, Json
 from bastion.sources.providers.base import Output, Params, ProviderAction, ProviderDefinition, arguments_for
+from bastion.sources.providers.evidence import Candidate, Window, moment, verdict
 
 DEFAULT_BASE_URL: Final = "https://api.github.com"
 API_VERSION: Final = "2022-11-28"
@@ -39,13 +46,20 @@ Number = Annotated[int, Field(ge=1, description="The issue or pull request numbe
 Limit = Annotated[int, Field(ge=1, le=500, description="At most this many, newest activity first.")]
 
 
-def marker(invocation_id: str) -> str:
-    """The hidden footer that ties what Bastion wrote to its invocation."""
-    return f"<!-- bastion:invocation {invocation_id} -->"
+def marker(invocation_id: str, tag: str) -> str:
+    """The hidden footer that ties what Bastion wrote to its invocation: its id and keyed tag (`Api.tag`)."""
+    return f"<!-- bastion:invocation {invocation_id} {tag} -->"
 
 
-def with_marker(body: str | None, invocation_id: str) -> str:
-    return f"{body}\n\n{marker(invocation_id)}" if body else marker(invocation_id)
+def with_marker(body: str | None, api: Api) -> str:
+    """The body with the call's marker as its last line."""
+    footer = marker(api.correlation_id, api.tag)
+    return f"{body}\n\n{footer}" if body else footer
+
+
+def _markers_of(invocation_id: str) -> re.Pattern[str]:
+    """The invocation's markers in a body: the keyed form (its tag captured) and the old one without a tag."""
+    return re.compile(rf"<!-- bastion:invocation {re.escape(invocation_id)}(?: (\S+))? -->")
 
 
 def _field_of(key: str) -> Any:
@@ -238,7 +252,7 @@ async def get_issue(api: Api, params: GetIssue) -> Issue:
 
 
 async def create_issue(api: Api, params: CreateIssue) -> CreatedIssue:
-    body: dict[str, Any] = {"title": params.title, "body": with_marker(params.body, api.correlation_id)}
+    body: dict[str, Any] = {"title": params.title, "body": with_marker(params.body, api)}
     if params.labels:
         body["labels"] = params.labels
     if params.assignees:
@@ -248,7 +262,7 @@ async def create_issue(api: Api, params: CreateIssue) -> CreatedIssue:
 
 async def comment_on_issue(api: Api, params: CommentOnIssue) -> Comment:
     path = f"{params.path}/issues/{params.number}/comments"
-    return api.parse(Comment, await api.json("POST", path, body={"body": with_marker(params.body, api.correlation_id)}))
+    return api.parse(Comment, await api.json("POST", path, body={"body": with_marker(params.body, api)}))
 
 
 async def close_issue(api: Api, params: CloseIssue) -> ClosedIssue:
@@ -283,43 +297,105 @@ async def merge_pull_request(api: Api, params: MergePullRequest) -> Merge:
 # -- look-ups (see the module docstring)
 
 
-def _marked(invocation_id: str) -> Callable[[Json], bool]:
-    """A `keep` for `Api.pages`: the items whose body carries the invocation's marker."""
-    footer = marker(invocation_id)
-    return lambda item: isinstance(item, dict) and footer in (item.get("body") or "")
+class _User(Output):
+    login: str
+    id: int
 
 
 def _since(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def _first_marked(api: Api, path: str, query: dict[str, Any]) -> Json | None:
-    """The first item of a list (every page, up to MAX_PAGES) whose body carries the call's marker."""
-    query = {**query, "per_page": 100}
-    found, _ = await api.pages(path, params=query, limit=1, keep=_marked(api.correlation_id))
-    return found[0] if found else None
+async def _marked(api: Api, path: str, query: dict[str, Any]) -> list[Json]:
+    """The items of a list (every page, up to MAX_PAGES) whose body carries the call's marker, keyed or not."""
+    markers = _markers_of(api.correlation_id)
+
+    def carries(item: Json) -> bool:
+        return isinstance(item, dict) and markers.search(item.get("body") or "") is not None
+
+    found, _ = await api.pages(path, params={**query, "per_page": 100}, limit=100 * MAX_PAGES, keep=carries)
+    return found
 
 
-async def find_issue(api: Api, arguments: Mapping[str, Any], since: datetime) -> Found | None:
-    """The issue a `create_issue` call opened, by its marker among the issues updated since the call."""
+def _refuted(api: Api, item: Json, me: _User, window: Window, *, place: str, named: str) -> list[str]:
+    """What refutes that the call made `item`: its marker's tag, its creator, its place (the URL in its field
+    `named` must end with `place`, the call's API path), its creation time."""
+    refuted = []
+    tags = [match.group(1) for match in _markers_of(api.correlation_id).finditer(item.get("body") or "")]
+    if not any(api.verifies(tag) for tag in tags):
+        refuted.append(
+            "its marker is not keyed by this Bastion (the old unkeyed form, or a forged tag): anyone who knows the "
+            "invocation id can write it"
+        )
+    user = _user_of(item)
+    if user.get("id") != me.id:
+        refuted.append(f"it was made by {user.get('login') or 'an unknown user'}, not by the token's user {me.login}")
+    url = item.get(named)
+    if not (isinstance(url, str) and url.lower().endswith(place.lower())):
+        refuted.append(
+            f"it is at {url or 'an unknown place'}, not in {place.removeprefix('/repos/')} as the call named"
+        )
+    if "pull_request" in item:
+        refuted.append("it is a pull request, which no call of Bastion makes")
+    elsewhen = window.refutes(moment(item.get("created_at")), item.get("created_at"))
+    if elsewhen is not None:
+        refuted.append(elsewhen)
+    return refuted
+
+
+def _user_of(item: Json) -> dict[str, Any]:
+    user = item.get("user")
+    return user if isinstance(user, dict) else {}
+
+
+async def _judged(
+    api: Api,
+    items: Sequence[Json],
+    window: Window,
+    *,
+    place: str,
+    named: str,
+    read: Callable[[Json], tuple[str, dict[str, Any]]],
+) -> Found | None:
+    """The verdict on the marked items (`evidence.verdict`), each `read` as where it is and what the call would
+    have returned; the token's user is asked only when there are any."""
+    if not items:
+        return None
+    me = api.parse(_User, await api.json("GET", "/user"))
+    candidates = []
+    for item in items:
+        where, result = read(item)
+        refuted = _refuted(api, item, me, window, place=place, named=named)
+        candidates.append(Candidate(where, result, _user_of(item).get("login"), item.get("created_at"), refuted))
+    return verdict(candidates)
+
+
+async def find_issue(api: Api, arguments: Mapping[str, Any], window: Window) -> Found | None:
+    """The issue a `create_issue` call opened, by its marker among the repository's issues updated since the call
+    began, judged as the module docstring says."""
     repo = arguments_for(api, RepoParams, arguments)
-    query = {"state": "all", "sort": "created", "direction": "desc", "since": _since(since)}
-    item = await _first_marked(api, f"{repo.path}/issues", query)
-    if item is None:
-        return None
-    issue = api.parse(CreatedIssue, item)
-    return Found("completed", f"issue {repo.owner}/{repo.repo}#{issue.number} ({issue.url})", issue.model_dump())
+    query = {"state": "all", "sort": "created", "direction": "desc", "since": _since(window.start)}
+    items = await _marked(api, f"{repo.path}/issues", query)
+
+    def read(item: Json) -> tuple[str, dict[str, Any]]:
+        issue = api.parse(CreatedIssue, item)
+        return f"issue {repo.owner}/{repo.repo}#{issue.number} ({issue.url})", issue.model_dump()
+
+    return await _judged(api, items, window, place=repo.path, named="repository_url", read=read)
 
 
-async def find_comment(api: Api, arguments: Mapping[str, Any], since: datetime) -> Found | None:
-    """The comment a `comment_on_issue` call added, by its marker among the issue's comments since the call."""
+async def find_comment(api: Api, arguments: Mapping[str, Any], window: Window) -> Found | None:
+    """The comment a `comment_on_issue` call added, by its marker among the issue's comments since the call began,
+    judged as the module docstring says."""
     issue = arguments_for(api, GetIssue, arguments)
-    path = f"{issue.path}/issues/{issue.number}/comments"
-    item = await _first_marked(api, path, {"since": _since(since)})
-    if item is None:
-        return None
-    comment = api.parse(Comment, item)
-    return Found("completed", f"comment {comment.id} ({comment.url})", comment.model_dump())
+    path = f"{issue.path}/issues/{issue.number}"
+    items = await _marked(api, f"{path}/comments", {"since": _since(window.start)})
+
+    def read(item: Json) -> tuple[str, dict[str, Any]]:
+        comment = api.parse(Comment, item)
+        return f"comment {comment.id} ({comment.url})", comment.model_dump()
+
+    return await _judged(api, items, window, place=path, named="issue_url", read=read)
 
 
 ACTIONS: Final[tuple[ProviderAction[Any], ...]] = (

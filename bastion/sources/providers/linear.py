@@ -1,15 +1,20 @@
 """Linear's GraphQL API (`POST {base_url}/graphql`).
 
 Risks: listing issues is `read`; creating and updating an issue are `write` (a person can edit, move or delete
-them). A created issue gets an id derived from the invocation id (a UUID in the v4 format Linear asks for), so
-Linear refuses a second creation of the same call and an `unknown` outcome can be settled by asking for that
-id (`bastion invocations reconcile ID --check`); an update sets values, so it is safe to repeat. Mutations also
-send the invocation id as `Idempotency-Key`.
+them). A created issue gets an id derived from the invocation id by a keyed HMAC (`issue_id_for`, under the
+marker key of `evidence.py`; a UUID in the v4 format Linear asks for), so Linear refuses a second creation of the
+same call and an `unknown` outcome can be settled by asking for that id (`bastion invocations reconcile ID
+--check`); an update sets values, so it is safe to repeat. Mutations also send the invocation id as
+`Idempotency-Key`.
 
-The look-up is authoritative: Linear finds an issue by its id whether open, archived or in the trash (the query
-includes archived issues), and no issue but the call's own can have that id. Found: the call completed. Not
-found: the call failed (it never created its issue). Only an issue deleted for good from the trash would read as
-never created; check by hand (`--outcome`) if someone may have done that.
+The look-up asks for the issue with that id, and with the id the invocation would have had before ids were keyed
+(`unkeyed_issue_id_for`: anyone who knows the invocation id can create that one), archived and trashed issues
+included, together with the token's own user (`viewer`). The issue is accepted, and the call completed, only when
+it has the keyed id, its creator is the token's user, it is in the team the call named, and it was made within
+the call's window; any other is answered not accepted, saying why, and the call stays unknown. Not found is
+authoritative: nobody without the key can create an issue with the keyed id before the call does, so the call
+failed (it never created its issue). Only an issue deleted for good from the trash would read as never created;
+check by hand (`--outcome`) if someone may have done that.
 
 GraphQL answers errors in the body (often with HTTP 200): an error with code `RATELIMITED` is `rate_limited`,
 any other is `upstream_error`.
@@ -21,7 +26,6 @@ import hashlib
 import re
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any, Final
 
 from pydantic import AliasPath, Field
@@ -30,22 +34,33 @@ from bastion.actions import Found
 from bastion.config import ProviderConfig
 from bastion.errors import RateLimited, UpstreamError
 from bastion.sources.providers.api import Api, Json, check_status, retry_after
-from bastion.sources.providers.base import Output, Params, ProviderAction, ProviderDefinition
+from bastion.sources.providers.base import Output, Params, ProviderAction, ProviderDefinition, arguments_for
+from bastion.sources.providers.evidence import Candidate, Window, keyed_digest, moment, verdict
 
 DEFAULT_BASE_URL: Final = "https://api.linear.app"
 GRAPHQL_PATH: Final = "/graphql"
-ISSUE_ID_SALT: Final = b"bastion:linear-issue:"
-"""Hashed before an invocation id into the id of the issue it creates."""
+ISSUE_ID_PURPOSE: Final = b"bastion linear issue id"
+"""What the keyed HMAC of an invocation id is taken for when it becomes the id of the issue it creates."""
+UNKEYED_ISSUE_ID_SALT: Final = b"bastion:linear-issue:"
+"""Hashed before an invocation id into the id of the issue it created, before ids were keyed."""
 PAGE_SIZE: Final = 50
 
 _UUID: Final = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE)
 _ISSUE_FIELDS: Final = "id identifier title url priority updatedAt state { name } assignee { name } team { key }"
 
 
-def issue_id_for(invocation_id: str) -> str:
+def issue_id_for(marker_key: bytes, invocation_id: str) -> str:
     """The id of the issue an invocation creates: the same for every attempt of the same call, and a valid UUID v4
-    (Linear checks the version), its random bits taken from a hash of the invocation id."""
-    digest = hashlib.sha256(ISSUE_ID_SALT + invocation_id.encode()).digest()
+    (Linear checks the version), its random bits taken from a keyed HMAC of the invocation id (nobody without the
+    marker key can tell it in advance)."""
+    digest = keyed_digest(marker_key, ISSUE_ID_PURPOSE, invocation_id)
+    return str(uuid.UUID(bytes=digest[:16], version=4))
+
+
+def unkeyed_issue_id_for(invocation_id: str) -> str:
+    """The id an invocation's issue got before ids were keyed: a public hash of the invocation id. A look-up still
+    reads it, to say what it found, but never accepts it."""
+    digest = hashlib.sha256(UNKEYED_ISSUE_ID_SALT + invocation_id.encode()).digest()
     return str(uuid.UUID(bytes=digest[:16], version=4))
 
 
@@ -179,10 +194,10 @@ async def _team_id(api: Api, team: str) -> str:
 
 
 async def create_issue(api: Api, params: CreateIssue) -> Issue:
-    team_id = await _team_id(api, params.team)
+    issue_id = issue_id_for(api.marker_key, api.correlation_id)  # first: without the key nothing is sent
     fields = {
-        "id": issue_id_for(api.correlation_id),
-        "teamId": team_id,
+        "id": issue_id,
+        "teamId": await _team_id(api, params.team),
         "title": params.title,
         "description": params.description,
         "priority": params.priority,
@@ -227,19 +242,75 @@ async def update_issue(api: Api, params: UpdateIssue) -> Issue:
     return _issue(api, answer.get("issueUpdate"))
 
 
-async def find_issue(api: Api, arguments: Mapping[str, Any], since: datetime) -> Found:
-    """The issue a `create_issue` call created, by the id derived from its invocation id; `failed` when there is
-    none (see the module docstring)."""
-    issue_id = issue_id_for(api.correlation_id)
+class _Made(Output):
+    """What a look-up reads of an issue besides what the call returns: who made it, when, and in which team."""
+
+    id: str
+    created_at: str | None = Field(default=None, validation_alias="createdAt")
+    creator_id: str | None = Field(default=None, validation_alias=AliasPath("creator", "id"))
+    creator: str | None = Field(default=None, validation_alias=AliasPath("creator", "name"))
+    team_id: str | None = Field(default=None, validation_alias=AliasPath("team", "id"))
+    team_key: str | None = Field(default=None, validation_alias=AliasPath("team", "key"))
+
+
+class _Viewer(Output):
+    id: str
+    name: str | None = None
+
+
+class _Created(Output):
+    viewer: _Viewer
+    issues: list[dict[str, Any]] = Field(validation_alias=AliasPath("issues", "nodes"))
+
+
+class IssuePlace(Params):
+    """Where a `create_issue` call created: what its look-up needs of the call's arguments."""
+
+    team: str = Field(min_length=1)
+
+
+def _refuted(made: _Made, keyed: str, me: _Viewer, place: IssuePlace, window: Window) -> list[str]:
+    """What refutes that the call made the issue `made`: its id, its creator, its team, its creation time."""
+    refuted = []
+    if made.id != keyed:
+        refuted.append(
+            f"its id {made.id} is derived from the invocation id without a key (the old way): anyone who knows the "
+            "invocation id can create it"
+        )
+    if made.creator_id != me.id:
+        who = made.creator or made.creator_id or "an unknown user"
+        refuted.append(f"it was made by {who}, not by the token's user {me.name or me.id}")
+    if place.team != made.team_id and place.team.upper() != (made.team_key or "").upper():
+        refuted.append(f"it is in team {made.team_key or made.team_id}, not in {place.team} as the call named")
+    elsewhen = window.refutes(moment(made.created_at), made.created_at)
+    if elsewhen is not None:
+        refuted.append(elsewhen)
+    return refuted
+
+
+async def find_issue(api: Api, arguments: Mapping[str, Any], window: Window) -> Found:
+    """The issue a `create_issue` call created, by the keyed id derived from its invocation id (and the unkeyed one
+    of old), judged as the module docstring says; `failed` when there is none."""
+    place = arguments_for(api, IssuePlace, arguments)
+    keyed, unkeyed = issue_id_for(api.marker_key, api.correlation_id), unkeyed_issue_id_for(api.correlation_id)
     query = (
-        "query Created($id: ID!) { issues(filter: { id: { eq: $id } }, includeArchived: true, first: 1) {"
-        f" nodes {{ {_ISSUE_FIELDS} }} }} }}"
+        "query Created($ids: [ID!]!) { viewer { id name }"
+        " issues(filter: { id: { in: $ids } }, includeArchived: true, first: 2) {"
+        f" nodes {{ {_ISSUE_FIELDS} createdAt creator {{ id name }} team {{ id key }} }} }} }}"
     )
-    found = api.parse(_Issues, (await graphql(api, query, {"id": issue_id})).get("issues"))
-    if not found.nodes:
-        return Found("failed", f"Linear has no issue with the call's id {issue_id} (archived and trashed included)")
-    issue = found.nodes[0]
-    return Found("completed", f"issue {issue.identifier} ({issue.url})", issue.model_dump())
+    answer = api.parse(_Created, await graphql(api, query, {"ids": [keyed, unkeyed]}))
+    candidates = []
+    for node in answer.issues:
+        issue, made = api.parse(Issue, node), api.parse(_Made, node)
+        refuted = _refuted(made, keyed, answer.viewer, place, window)
+        where = f"issue {issue.identifier} ({issue.url})"
+        candidates.append(
+            Candidate(where, issue.model_dump(), made.creator or made.creator_id, made.created_at, refuted)
+        )
+    found = verdict(candidates)
+    if found is None:
+        return Found("failed", f"Linear has no issue with the call's id {keyed} (archived and trashed included)")
+    return found
 
 
 def _issue(api: Api, payload: Any) -> Issue:

@@ -2,7 +2,9 @@
 
 Risks: listing issues is `read`; resolving an issue is `write` (it can be unresolved, and Sentry reopens it by
 itself when the error comes back). Resolving sets a state, so it is safe to repeat; its request sends the
-invocation id as `Idempotency-Key`.
+invocation id as `Idempotency-Key`. Nothing here is looked up (no `look_up`): resolving marks nothing a look-up
+could tell from a person's resolve, so an `unknown` outcome is settled by hand (`--outcome`), after a look at the
+issue.
 """
 
 from __future__ import annotations

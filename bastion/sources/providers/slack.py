@@ -1,15 +1,20 @@
 """Slack's Web API (`https://slack.com/api/<method>`).
 
 Risks: listing channels is `read`; posting a message is `write` (it can be edited or deleted, though people may
-have read it). A posted message carries the invocation id in its metadata (`event_type` `bastion_invocation`),
-so an `unknown` outcome can be settled by looking for it in the channel's history (`bastion invocations reconcile
-ID --check`); the request also sends the id as `Idempotency-Key`.
+have read it). A posted message carries the invocation id and its keyed tag in its metadata (`event_type`
+`bastion_invocation`, see `evidence.py`), so an `unknown` outcome can be settled by looking for it in the
+channel's history (`bastion invocations reconcile ID --check`); the request also sends the id as
+`Idempotency-Key`.
 
-A look-up reads the channel's history (a reply: its thread's replies) since the call, with message metadata, and
-looks for the call's. Found: the call completed. Not found leaves the call unknown: people can delete a message,
-a workspace's retention can drop it, and the history read is bounded (MAX_PAGES pages), so Slack cannot say for
-certain that a call never posted. A channel given by `#name` is first found by name among the channels the token
-can list.
+A look-up reads the channel's history (a reply: its thread's replies) since the call began, with message
+metadata, and keeps the messages whose metadata names the invocation. One is accepted, and the call completed,
+only when its tag verifies, it was posted by the token's own bot or user (`auth.test`), it is where the call
+posted (a reply in the thread it named, or a message of the channel itself) and its `ts` is within the call's
+window. Any other (metadata without the tag, which anyone who knows the invocation id can write; a copy posted by
+another app or user, elsewhere or at another time) is answered not accepted, saying why, and the call stays
+unknown. Not found leaves it unknown too: people can delete a message, a workspace's retention can drop it, and
+the history read is bounded (MAX_PAGES pages), so Slack cannot say for certain that a call never posted. A
+channel given by `#name` is first found by name among the channels the token can list.
 
 Slack answers most errors with HTTP 200 and `{"ok": false, "error": "<code>"}`: those are `upstream_error`
 (nothing was posted), `ratelimited` is `rate_limited`.
@@ -18,7 +23,7 @@ Slack answers most errors with HTTP 200 and `{"ok": false, "error": "<code>"}`: 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from pydantic import AliasPath, Field
@@ -28,6 +33,7 @@ from bastion.config import ProviderConfig
 from bastion.errors import RateLimited, UpstreamError
 from bastion.sources.providers.api import Api, Json, retry_after
 from bastion.sources.providers.base import Output, Params, ProviderAction, ProviderDefinition, arguments_for
+from bastion.sources.providers.evidence import Candidate, Window, verdict
 
 DEFAULT_BASE_URL: Final = "https://slack.com/api"
 METADATA_EVENT: Final = "bastion_invocation"
@@ -135,7 +141,10 @@ async def post_message(api: Api, params: PostMessage) -> Posted:
     body: dict[str, Any] = {
         "channel": params.channel,
         "text": params.text,
-        "metadata": {"event_type": METADATA_EVENT, "event_payload": {"invocation_id": api.correlation_id}},
+        "metadata": {
+            "event_type": METADATA_EVENT,
+            "event_payload": {"invocation_id": api.correlation_id, "tag": api.tag},
+        },
     }
     if params.thread_ts is not None:
         body["thread_ts"] = params.thread_ts
@@ -171,39 +180,100 @@ async def _channel_id(api: Api, channel: str) -> str:
     raise UpstreamError(f"{api.name}: no channel named {channel} is visible to the token; settle it by hand")
 
 
-def _is_the_call(message: Json, invocation_id: str) -> bool:
+def _payload_for(message: Json, invocation_id: str) -> dict[str, Any] | None:
+    """The metadata payload of a message that names the invocation; None for any other message."""
     metadata = message.get("metadata") if isinstance(message, dict) else None
     if not isinstance(metadata, dict) or metadata.get("event_type") != METADATA_EVENT:
-        return False
+        return None
     payload = metadata.get("event_payload")
-    return isinstance(payload, dict) and payload.get("invocation_id") == invocation_id
+    return payload if isinstance(payload, dict) and payload.get("invocation_id") == invocation_id else None
 
 
-async def find_message(api: Api, arguments: Mapping[str, Any], since: datetime) -> Found | None:
+class _Identity(Output):
+    """Who the token is (`auth.test`): a bot token's messages carry its `bot_id`, a user token's its user."""
+
+    user_id: str
+    user: str | None = None
+    bot_id: str | None = None
+
+
+def _posted_at(ts: Any) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(float(ts), UTC)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _refuted(
+    api: Api, message: Json, payload: dict[str, Any], me: _Identity, place: MessagePlace, window: Window
+) -> list[str]:
+    """What refutes that the call posted `message`: its tag, its poster, its place (the thread), its time."""
+    refuted = []
+    tag = payload.get("tag")
+    if not api.verifies(tag if isinstance(tag, str) else None):
+        refuted.append(
+            "its metadata's tag is missing or not keyed by this Bastion: anyone who knows the invocation id can write "
+            "such metadata"
+        )
+    mine, theirs = (
+        (f"bot {me.bot_id}", message.get("bot_id")) if me.bot_id else (f"user {me.user_id}", message.get("user"))
+    )
+    if theirs != (me.bot_id or me.user_id):
+        who = message.get("bot_id") or message.get("user") or "someone unknown"
+        refuted.append(f"it was posted by {who}, not by the token's {mine}")
+    ts, thread = message.get("ts"), message.get("thread_ts")
+    if place.thread_ts is None and thread not in (None, ts):
+        refuted.append(f"it is a reply in thread {thread}, and the call posted to the channel itself")
+    if place.thread_ts is not None and (thread != place.thread_ts or ts == place.thread_ts):
+        refuted.append(f"it is not a reply in thread {place.thread_ts}, where the call posted")
+    elsewhen = window.refutes(_posted_at(ts), f"ts {ts}")
+    if elsewhen is not None:
+        refuted.append(elsewhen)
+    return refuted
+
+
+async def find_message(api: Api, arguments: Mapping[str, Any], window: Window) -> Found | None:
     """The message a `post_message` call posted, by its metadata, in the channel's history (or the thread's
-    replies) since the call."""
+    replies) since the call began, judged as the module docstring says."""
     place = arguments_for(api, MessagePlace, arguments)
     channel = await _channel_id(api, place.channel)
     method = "conversations.history" if place.thread_ts is None else "conversations.replies"
+    marked: list[tuple[Json, dict[str, Any]]] = []
     cursor: str | None = None
     for _ in range(MAX_PAGES):
         query = {
             "channel": channel,
             "ts": place.thread_ts,
-            "oldest": f"{since.timestamp():.6f}",
+            "oldest": f"{window.start.timestamp():.6f}",
             "include_all_metadata": "true",
             "limit": PAGE_SIZE,
             "cursor": cursor,
         }
         data = await call(api, method, params=query)
         for message in data.get("messages") or []:
-            if _is_the_call(message, api.correlation_id):
-                posted = api.parse(Posted, {"channel": channel, "ts": message.get("ts"), "message": message})
-                return Found("completed", f"message {posted.ts} in channel {channel}", posted.model_dump())
+            payload = _payload_for(message, api.correlation_id)
+            if payload is not None:
+                marked.append((message, payload))
         cursor = _next_cursor(data)
         if cursor is None:
             break
-    return None
+    if not marked:
+        return None
+    me = api.parse(_Identity, await call(api, "auth.test"))
+    candidates = []
+    for message, payload in marked:
+        posted = api.parse(Posted, {"channel": channel, "ts": message.get("ts"), "message": message})
+        made = _posted_at(posted.ts)
+        candidates.append(
+            Candidate(
+                f"message {posted.ts} in channel {channel}",
+                posted.model_dump(),
+                message.get("bot_id") or message.get("user"),
+                made.strftime("%Y-%m-%dT%H:%M:%SZ") if made is not None else None,
+                _refuted(api, message, payload, me, place, window),
+            )
+        )
+    return verdict(candidates)
 
 
 ACTIONS: Final[tuple[ProviderAction[Any], ...]] = (
