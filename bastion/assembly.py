@@ -60,17 +60,21 @@ async def open_ledger(config: Config, redactor: Redactor | None = None) -> Async
 @asynccontextmanager
 async def open_gateway(
     config: Config,
-    sources: Sources | None = None,
     *,
+    loaded: Callable[[Sources], None] | None = None,
     wait_for_sources: bool = True,
     redactor: Redactor | None = None,
     starting: Starting | None = None,
 ) -> AsyncIterator[Gateway]:
-    """A running gateway over the configured sources (`load_sources`, unless given; the disabled ones are not
-    started) and the ledger. Without `wait_for_sources` (`serve`) it is yielded at once, while the sources start
-    (`Gateway.running`); `starting` wraps the start of the connectors."""
-    sources = sources if sources is not None else load_sources(config)
+    """A running gateway over the ledger and the configured sources (the disabled ones are not started). The
+    sources are built once the ledger is open (`load_sources`), so the providers mark what their calls make with
+    the ledger's marker key; `loaded` is told them first (the CLI prints their problems). Without
+    `wait_for_sources` (`serve`) it is yielded at once, while the sources start (`Gateway.running`); `starting`
+    wraps the start of the connectors."""
     async with open_ledger(config, redactor) as ledger, AsyncExitStack() as running:
+        sources = load_sources(config, marker_key=ledger.marker_key)
+        if loaded is not None:
+            loaded(sources)
         gateway = Gateway(config, ledger, sources.all)
         disabled = set(config.policy.sources.disabled)
         connectors = [s for s in sources.all if isinstance(s, McpConnector) and s.source_id not in disabled]

@@ -114,7 +114,8 @@ def _reconcile_by_check(
             approver = await local_approver(ledger, config, token)
             full_id = await authority.resolve_invocation_id(ledger.invocations, invocation_id, approver)
             invocation = await ledger.invocations.get(full_id)
-            async with _provider(config, invocation.source_id if invocation else None) as source_of:
+            source_id = invocation.source_id if invocation else None
+            async with _provider(config, source_id, marker_key=ledger.marker_key) as source_of:
                 try:
                     return await authority.reconcile_by_check(
                         ledger, full_id, source_of=source_of, principal=approver, now=utcnow(), note=note
@@ -197,14 +198,15 @@ def invocations_rollback(
 
 
 @asynccontextmanager
-async def _provider(config: Config, source_id: str | None) -> AsyncIterator[SourceOf]:
-    """The configured provider `source_id`, running (its client open) while the block runs, as a `SourceOf`; no
-    source for anything else (no other kind of source looks calls up)."""
+async def _provider(config: Config, source_id: str | None, *, marker_key: bytes) -> AsyncIterator[SourceOf]:
+    """The configured provider `source_id`, running (its client open) while the block runs, as a `SourceOf`, with
+    the ledger's `marker_key` to verify what it finds; no source for anything else (no other kind of source looks
+    calls up)."""
     provider = config.providers.get(source_id) if source_id is not None else None
     if source_id is None or provider is None:
         yield _none
         return
-    source = provider_of(config, source_id)
+    source = provider_of(config, source_id, marker_key=marker_key)
     started = anyio.Event()
 
     async def on_change(_: str) -> None:
