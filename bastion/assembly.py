@@ -26,6 +26,7 @@ import httpx2
 from bastion.config import Config, config_hint
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
+from bastion.ledger.anchors import Anchoring, load_or_create_signing_key, signing_key_path_for
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.notify import Notifier
 from bastion.server.express_stdio import serve_stdio
@@ -36,6 +37,8 @@ from bastion.sources.registry import Sources, load_sources
 
 logger = logging.getLogger(__name__)
 
+ANCHOR_AT_STOP_SECONDS: Final = 5.0
+"""How long the stop waits to anchor the chain's head a last time."""
 ANSWER_TIMEOUT: Final = 5.0
 """Seconds, once the calls have ended, for their answers to reach the hosts before serving stops."""
 
@@ -65,13 +68,17 @@ async def open_gateway(
     wait_for_sources: bool = True,
     redactor: Redactor | None = None,
     starting: Starting | None = None,
+    anchored: bool = False,
 ) -> AsyncIterator[Gateway]:
     """A running gateway over the ledger and the configured sources (the disabled ones are not started). The
     sources are built once the ledger is open (`load_sources`), so the providers mark what their calls make with
     the ledger's marker key; `loaded` is told them first (the CLI prints their problems). Without
     `wait_for_sources` (`serve`) it is yielded at once, while the sources start (`Gateway.running`); `starting`
-    wraps the start of the connectors."""
+    wraps the start of the connectors. `anchored` (`serve`): the audit chain's head is anchored while it runs, and
+    once more after its sources stopped (`anchoring`)."""
     async with open_ledger(config, redactor) as ledger, AsyncExitStack() as running:
+        if anchored:
+            await running.enter_async_context(anchoring(config, ledger))
         sources = load_sources(config, marker_key=ledger.marker_key)
         if loaded is not None:
             loaded(sources)
@@ -97,6 +104,26 @@ async def notifying(config: Config, gateway: Gateway, inbox_url: str | None) -> 
         tg.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def anchoring(config: Config, ledger: OpenLedger) -> AsyncIterator[None]:
+    """Anchor the audit chain's head in `[ledger] anchor_file` while serving, and once more at the stop
+    (bastion.ledger.anchors); nothing when it is not set."""
+    path = config.anchor_file
+    if path is None:
+        yield
+        return
+    key = await anyio.to_thread.run_sync(load_or_create_signing_key, signing_key_path_for(ledger.key_path))
+    anchors = Anchoring(ledger.audit, key, path)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anchors.every, config.settings.ledger.anchor_every_seconds)
+        try:
+            yield
+        finally:
+            tg.cancel_scope.cancel()
+            with anyio.move_on_after(ANCHOR_AT_STOP_SECONDS, shield=True):
+                await anchors.once()
+
+
 async def serve(
     config: Config,
     *,
@@ -120,7 +147,7 @@ async def serve(
     async with anyio.create_task_group() as everything:
         everything.start_soon(shutdown.watch, everything.cancel_scope)
         async with (
-            open_gateway(config, wait_for_sources=False, redactor=redactor) as gateway,
+            open_gateway(config, wait_for_sources=False, redactor=redactor, anchored=True) as gateway,
             notifying(config, gateway, inbox_url),
         ):
             freeze_startup_heap(gateway)

@@ -2,8 +2,8 @@
 
 `app` holds the typer application and what commands share; each other module registers one command
 group on it when imported: `serve`, `inspect` (catalog, connectors, invocations, init), `audit` (+ `invocations
-reconcile`), `doctor`, `approvals` (+ `watch`), `grants`, `pins`, `tokens` and `actions`. Exit statuses: 0 success,
-1 a refused operation, 2 a usage or config error.
+reconcile`), `anchors` (`audit key`, `audit anchor`), `doctor`, `approvals` (+ `watch`), `grants`, `pins`,
+`tokens` and `actions`. Exit statuses: 0 success, 1 a refused operation, 2 a usage or config error.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 # Each module registers its commands on `app` when imported; this order is the order of `bastion --help`.
 # isort: off
-from bastion.cli import serve, inspect, audit, doctor, approvals, watch, grants, pins, tokens, actions
+from bastion.cli import serve, inspect, audit, anchors, doctor, approvals, watch, grants, pins, tokens, actions
 
 # isort: on
 import typer
@@ -23,7 +23,7 @@ from bastion.cli.logs import LOG_LEVEL_ENV_VAR, configure_logging, parse_level
 
 __all__ = ["app", "main"]
 
-COMMAND_GROUPS = (serve, inspect, audit, doctor, approvals, watch, grants, pins, tokens, actions)
+COMMAND_GROUPS = (serve, inspect, audit, anchors, doctor, approvals, watch, grants, pins, tokens, actions)
 PROG_NAME = "bastion"
 
 

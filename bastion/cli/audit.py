@@ -4,11 +4,13 @@ ledger's tamper-evident history."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Annotated, Any, Final
 
 import anyio
@@ -28,7 +30,15 @@ from bastion.cli.app import (
 )
 from bastion.cli.inspect import invocations_app
 from bastion.config import Config
-from bastion.errors import BastionError, ConnectorUnavailable
+from bastion.errors import BastionError, ConfigError, ConnectorUnavailable
+from bastion.ledger.anchors import (
+    load_or_create_signing_key,
+    read_anchors,
+    sign,
+    signing_key_path_for,
+    trusted_keys,
+    verify_signed,
+)
 from bastion.models import AuditReport, Invocation, PruneReport, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.authority import MIN_ID_PREFIX, SourceOf
@@ -225,22 +235,51 @@ def _none(source_id: str) -> ActionSource | None:
 
 
 @audit_app.command("verify")
-def audit_verify(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
-    """Check the hash chain of every event from the last prune's checkpoint to the newest; exit 1 at the first
-    break, naming it. Keep the head hash printed somewhere else: it anchors the history up to now."""
+def audit_verify(
+    anchors: Annotated[
+        Path | None,
+        typer.Option(
+            "--anchors",
+            help="Check the chain against the signed anchors in this file (default: [ledger] anchor_file, if it "
+            "exists; see `bastion audit anchor`).",
+        ),
+    ] = None,
+    public_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--public-key",
+            help="Trust this public key (ed25519:..., as `bastion audit key` prints it) for anchors and the prune "
+            "checkpoint; repeat for several. The ledger's own signing key, when it is on this machine, is trusted.",
+        ),
+    ] = None,
+    config_dir: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Check the hash chain of every event from the last prune's checkpoint to the head the ledger keeps, every
+    invocation against the state its newest event carries, and, with trusted keys, the signed anchors and the
+    checkpoint's signature; exit 1 at the first break, naming it. Without anchors a rewrite of the whole store,
+    every hash recomputed, goes unseen: anchor the head outside the ledger (`bastion audit anchor`)."""
     config = load(config_dir, report=False)
+    anchors_file = anchors if anchors is not None else config.anchor_file
+    if anchors is not None and not anchors.exists():
+        raise Exit(f"error: {anchors}: no such anchors file; give the file `bastion audit anchor` appends to", 2)
 
     async def run() -> AuditReport:
         async with open_ledger(config) as ledger:
-            return await ledger.audit.verify()
+            trusted = trusted_keys(ledger.key_path, public_key or [])
+            signed = read_anchors(anchors_file) if anchors_file is not None and anchors_file.exists() else []
+            if signed and not trusted:
+                raise ConfigError(
+                    f"{anchors_file}: anchors need the public key that signed them: give --public-key (as "
+                    "`bastion audit key` prints it where the ledger is kept)"
+                )
+            return await verify_signed(ledger.audit, signed, trusted)
 
     report = run_async(run)
     if as_json:
         emit_json(report.model_dump(mode="json"))
     elif report.broken is None:
-        start = f"from the checkpoint at event {report.checkpoint.event_id}" if report.checkpoint else "from the start"
-        head = f"; head: event {report.head_id} {report.head_hash}" if report.head_id is not None else ""
-        out.print(f"ok: {report.verified} events verified {start}{head}", markup=False, highlight=False)
+        out.print(verified_line(report), markup=False, highlight=False)
     else:
         out.print(
             f"broken at event {report.broken.event_id} ({report.broken.reason}): {report.broken.message}; "
@@ -250,6 +289,24 @@ def audit_verify(config_dir: ConfigOption = None, as_json: JsonOption = False) -
         )
     if report.broken is not None:
         raise typer.Exit(1)
+
+
+def verified_line(report: AuditReport) -> str:
+    """What `audit verify` says of a chain that holds: what it checked, and what it could not."""
+    start = f"from the checkpoint at position {report.checkpoint.position}" if report.checkpoint else "from the start"
+    parts = [f"ok: {report.verified} events verified {start}"]
+    if report.pre_chain:
+        parts.append(f"{report.pre_chain} of them from before records were chained (their rows are not covered)")
+    parts.append(f"{report.records} invocations match their events")
+    if report.records_not_covered:
+        parts.append(f"{report.records_not_covered} not covered")
+    if report.anchors:
+        parts.append(f"{report.anchors} signed anchors held")
+    elif not report.trusted_keys:
+        parts.append("no signing key to check anchors or the checkpoint with (see `bastion audit key`)")
+    if report.head_position is not None:
+        parts.append(f"head: position {report.head_position} {report.head_hash}")
+    return "; ".join(parts)
 
 
 @audit_app.command("export")
@@ -315,7 +372,9 @@ def audit_prune(
 
     async def run() -> PruneReport:
         async with open_ledger(config) as ledger:
-            return await ledger.audit.prune(now - timedelta(days=days), now=now)
+            key = await anyio.to_thread.run_sync(load_or_create_signing_key, signing_key_path_for(ledger.key_path))
+            signer = functools.partial(sign, key, "checkpoint")
+            return await ledger.audit.prune(now - timedelta(days=days), now=now, sign=signer)
 
     report = run_async(run)
     if as_json:

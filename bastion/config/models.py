@@ -101,6 +101,13 @@ class LedgerSettings(_Strict):
     retention_days: float | None = Field(default=None, gt=0)
     """How long finished calls are kept: what `bastion audit prune` removes when given no age. None: no default
     (prune then needs `--older-than-days`); nothing is ever pruned unless that command runs."""
+    anchor_file: str | None = None
+    """Where signed anchors of the audit chain's head are appended (bastion.ledger.anchors), relative to the config
+    directory: by `bastion audit anchor`, and by `bastion serve` every `anchor_every_seconds` the chain moved.
+    `bastion audit verify` checks the chain against them. Keep it where the database's writers cannot rewrite it
+    (another disk, a log shipper). None: `audit anchor` prints the anchor, and serve anchors nothing."""
+    anchor_every_seconds: float = Field(default=300, gt=0)
+    """How often `bastion serve` anchors the chain's head, when `anchor_file` is set and the chain moved since."""
 
 
 NotifiedEvent = Literal["approval_requested", "approval_decided", "invocation_finished", "drift_detected"]
@@ -317,6 +324,15 @@ class Config(BaseModel):
     """The ledger URL with relative SQLite paths resolved against the config directory."""
     ledger_key: Path | None = None
     """The file of the ledger's key of argument hashes; None: beside the SQLite file."""
+
+    @property
+    def anchor_file(self) -> Path | None:
+        """`[ledger] anchor_file`, resolved against the config directory; None when not set."""
+        relative = self.settings.ledger.anchor_file
+        if relative is None:
+            return None
+        path = Path(relative).expanduser()
+        return path if path.is_absolute() or self.directory is None else self.directory / path
 
     @property
     def ledger_display(self) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import secrets
 from collections.abc import Collection, Mapping, Sequence
@@ -24,14 +25,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Final, Literal, Protocol
 
+import anyio
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import BaseModel, ValidationError
 
 from bastion.errors import ConfigError
-from bastion.ledger.chain import stored_time
-from bastion.models import AuditCheckpoint, AuditReport, ChainBreak
+from bastion.ledger.chain import stored_time, verify_chain
+from bastion.models import AuditCheckpoint, AuditReport, ChainBreak, ChainedEvent, utcnow
+
+logger = logging.getLogger(__name__)
 
 PUBLIC_PREFIX: Final = "ed25519:"
 
@@ -108,6 +112,16 @@ def public_text(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
     public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
     raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return PUBLIC_PREFIX + base64.b64encode(raw).decode("ascii")
+
+
+def trusted_keys(key_path: Path, given: Sequence[str]) -> list[str]:
+    """The public keys a verification trusts: the ledger's own signing key's (beside `key_path`, its key of argument
+    hashes), when it is on this machine, and those `given` (checked: ConfigError for one that is no key)."""
+    trusted = [public_text(parse_public(text)) for text in given]
+    own = load_signing_key(signing_key_path_for(key_path))
+    if own is not None and public_text(own) not in trusted:
+        trusted.insert(0, public_text(own))
+    return trusted
 
 
 def parse_public(text: str) -> Ed25519PublicKey:
@@ -194,7 +208,28 @@ def anchor_line(anchor: Anchor) -> str:
 class _Audit(Protocol):
     async def checkpoint(self) -> AuditCheckpoint | None: ...
 
+    async def head(self) -> tuple[int, str]: ...
+
+    async def chain(self, after: int, limit: int) -> list[ChainedEvent]: ...
+
     async def verify(self, anchored: Mapping[int, str] = ...) -> AuditReport: ...
+
+
+async def anchor_head(
+    audit: _Audit, key: Ed25519PrivateKey, *, last: Anchor | None, now: datetime
+) -> Anchor | AuditReport:
+    """A signed anchor of the chain's head, once what it would vouch for verifies: the chain after the `last`
+    anchor (when its position is still kept), else the whole ledger, records included. The report of the break
+    instead when it does not: a history that no longer holds is never signed."""
+    head = await audit.head()
+    checkpoint = await audit.checkpoint()
+    if last is not None and (checkpoint is None or last.position > checkpoint.position):
+        report = await verify_chain(None, audit.chain, head_of_record=head, start=(last.position, last.hash))
+    else:
+        report = await audit.verify()
+    if report.broken is not None:
+        return report
+    return sign_anchor(key, head[0], head[1], now)
 
 
 async def verify_signed(audit: _Audit, anchors: Sequence[Anchor], trusted: Collection[str]) -> AuditReport:
@@ -237,3 +272,50 @@ async def verify_signed(audit: _Audit, anchors: Sequence[Anchor], trusted: Colle
 
 def _broken(reason: Literal["anchor", "checkpoint"], position: int, message: str) -> AuditReport:
     return AuditReport(verified=0, broken=ChainBreak(event_id=0, position=position, reason=reason, message=message))
+
+
+def last_anchor(path: Path) -> Anchor | None:
+    """The newest anchor of an anchors file; None when the file does not exist yet or is empty."""
+    if not path.exists():
+        return None
+    anchors = read_anchors(path)
+    return anchors[-1] if anchors else None
+
+
+class Anchoring:
+    """Appends signed anchors of the chain's head to one file (`bastion serve`, while `[ledger] anchor_file` is set):
+    `once` when the chain moved since the last; a chain that does not verify is logged, once per head, and not
+    anchored."""
+
+    def __init__(self, audit: _Audit, key: Ed25519PrivateKey, path: Path) -> None:
+        self._audit = audit
+        self._key = key
+        self.path = path
+        self._last: Anchor | None = None
+        self._read = False
+        self._refused: tuple[int, str] | None = None
+
+    async def once(self) -> Anchor | None:
+        """Anchor the head if it moved since the last anchor (and verifies): the anchor appended, else None."""
+        if not self._read:
+            self._last = await anyio.to_thread.run_sync(last_anchor, self.path)
+            self._read = True
+        head = await self._audit.head()
+        last = self._last
+        if head == self._refused or (last is not None and head == (last.position, last.hash)):
+            return None
+        made = await anchor_head(self._audit, self._key, last=last, now=utcnow())
+        if isinstance(made, AuditReport):
+            self._refused = head
+            broken = made.broken.message if made.broken is not None else "it does not verify"
+            logger.error("the audit chain was not anchored in %s: %s; run `bastion audit verify`", self.path, broken)
+            return None
+        await anyio.to_thread.run_sync(append_anchor, self.path, made)
+        self._last = made
+        return made
+
+    async def every(self, seconds: float) -> None:
+        """`once` now, then every `seconds`, until cancelled."""
+        while True:
+            await self.once()
+            await anyio.sleep(seconds)

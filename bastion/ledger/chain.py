@@ -170,6 +170,7 @@ async def verify_chain(
     *,
     head_of_record: tuple[int, str],
     anchored: Mapping[int, str] = _NONE,
+    start: tuple[int, str] | None = None,
 ) -> AuditReport:
     """Walk the chain from the checkpoint (or the genesis) to its head; report the first break, if any.
 
@@ -177,9 +178,13 @@ async def verify_chain(
     ends elsewhere lost its newest events (reason `head`). A checkpoint with events at or before its position was not
     made by a prune, which removes them with it (reason `checkpoint`). `anchored`: the (position: hash) of anchors
     whose signatures were checked (bastion.ledger.anchors): the chain must hold that hash at each position it still
-    keeps, and reach the newest (reason `anchor`)."""
+    keeps, and reach the newest (reason `anchor`). `start`: a (position, hash) already trusted (the last anchor) to
+    walk on from instead of the checkpoint: only the events after it are read."""
     prev = checkpoint.hash if checkpoint is not None else GENESIS
     after = checkpoint.position if checkpoint is not None else 0
+    if start is not None:
+        checkpoint = None
+        after, prev = start
     verified = pre_chain = anchors = 0
     head: ChainedEvent | None = None
 

@@ -347,8 +347,13 @@ class AuditLog(Protocol):
         """At most `limit` events after chain position `after`, in chain order."""
         ...
 
-    async def verify(self) -> AuditReport:
-        """Check the chain from the checkpoint to its head; the report names the first break."""
+    async def head(self) -> tuple[int, str]:
+        """The chain's head of record (position, hash), kept apart from the events."""
+        ...
+
+    async def verify(self, anchored: Mapping[int, str] = ...) -> AuditReport:
+        """Check the chain from the checkpoint to its head of record, and every invocation against its newest event;
+        `anchored`: (position: hash) of signed anchors it must hold. The report names the first break."""
         ...
 
     async def export(self, after: int, limit: int) -> builtins.list[tuple[ChainedEvent, Invocation]]:
@@ -356,9 +361,12 @@ class AuditLog(Protocol):
         the start), in chain order, each with its invocation as stored now (redacted as stored)."""
         ...
 
-    async def prune(self, before: datetime, *, now: datetime) -> PruneReport:
+    async def prune(
+        self, before: datetime, *, now: datetime, sign: Callable[[int, str, datetime], tuple[str, str]] | None = None
+    ) -> PruneReport:
         """Remove the oldest part of the history whose invocations all finished (completed, failed, denied,
-        expired) before `before`, never the newest event, with a checkpoint that keeps the rest verifiable."""
+        expired) before `before`, never the newest event, with a checkpoint that keeps the rest verifiable (signed
+        with `sign`, when given: bastion.ledger.anchors)."""
         ...
 
 

@@ -121,12 +121,17 @@ class SqliteAudit:
         """At most `limit` events of the chain after position `after`, in chain order."""
         return [chained_from_row(row) for row in await self._db.fetchall(CHAIN_PAGE, (after, limit))]
 
+    async def head(self) -> tuple[int, str]:
+        """The chain's head of record (position, hash): kept apart from the events; (0, the genesis) when missing."""
+        row = await self._db.fetchone(HEAD)
+        return (int(row[0]), str(row[1])) if row is not None else (0, GENESIS)
+
     async def verify(self, anchored: Mapping[int, str] = MappingProxyType({})) -> AuditReport:
         """Check the chain from the checkpoint to its head of record, then every invocation row against its newest
         event; the report names the first break. `anchored`: (position: hash) of anchors whose signatures hold."""
-        row = await self._db.fetchone(HEAD)
-        head = (int(row[0]), str(row[1])) if row is not None else (0, GENESIS)
-        chain = await verify_chain(await self.checkpoint(), self.chain, head_of_record=head, anchored=anchored)
+        chain = await verify_chain(
+            await self.checkpoint(), self.chain, head_of_record=await self.head(), anchored=anchored
+        )
         return await verify_records(chain, self._records, self._orphans)
 
     async def _records(self, after: str, limit: int) -> builtins.list[StoredRecord]:
