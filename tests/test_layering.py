@@ -71,7 +71,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.config": {"pydantic", "cel"},  # cel: policy conditions, compiled at load
     "bastion.policies": {"pydantic"},
     "bastion.schemas": {"jsonschema", "jsonschema_rs"},
-    "bastion.ledger": {"pydantic", "aiosqlite", "anyio", "psycopg", "psycopg_pool"},
+    "bastion.ledger": {"pydantic", "aiosqlite", "anyio", "psycopg", "psycopg_pool", "cryptography"},
     "bastion.sources": set(),
     "bastion.sources.seam": {"mcp_types", "anyio"},
     "bastion.sources.secrets": set(),

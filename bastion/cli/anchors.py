@@ -61,7 +61,7 @@ def audit_anchor(
         str | None,
         typer.Option(
             "--to",
-            help="Append the anchor to this file (default: [ledger] anchor_file); - prints it for a log shipper.",
+            help="Append the anchor to this file (default: \\[ledger] anchor_file); - prints it for a log shipper.",
         ),
     ] = None,
     config_dir: ConfigOption = None,
@@ -70,7 +70,7 @@ def audit_anchor(
     """Sign the audit chain's head and keep it outside the ledger: an anchor. `bastion audit verify --anchors FILE`
     then notices a history rewritten before it, or cut after it, even with every hash recomputed. The chain since the
     last anchor in the file (or the whole ledger) is verified first: a broken history is never signed (exit 1).
-    `bastion serve` anchors on its own while [ledger] anchor_file is set."""
+    `bastion serve` anchors on its own while \\[ledger] anchor_file is set."""
     config = load(config_dir, report=False)
     target = _target(config, to)
 

@@ -240,7 +240,7 @@ def audit_verify(
         Path | None,
         typer.Option(
             "--anchors",
-            help="Check the chain against the signed anchors in this file (default: [ledger] anchor_file, if it "
+            help="Check the chain against the signed anchors in this file (default: \\[ledger] anchor_file, if it "
             "exists; see `bastion audit anchor`).",
         ),
     ] = None,
