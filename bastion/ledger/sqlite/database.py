@@ -161,7 +161,10 @@ class SqliteDatabase:
     # -- reads ---------------------------------------------------------------------------------------------
 
     async def fetchall(self, sql: str, params: Iterable[Any] | dict[str, Any] = ()) -> builtins.list[Any]:
-        """All rows of one read, on aiosqlite's thread (after the deferred writes are committed)."""
+        """All rows of one read, on aiosqlite's thread (after the deferred writes are committed). LedgerUnavailable
+        once it was closed (a watcher still reading while the process stops)."""
+        if self._closed:
+            raise LedgerUnavailable(f"the ledger {self.path} is closed; nothing was read")
         self.commit_deferred()
         try:
             return builtins.list(await self._db.execute_fetchall(sql, params))
