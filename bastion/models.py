@@ -389,12 +389,13 @@ class ChainBreak(BaseModel):
     """The first place the audit chain does not hold: an event whose hash is not that of its content (`hash`), whose
     previous hash is not the hash of the event before it (`link`: an event removed, inserted or reordered), a chain
     that does not end where the ledger's head of record says (`head`: its newest events removed), a checkpoint no
-    prune made (`checkpoint`), an invocation row that is not what its events say (`record`), or a chain that does not
-    reach a signed anchor of its head (`anchor`)."""
+    prune made (`checkpoint`), an invocation row that is not what its events say (`record`), a chain that does not
+    reach a signed anchor of its head (`anchor`), an approval of a held call without a valid signature (`decision`), or
+    a call a grant let through that the grant does not cover (`grant`)."""
 
     event_id: int
     position: int
-    reason: Literal["hash", "link", "head", "checkpoint", "record", "anchor"]
+    reason: Literal["hash", "link", "head", "checkpoint", "record", "anchor", "decision", "grant"]
     message: str
     invocation_id: str | None = None
     """The invocation whose row broke it (reason `record`)."""
@@ -410,6 +411,12 @@ class AuditReport(BaseModel):
     """The signed anchors the chain was found to hold (`bastion audit verify --anchors`)."""
     trusted_keys: int = 0
     """How many public keys signatures were checked against (none: the checkpoint's signature was not checked)."""
+    decisions: int = 0
+    """The approvals of held calls whose signature was found to hold (checked only with trusted keys)."""
+    decisions_unsigned: int = 0
+    """Approvals recorded before decisions were signed: not checked."""
+    grant_uses: int = 0
+    """The calls grants let through, each found inside its grant's scope."""
     records: int = 0
     """The invocation rows found equal to the state their newest event carries."""
     records_not_covered: int = 0

@@ -15,6 +15,7 @@ import pytest
 
 from bastion.models import CallContext, Invocation, ModeDecision, utcnow
 from tests.approvers import OPERATOR_POLICY, Bastion, live, structured
+from tests.ledger_contract.samples import unsigned
 from tests.test_api import WAIT
 
 pytestmark = pytest.mark.anyio
@@ -140,7 +141,7 @@ async def test_always_leaves_a_grant_in_the_ledger_that_lets_the_next_call_throu
         )  # fmt: skip
         assert grant.expires_at == grant.created_at + timedelta(days=90)
         (approved,) = [e for e in await bastion.ledger.invocations.events(waiting.id) if e.kind == "approved"]
-        assert approved.detail == {"by": "alice", "note": None, "scope": "always", "grant": grant.id}
+        assert unsigned(approved.detail) == {"by": "alice", "note": None, "scope": "always", "grant": grant.id}
         assert (bastion.directory / "policies" / "default.toml").read_text() == OPERATOR_POLICY
 
         async with bastion.client(agent) as client:

@@ -110,8 +110,9 @@ async def test_a_prune_signs_its_checkpoint_and_verify_checks_it(tmp_path: Path)
 async def test_serve_anchors_the_head_when_it_starts_and_when_it_stops(tmp_path: Path) -> None:
     config = _config(tmp_path, every=3600)
     anchors = config / "anchors.jsonl"
-    async with bastion_http(["--config", str(config)], env=bastion_env(config.parent)) as running:
-        await running.stderr.wait_for(lambda line: "listening on" in line)
+    env = bastion_env(config.parent, BASTION_LOG_LEVEL="INFO")
+    async with bastion_http(["--config", str(config)], env=env) as running:
+        await running.stderr.wait_for(lambda line: "anchored the audit chain at position 0" in line)
         await _completed(config, 1, 2)  # another process's calls, recorded while it serves
     written = read_anchors(anchors)
     assert [anchor.position for anchor in written] == [0, 8]

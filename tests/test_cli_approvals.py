@@ -18,6 +18,7 @@ from anyio.abc import Process
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
 from bastion.models import EventKind, Invocation, InvocationEvent, Role, utcnow
+from tests.ledger_contract.samples import unsigned
 from tests.processes import bastion_command, bastion_env, run_cli, write_config
 from tests.test_cli import INVOCATION_KEYS
 
@@ -188,7 +189,7 @@ def test_approve_records_the_principal_from_the_environment(tmp_path: Path) -> N
     invocation, events = stored(config, "inv-0001")
     assert invocation.status == "approved"
     assert events[-1].kind == "approved"
-    assert events[-1].detail == {"by": "alice@example.com", "note": "looks fine", "scope": "once"}
+    assert unsigned(events[-1].detail) == {"by": "alice@example.com", "note": "looks fine", "scope": "once"}
 
 
 def test_deny_records_the_local_login_and_the_reason_and_prints_json(tmp_path: Path) -> None:
@@ -204,7 +205,7 @@ def test_deny_records_the_local_login_and_the_reason_and_prints_json(tmp_path: P
     assert data["error_class"] == "approval_denied"
     invocation, events = stored(config, "inv-0001")
     assert invocation.status == "denied"
-    assert events[-1].detail == {"by": f"local:{getpass.getuser()}", "reason": "not today"}
+    assert unsigned(events[-1].detail) == {"by": f"local:{getpass.getuser()}", "reason": "not today"}
 
 
 def test_a_second_decision_is_a_conflict_and_changes_nothing(tmp_path: Path) -> None:
@@ -291,10 +292,10 @@ def test_once_the_ledger_has_an_approver_token_local_decisions_need_one(tmp_path
     approved = cli(config, env, "approvals", "approve", "inv-0001", "--token", admin)
     assert approved.returncode == 0, approved.stderr
     assert approved.stdout.startswith("approved inv-0001 (notes__write_note) as alice")
-    assert stored(config, "inv-0001")[1][-1].detail == {"by": "alice", "note": None, "scope": "once"}
+    assert unsigned(stored(config, "inv-0001")[1][-1].detail) == {"by": "alice", "note": None, "scope": "once"}
     denied = cli(config, env | {"BASTION_TOKEN": admin}, "approvals", "deny", "inv-0002", "--reason", "no")
     assert denied.returncode == 0, denied.stderr
-    assert stored(config, "inv-0002")[1][-1].detail == {"by": "alice", "reason": "no"}
+    assert unsigned(stored(config, "inv-0002")[1][-1].detail) == {"by": "alice", "reason": "no"}
 
 
 def test_nobody_decides_their_own_call_with_a_local_token_either(tmp_path: Path) -> None:

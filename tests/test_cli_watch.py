@@ -26,6 +26,7 @@ from bastion.cli.watch import QUIT, Decision, KeyReader, LedgerFeed, WatchView
 from bastion.config import load_config
 from bastion.errors import Unauthenticated
 from bastion.models import InvocationEvent, Status, utcnow
+from tests.ledger_contract.samples import unsigned
 from tests.processes import bastion_command, bastion_env, bastion_http, run_cli, stop
 from tests.test_cli_approvals import DRIFT, create_token, make_config, make_invocation, open_ledger, record
 
@@ -172,8 +173,8 @@ async def test_watch_details_the_selected_call_and_decides_only_after_a_reason_a
             terminal.press(b"q")
             status = await process.wait()
         assert status == 0, terminal.screen
-    assert denied[-1].detail == {"by": "alice@example.com", "reason": "not today ☂"}
-    assert approved[-1].detail == {"by": "alice@example.com", "note": "looks fine", "scope": "once"}
+    assert unsigned(denied[-1].detail) == {"by": "alice@example.com", "reason": "not today ☂"}
+    assert unsigned(approved[-1].detail) == {"by": "alice@example.com", "note": "looks fine", "scope": "once"}
 
 
 @pytest.mark.anyio
@@ -211,7 +212,7 @@ async def test_watch_decides_on_a_remote_bastion_through_its_api(tmp_path: Path)
                 await terminal.wait_for("no pending invocations")
                 terminal.press(b"q")
                 assert await process.wait() == 0, terminal.screen
-    assert denied[-1].detail == {"by": "alice", "reason": "not from here"}
+    assert unsigned(denied[-1].detail) == {"by": "alice", "reason": "not from here"}
 
 
 @pytest.mark.anyio
@@ -239,7 +240,7 @@ async def test_watch_on_a_ledger_with_approver_tokens_needs_one_and_decides_as_i
             await terminal.wait_for(f"approved {waiting.id} (notes__write_note) as alice")
             terminal.press(b"q")
             assert await process.wait() == 0, terminal.screen
-    assert approved[-1].detail == {"by": "alice", "note": None, "scope": "once"}
+    assert unsigned(approved[-1].detail) == {"by": "alice", "note": None, "scope": "once"}
 
 
 def test_watch_without_a_terminal_exits_2_and_names_the_alternatives(tmp_path: Path) -> None:

@@ -37,8 +37,8 @@ from bastion.ledger.anchors import (
     sign,
     signing_key_path_for,
     trusted_keys,
-    verify_signed,
 )
+from bastion.ledger.verify import verify_signed
 from bastion.models import AuditReport, Invocation, PruneReport, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.authority import MIN_ID_PREFIX, SourceOf
@@ -256,9 +256,10 @@ def audit_verify(
     as_json: JsonOption = False,
 ) -> None:
     """Check the hash chain of every event from the last prune's checkpoint to the head the ledger keeps, every
-    invocation against the state its newest event carries, and, with trusted keys, the signed anchors and the
-    checkpoint's signature; exit 1 at the first break, naming it. Without anchors a rewrite of the whole store,
-    every hash recomputed, goes unseen: anchor the head outside the ledger (`bastion audit anchor`)."""
+    invocation against the state its newest event carries, every call a grant let through against that grant, and,
+    with trusted keys, the signed anchors, the checkpoint's signature and the signature of every approval of a held
+    call; exit 1 at the first break, naming it. Without anchors a rewrite of the whole store, every hash recomputed,
+    goes unseen: anchor the head outside the ledger (`bastion audit anchor`)."""
     config = load(config_dir, report=False)
     anchors_file = anchors if anchors is not None else config.anchor_file
     if anchors is not None and not anchors.exists():
@@ -300,6 +301,11 @@ def verified_line(report: AuditReport) -> str:
     parts.append(f"{report.records} invocations match their events")
     if report.records_not_covered:
         parts.append(f"{report.records_not_covered} not covered")
+    if report.trusted_keys:
+        parts.append(f"{report.decisions} approvals of held calls signed")
+    if report.decisions_unsigned:
+        parts.append(f"{report.decisions_unsigned} approvals from before decisions were signed (not checked)")
+    parts.append(f"{report.grant_uses} calls inside the grants that let them through")
     if report.anchors:
         parts.append(f"{report.anchors} signed anchors held")
     elif not report.trusted_keys:

@@ -16,6 +16,7 @@ from typing import Final
 from bastion.config import SQLITE_PREFIX, is_postgres_url, sqlite_path
 from bastion.config.models import display_url
 from bastion.errors import ConfigError
+from bastion.ledger.anchors import signing_key_path_for
 from bastion.ledger.keys import load_key, load_or_create_key, marker_key_from
 from bastion.ledger.postgres import PostgresBackend, key_check
 from bastion.ledger.postgres.audit import PostgresAudit
@@ -80,10 +81,11 @@ class OpenLedger:
         cls, backend: SqliteBackend | PostgresBackend, *, url: str, redactor: Redactor, key: bytes, key_path: Path
     ) -> OpenLedger:
         """The ledger of an open backend: its stores, its invocations behind the recorder (which redacts what is
-        stored and hashes arguments with `key`)."""
+        stored, hashes arguments with `key`, and signs decisions with the signing key beside `key_path`, created by the
+        first decision: bastion.ledger.anchors)."""
         return cls(
             url=url,
-            invocations=Recorder(backend.invocations, redactor, key),
+            invocations=Recorder(backend.invocations, redactor, key, signing_key_path_for(key_path)),
             pins=backend.pins,
             tokens=backend.tokens,
             grants=backend.grants,

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ValidationError
 
 from bastion.errors import ConfigError
 from bastion.ledger.chain import stored_time, verify_chain
-from bastion.models import AuditCheckpoint, AuditReport, ChainBreak, ChainedEvent, utcnow
+from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -140,10 +140,14 @@ def signed_text(what: Signed, position: int, hash_: str, at: datetime) -> bytes:
     return f"bastion audit {what} v1\n{position}\n{hash_}\n{stored_time(at)}".encode()
 
 
+def signature_of(key: Ed25519PrivateKey, text: bytes) -> str:
+    """The Ed25519 signature of `text`, base64."""
+    return base64.b64encode(key.sign(text)).decode("ascii")
+
+
 def sign(key: Ed25519PrivateKey, what: Signed, position: int, hash_: str, at: datetime) -> tuple[str, str]:
     """(public key, signature) of `what` at (position, hash, at)."""
-    signature = key.sign(signed_text(what, position, hash_, at))
-    return public_text(key), base64.b64encode(signature).decode("ascii")
+    return public_text(key), signature_of(key, signed_text(what, position, hash_, at))
 
 
 def sign_anchor(key: Ed25519PrivateKey, position: int, hash_: str, at: datetime) -> Anchor:
@@ -160,13 +164,19 @@ def signature_fault(
     signature: str | None,
     trusted: Collection[str],
 ) -> str | None:
-    """Why a signature does not hold (None when it does): missing, by a key not trusted, or not over this."""
-    if key is None or signature is None:
+    """Why the signature of `what` at (position, hash, at) does not hold (None when it does)."""
+    return verify_signature(signed_text(what, position, hash_, at), key, signature, trusted)
+
+
+def verify_signature(text: bytes, key: object, signature: object, trusted: Collection[str]) -> str | None:
+    """Why `signature` by `key` over `text` does not hold (None when it does): missing, by a key not trusted, or not
+    over this text."""
+    if not isinstance(key, str) or not isinstance(signature, str):
         return "it is not signed"
     if key not in trusted:
         return f"it is signed by {key}, which is not a trusted key (give it with --public-key if it is yours)"
     try:
-        parse_public(key).verify(base64.b64decode(signature), signed_text(what, position, hash_, at))
+        parse_public(key).verify(base64.b64decode(signature), text)
     except (InvalidSignature, ValueError, ConfigError):
         return "its signature is not that of its content: it was forged or changed"
     return None
@@ -232,48 +242,6 @@ async def anchor_head(
     return sign_anchor(key, head[0], head[1], now)
 
 
-async def verify_signed(audit: _Audit, anchors: Sequence[Anchor], trusted: Collection[str]) -> AuditReport:
-    """Verify the ledger's chain and records against signed `anchors`, and its checkpoint's signature, trusting the
-    public keys `trusted` (none: only the store's own consistency is checked). The first anchor or checkpoint whose
-    signature does not hold breaks it before the chain is read."""
-    anchored: dict[int, str] = {}
-    for number, anchor in enumerate(anchors, start=1):
-        fault = signature_fault(
-            "anchor", anchor.position, anchor.hash, anchor.at, anchor.key, anchor.signature, trusted
-        )
-        if fault is None and anchored.get(anchor.position, anchor.hash) != anchor.hash:
-            fault = "another anchor signed a different hash at that position: two histories were signed"
-        if fault is not None:
-            return _broken(
-                "anchor", anchor.position, f"anchor {number} (position {anchor.position}) does not hold: {fault}"
-            )
-        anchored[anchor.position] = anchor.hash
-    checkpoint = await audit.checkpoint()
-    if checkpoint is not None and trusted:
-        fault = signature_fault(
-            "checkpoint",
-            checkpoint.position,
-            checkpoint.hash,
-            checkpoint.at,
-            checkpoint.key,
-            checkpoint.signature,
-            trusted,
-        )
-        if fault is not None:
-            return _broken(
-                "checkpoint",
-                checkpoint.position,
-                f"the checkpoint at position {checkpoint.position} does not hold: {fault}; a checkpoint no prune "
-                "signed may hide the events before it",
-            )
-    report = await audit.verify(anchored)
-    return report.model_copy(update={"trusted_keys": len(trusted)})
-
-
-def _broken(reason: Literal["anchor", "checkpoint"], position: int, message: str) -> AuditReport:
-    return AuditReport(verified=0, broken=ChainBreak(event_id=0, position=position, reason=reason, message=message))
-
-
 def last_anchor(path: Path) -> Anchor | None:
     """The newest anchor of an anchors file; None when the file does not exist yet or is empty."""
     if not path.exists():
@@ -312,6 +280,7 @@ class Anchoring:
             return None
         await anyio.to_thread.run_sync(append_anchor, self.path, made)
         self._last = made
+        logger.info("anchored the audit chain at position %d in %s", made.position, self.path)
         return made
 
     async def every(self, seconds: float) -> None:

@@ -9,13 +9,19 @@ owns the ledger's argument-hash key (bastion.ledger.keys), since only it sees th
 from __future__ import annotations
 
 import builtins
+import json
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bastion.errors import InvalidArguments
 from bastion.ledger import keys
+from bastion.ledger.anchors import load_or_create_signing_key
 from bastion.ledger.backend import EMPTY_DETAIL, GoneFn, InvocationBackend, Scrubbed
+from bastion.ledger.decisions import SIGNED, decision_text, sign_decision
 from bastion.ledger.redaction import Redactor
 from bastion.models import Admission, EventKind, Grant, Invocation, InvocationEvent, RecoveryReport, Status
 
@@ -23,10 +29,14 @@ from bastion.models import Admission, EventKind, Grant, Invocation, InvocationEv
 class Recorder:
     """Scrubs what the pipeline records, then stores it through a backend."""
 
-    def __init__(self, backend: InvocationBackend, redactor: Redactor, key: bytes) -> None:
+    def __init__(
+        self, backend: InvocationBackend, redactor: Redactor, key: bytes, signing_key_path: Path | None = None
+    ) -> None:
         self._backend = backend
         self.redactor = redactor
         self._key = key
+        self._signing_key_path = signing_key_path
+        self._signing_key: Ed25519PrivateKey | None = None
 
     # -- argument hashes -------------------------------------------------------------------------------
 
@@ -140,19 +150,24 @@ class Recorder:
         grant: Grant | None = None,
     ) -> Invocation:
         """An approver's decision on a pending invocation: `approved` or `denied` (the note is the reason), with
-        who decided in the event, and the approval's scope (`once`, or its `grant`'s, whose id the event names).
-        Raises NotFound, ApprovalExpired (pending but past expires_at: it is marked expired), or Conflict (no longer
-        pending; the message names its status)."""
+        who decided in the event, the approval's scope (`once`, or its `grant`'s, whose id the event names), and,
+        with a signing key, its signature (bastion.ledger.decisions). Raises NotFound, ApprovalExpired (pending but
+        past expires_at: it is marked expired), or Conflict (no longer pending; the message names its status)."""
         denied_by = f"denied by {principal or 'an approver'}"
         detail: dict[str, Any] = {"by": principal, "note" if approve else "reason": note}
         if approve:
             detail["scope"] = "once" if grant is None else grant.scope
             if grant is not None:
                 detail["grant"] = grant.id
+        stored = self._detail(detail)
+        if self._signing_key_path is not None:
+            if self._signing_key is None:  # created by the first decision, not by every process that opens the ledger
+                self._signing_key = load_or_create_signing_key(self._signing_key_path)
+            stored = await self._signed(invocation_id, approve, stored, now, grant, self._signing_key)
         return await self._backend.decide(
             invocation_id,
             approve=approve,
-            detail=self._detail(detail),
+            detail=stored,
             error_message=None if approve else self._text(denied_by if note is None else f"{denied_by}: {note}"),
             now=now,
             grant=grant,
@@ -170,6 +185,34 @@ class Recorder:
         """`executing` invocations whose owner is gone become `unknown`; report the approved ones of owners that
         are gone (never started) and how many are pending. `gone_of` is asked after the owners are read."""
         return await self._backend.recover(gone_of)
+
+    async def _signed(
+        self,
+        invocation_id: str,
+        approve: bool,
+        stored: Scrubbed,
+        now: datetime,
+        grant: Grant | None,
+        key: Ed25519PrivateKey,
+    ) -> Scrubbed:
+        """The decision's detail as stored, with its signature over what it decides: who, as stored (scrubbed), and
+        the call's arguments hash and pinned definition, which do not change while it is pending."""
+        invocation = await self._backend.get(invocation_id)
+        if invocation is None:
+            return stored  # the decision will be refused: NotFound
+        detail = json.loads(stored.json)
+        text = decision_text(
+            invocation_id,
+            "approved" if approve else "denied",
+            detail.get("by"),
+            invocation.args_hash,
+            invocation.fingerprint,
+            str(detail.get("scope", "once")),
+            now,
+            grant,
+        )
+        detail[SIGNED] = sign_decision(key, text)
+        return Scrubbed(json.dumps(detail, ensure_ascii=False, separators=(",", ":")))
 
     # -- reads -----------------------------------------------------------------------------------------
 

@@ -61,3 +61,10 @@ def make_pin(source_id: str, action_id: str, *, drifted: bool = False, pinned_by
         pinned_by=pinned_by,
         drift=observation(2) if drifted else None,
     )
+
+
+def unsigned(detail: dict[str, Any]) -> dict[str, Any]:
+    """A decision event's detail without its signature (bastion.ledger.decisions), which must be there."""
+    rest = dict(detail)
+    assert set(rest.pop("signed")) == {"key", "signature"}, "a decision is signed"
+    return rest

@@ -24,10 +24,12 @@ async def test_approving_a_pending_invocation_records_who_and_why(ledger: OpenLe
     assert (approved.status, approved.error_class, approved.updated_at) == ("approved", None, BEFORE_EXPIRY)
     assert await ledger.invocations.get(invocation_id) == approved
     events = await ledger.invocations.events(invocation_id)
+    signed = events[-1].detail.pop("signed")  # bastion.ledger.decisions
     assert [(event.kind, event.detail) for event in events][-1] == (
         "approved",
         {"by": "alice", "note": "looks fine", "scope": "once"},
     )
+    assert set(signed) == {"key", "signature"}
     assert events[-1].at == BEFORE_EXPIRY
 
 
@@ -42,6 +44,7 @@ async def test_denying_records_the_reason_as_an_approval_denied_error(ledger: Op
     assert "bob" in denied.error_message
     assert "wrong file" in denied.error_message
     last = (await ledger.invocations.events(with_reason))[-1]
+    assert set(last.detail.pop("signed")) == {"key", "signature"}
     assert (last.kind, last.detail) == ("denied", {"by": "bob", "reason": "wrong file"})
 
     anonymous = await ledger.invocations.decide(

@@ -45,6 +45,7 @@ async def test_an_approval_stores_its_grant_and_its_event_names_the_scope_and_th
     assert await ledger.grants.grants() == [grant]
     assert await ledger.grants.grants(standing_at=BEFORE_EXPIRY) == [grant]
     last = (await ledger.invocations.events(invocation_id))[-1]
+    assert set(last.detail.pop("signed")) == {"key", "signature"}
     assert last.detail == {"by": "alice", "note": None, "scope": "always", "grant": grant.id}
 
 

@@ -10,7 +10,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bastion.ledger import OpenLedger
-from bastion.ledger.anchors import Anchor, public_text, sign, sign_anchor, verify_signed
+from bastion.ledger.anchors import Anchor, public_text, sign, sign_anchor
+from bastion.ledger.verify import verify_signed
 from bastion.models import AuditReport
 from tests.ledger_contract.samples import T0, add_pending, make_invocation
 from tests.ledger_contract.tampering import KINDS, recompute, store_of

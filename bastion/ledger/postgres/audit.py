@@ -16,7 +16,9 @@ from typing import Any, Final
 
 from bastion.ledger.backend import INVOCATION_COLUMNS
 from bastion.ledger.chain import GENESIS, TERMINAL, CheckpointSigner, StoredRecord, verify_chain, verify_records
+from bastion.ledger.decisions import GrantUse, HeldDecision, granted
 from bastion.ledger.postgres.database import Connection, PostgresDatabase
+from bastion.ledger.postgres.grants import grants_by_id
 from bastion.ledger.postgres.invocations import invocation_from_row
 from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Invocation, PruneReport
 
@@ -29,6 +31,19 @@ EXPORT_PAGE: Final = f"""
     {_CHAIN.replace("SELECT ", "SELECT " + ", ".join(f"invocations.{name}" for name in INVOCATION_COLUMNS) + ", ", 1)}
     JOIN invocations ON invocations.id = events.invocation_id
     WHERE events.position > %s ORDER BY events.position LIMIT %s
+"""
+DECISIONS: Final = """
+    SELECT invocations.id, invocations.args_hash, invocations.fingerprint, events.detail, events.at, events.state
+    FROM events JOIN invocations ON invocations.id = events.invocation_id
+    WHERE events.kind = 'approved' AND invocations.id > %s
+      AND EXISTS (
+          SELECT 1 FROM events AS held WHERE held.invocation_id = events.invocation_id AND held.kind = 'pending'
+      )
+    ORDER BY invocations.id LIMIT %s
+"""
+GRANT_USES: Final = """
+    SELECT id, policy_key, session_id, principal, created_at, substr(mode_source, 7) FROM invocations
+    WHERE mode_source LIKE 'grant:%%' AND id > %s ORDER BY id LIMIT %s
 """
 CHECKPOINT: Final = (
     "SELECT position, event_id, hash, at, events, invocations, key, signature FROM audit_checkpoints "
@@ -136,6 +151,22 @@ class PostgresAudit:
         width = len(INVOCATION_COLUMNS)
         rows = await self._db.fetchall(RECORDS, (after, limit))
         return [StoredRecord(row[0], row[:width], row[width], row[width + 1], bool(row[width + 2])) for row in rows]
+
+    async def decisions(self, after: str, limit: int) -> builtins.list[HeldDecision]:
+        """The approvals of held calls with an invocation id above `after`, in id order, each with the grant it names
+        as stored now (bastion.ledger.decisions)."""
+        rows = await self._db.fetchall(DECISIONS, (after, limit))
+        grants = await grants_by_id(self._db, {grant_id for row in rows if (grant_id := granted(row[3]))})
+        return [
+            HeldDecision(row[0], row[1], row[2], row[3], row[4], row[5] is not None, grants.get(granted(row[3]) or ""))
+            for row in rows
+        ]
+
+    async def grant_uses(self, after: str, limit: int) -> builtins.list[GrantUse]:
+        """The calls grants let through with an invocation id above `after`, in id order, each with its grant."""
+        rows = await self._db.fetchall(GRANT_USES, (after, limit))
+        grants = await grants_by_id(self._db, {row[5] for row in rows})
+        return [GrantUse(row[0], row[1], row[2], row[3], row[4], row[5], grants.get(row[5])) for row in rows]
 
     async def _orphans(self) -> builtins.list[str]:
         return [row[0] for row in await self._db.fetchall(ORPHANS)]

@@ -4,7 +4,7 @@ one shares (see bastion.ledger.postgres.invocations). A grant's row is never del
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -79,6 +79,17 @@ class PostgresGrants:
 async def insert_grant(conn: Connection, grant: Grant) -> None:
     """Store `grant`, inside the caller's transaction."""
     await conn.execute(_INSERT, grant.model_dump())
+
+
+_BY_IDS: Final = f"SELECT {_COLUMN_LIST} FROM grants WHERE id = ANY(%s)"
+
+
+async def grants_by_id(db: PostgresDatabase, ids: Collection[str]) -> dict[str, Grant]:
+    """The grants of these ids that exist, by id."""
+    if not ids:
+        return {}
+    rows = await db.fetchall(_BY_IDS, (sorted(ids),))
+    return {grant.id: grant for grant in map(_grant_from_row, rows)}
 
 
 def _grant_from_row(row: Sequence[Any]) -> Grant:

@@ -15,7 +15,9 @@ from typing import Any, Final
 
 from bastion.ledger.backend import INVOCATION_COLUMNS
 from bastion.ledger.chain import GENESIS, TERMINAL, CheckpointSigner, StoredRecord, verify_chain, verify_records
+from bastion.ledger.decisions import GrantUse, HeldDecision, granted
 from bastion.ledger.sqlite.database import SqliteDatabase
+from bastion.ledger.sqlite.grants import grants_by_id
 from bastion.ledger.sqlite.invocations import invocation_from_row
 from bastion.ledger.sqlite.schema import dumps, timestamp
 from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Invocation, PruneReport
@@ -41,6 +43,19 @@ ORPHANS: Final = """
     SELECT DISTINCT invocation_id FROM events
     WHERE NOT EXISTS (SELECT 1 FROM invocations WHERE invocations.id = events.invocation_id)
     ORDER BY invocation_id LIMIT 100
+"""
+DECISIONS: Final = """
+    SELECT invocations.id, invocations.args_hash, invocations.fingerprint, events.detail, events.at, events.state
+    FROM events JOIN invocations ON invocations.id = events.invocation_id
+    WHERE events.kind = 'approved' AND invocations.id > ?
+      AND EXISTS (
+          SELECT 1 FROM events AS held WHERE held.invocation_id = events.invocation_id AND held.kind = 'pending'
+      )
+    ORDER BY invocations.id LIMIT ?
+"""
+GRANT_USES: Final = """
+    SELECT id, policy_key, session_id, principal, created_at, substr(mode_source, 7) FROM invocations
+    WHERE mode_source LIKE 'grant:%' AND id > ? ORDER BY id LIMIT ?
 """
 CHECKPOINT: Final = (
     "SELECT position, event_id, hash, at, events, invocations, key, signature FROM audit_checkpoints "
@@ -138,6 +153,33 @@ class SqliteAudit:
         width = len(INVOCATION_COLUMNS)
         rows = await self._db.fetchall(RECORDS, (after, limit))
         return [StoredRecord(row[0], row[:width], row[width], row[width + 1], bool(row[width + 2])) for row in rows]
+
+    async def decisions(self, after: str, limit: int) -> builtins.list[HeldDecision]:
+        """The approvals of held calls with an invocation id above `after`, in id order, each with the grant it names
+        as stored now (bastion.ledger.decisions)."""
+        rows = await self._db.fetchall(DECISIONS, (after, limit))
+        grants = await grants_by_id(self._db, {grant_id for row in rows if (grant_id := granted(row[3]))})
+        return [
+            HeldDecision(
+                row[0],
+                row[1],
+                row[2],
+                row[3],
+                datetime.fromisoformat(row[4]),
+                row[5] is not None,
+                grants.get(granted(row[3]) or ""),
+            )
+            for row in rows
+        ]
+
+    async def grant_uses(self, after: str, limit: int) -> builtins.list[GrantUse]:
+        """The calls grants let through with an invocation id above `after`, in id order, each with its grant."""
+        rows = await self._db.fetchall(GRANT_USES, (after, limit))
+        grants = await grants_by_id(self._db, {row[5] for row in rows})
+        return [
+            GrantUse(row[0], row[1], row[2], row[3], datetime.fromisoformat(row[4]), row[5], grants.get(row[5]))
+            for row in rows
+        ]
 
     async def _orphans(self) -> builtins.list[str]:
         return [row[0] for row in await self._db.fetchall(ORPHANS)]

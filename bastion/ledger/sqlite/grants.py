@@ -5,8 +5,9 @@ until when, and who revoked it."""
 from __future__ import annotations
 
 import builtins
+import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -94,6 +95,17 @@ def insert_grant(conn: sqlite3.Connection, grant: Grant) -> None:
     for moment in ("created_at", "expires_at", "revoked_at"):
         row[moment] = optional_timestamp(row[moment])
     conn.execute(_INSERT, row)
+
+
+_BY_IDS: Final = f"SELECT {_COLUMN_LIST} FROM grants WHERE id IN (SELECT value FROM json_each(?))"
+
+
+async def grants_by_id(db: SqliteDatabase, ids: Collection[str]) -> dict[str, Grant]:
+    """The grants of these ids that exist, by id."""
+    if not ids:
+        return {}
+    rows = await db.fetchall(_BY_IDS, (json.dumps(sorted(ids)),))
+    return {grant.id: grant for grant in map(grant_from_row, rows)}
 
 
 def grant_from_row(row: Sequence[Any]) -> Grant:

@@ -1,0 +1,124 @@
+"""Decisions signed: every approval of a held call carries a signature over what it approved and the grant it left;
+verify finds an approval forged in the store, an approval whose call or grant was changed after it, and a call let
+through by a grant that does not cover it, even with every hash recomputed. Both on every backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from bastion.ledger import OpenLedger
+from bastion.ledger.anchors import trusted_keys
+from bastion.ledger.verify import verify_signed
+from bastion.models import AuditReport
+from tests.ledger_contract.samples import BEFORE_EXPIRY, T0, add_pending, make_invocation
+from tests.ledger_contract.tampering import Store, recompute, store_of
+from tests.ledger_contract.test_grants import make_grant
+
+pytestmark = pytest.mark.anyio
+
+
+async def _verified(ledger: OpenLedger) -> AuditReport:
+    return await verify_signed(ledger.audit, [], trusted_keys(ledger.key_path, []))
+
+
+async def _tampered(ledger: OpenLedger, *statements: tuple[str, tuple[object, ...]]) -> AuditReport:
+    """The report after `statements`, with every hash recomputed: the store alone agrees with itself again."""
+    async with store_of(ledger) as store:
+        for sql, params in statements:
+            await store.run(sql, params)
+        await recompute(store)
+    assert (await ledger.audit.verify()).broken is None
+    return await _verified(ledger)
+
+
+async def _approved_with_grant(ledger: OpenLedger) -> None:
+    """inv-0001 held and approved for the session, and inv-0002 let through by that grant."""
+    held = await add_pending(ledger, 1)
+    grant = make_grant(scope="session", session_id="session-a", expires_at=None)
+    await ledger.invocations.decide(held, approve=True, principal="alice", note=None, now=BEFORE_EXPIRY, grant=grant)
+    later = make_invocation(2, status="approved", mode="allow", mode_source=f"grant:{grant.id}")
+    await ledger.invocations.record(later.model_copy(update={"created_at": BEFORE_EXPIRY}), ["planned", "approved"])
+
+
+async def test_an_approval_is_signed_and_the_grant_it_leaves_covers_its_uses(ledger: OpenLedger) -> None:
+    await _approved_with_grant(ledger)
+    await add_pending(ledger, 3)
+    await ledger.invocations.decide("inv-0003", approve=False, principal="bob", note="no", now=BEFORE_EXPIRY)
+    report = await _verified(ledger)
+    assert report.broken is None
+    assert (report.decisions, report.decisions_unsigned, report.grant_uses) == (1, 0, 1)
+    denied = (await ledger.invocations.events("inv-0003"))[-1]
+    assert denied.detail["signed"]["key"] == trusted_keys(ledger.key_path, [])[0]
+
+
+async def test_an_approval_forged_in_the_store_is_not_signed(ledger: OpenLedger) -> None:
+    held = await add_pending(ledger, 1)
+    async with store_of(ledger) as store:
+        await _approve_behind_the_back(store, held)
+        await recompute(store)
+    assert (await ledger.audit.verify()).broken is None
+    report = await _verified(ledger)
+    assert report.broken is not None and report.broken.reason == "decision"
+    assert "is not signed" in report.broken.message
+
+
+async def test_an_approved_call_whose_arguments_were_swapped_breaks_its_signature(ledger: OpenLedger) -> None:
+    held = await add_pending(ledger, 1)
+    await ledger.invocations.decide(held, approve=True, principal="alice", note=None, now=BEFORE_EXPIRY)
+    report = await _tampered(ledger, ("UPDATE invocations SET args_hash = ? WHERE id = ?", ("f" * 64, held)))
+    assert report.broken is not None and report.broken.reason == "decision"
+    assert "forged or changed" in report.broken.message
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("scope", "always"), ("session_id", "session-b"), ("expires_at", "2099-01-01T00:00:00.000000+00:00")],
+)
+async def test_a_grant_widened_in_the_store_breaks_the_signature_of_the_approval_that_made_it(
+    ledger: OpenLedger, column: str, value: str
+) -> None:
+    await _approved_with_grant(ledger)
+    report = await _tampered(ledger, (f"UPDATE grants SET {column} = ?", (value,)))
+    assert report.broken is not None and report.broken.reason == "decision"
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "says"),
+    [
+        ("policy_key", "fs:delete_file", "which is for fs:write_file"),
+        ("session_id", "session-b", "covers another session or caller"),
+        ("created_at", "2026-11-21T09:00:00.000000+00:00", "before it was made"),
+    ],
+)
+async def test_a_call_outside_its_grant_breaks_it(ledger: OpenLedger, column: str, value: str, says: str) -> None:
+    await _approved_with_grant(ledger)
+    report = await _tampered(ledger, (f"UPDATE invocations SET {column} = ? WHERE id = 'inv-0002'", (value,)))
+    assert report.broken is not None and report.broken.reason == "grant"
+    assert says in report.broken.message
+
+
+async def test_a_call_after_its_grant_was_revoked_breaks_it(ledger: OpenLedger) -> None:
+    await _approved_with_grant(ledger)
+    grant = (await ledger.grants.grants())[0]
+    await ledger.grants.revoke(grant.id, by="bob", now=T0)
+    report = await _verified(ledger)
+    assert report.broken is not None and report.broken.reason == "grant"
+    assert "after it ended" in report.broken.message
+
+
+async def _approve_behind_the_back(store: Store, invocation_id: str) -> None:
+    """What an approval writes, without an approver: the status, and an `approved` event after the pending one."""
+    await store.run("UPDATE invocations SET status = 'approved' WHERE id = ?", (invocation_id,))
+    last = await store.run(f"SELECT MAX({store.position}), MAX(seq), MAX(at) FROM events")
+    position, seq, at = last[0]
+    columns = "invocation_id, seq, kind, at, detail, prev_hash, hash, state"
+    if store.sqlite is not None:
+        await store.run(
+            f"INSERT INTO events (id, {columns}) VALUES (?, ?, ?, 'approved', ?, ?, '', '', '')",
+            (position + 1, invocation_id, seq + 1, at, '{"by":"mallory","scope":"once"}'),
+        )
+        return
+    await store.run(
+        f"INSERT INTO events (position, {columns}) VALUES (?, ?, ?, 'approved', ?, ?, '', '', '')",
+        (position + 1, invocation_id, seq + 1, at, '{"by":"mallory","scope":"once"}'),
+    )
