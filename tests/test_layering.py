@@ -15,6 +15,7 @@ LAYERS: dict[str, int] = {
     "bastion": 0,  # the package root (__init__: version only)
     "bastion.models": 1,
     "bastion.errors": 1,
+    "bastion.states": 2,  # the invocation's state machine: the moves a record may make
     "bastion.config.tomlpos": 1,
     "bastion.starter": 1,
     "bastion.actions": 2,  # what a source declares about its actions (ActionSpec)
@@ -67,6 +68,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.actions": {"mcp_types", "pydantic"},
     "bastion.tracing": {"opentelemetry"},  # the API only: the SDK and the exporter are set up by the server
     "bastion.errors": set(),
+    "bastion.states": set(),
     "bastion.jsontext": {"orjson"},
     "bastion.config": {"pydantic", "cel"},  # cel: policy conditions, compiled at load
     "bastion.policies": {"pydantic"},

@@ -72,7 +72,7 @@ async def test_secrets_never_reach_the_database_file(tmp_path: Path) -> None:
     await ledger.invocations.transition(
         invocation.id,
         from_statuses=["pending"],
-        to="failed",
+        to="denied",
         detail={"header": f"Authorization: Bearer {CANARY}"},
         fields={"result": {"text": json.dumps({"secret": CANARY})}, "error_message": f"x {CANARY}"},
     )

@@ -17,6 +17,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from bastion import states
 from bastion.errors import InvalidArguments
 from bastion.ledger import keys
 from bastion.ledger.anchors import load_or_create_signing_key
@@ -124,7 +125,9 @@ class Recorder:
     ) -> Invocation | None:
         """Move an invocation to `to` only if its status is one of `from_statuses`, append the event
         (default: `to`) and set `fields` (result, error_class, error_message, owner, expires_at).
-        Returns the updated invocation, or None when the condition did not hold (a conflict)."""
+        Returns the updated invocation, or None when the condition did not hold (a conflict). ValueError for a move
+        the state machine does not allow (bastion.ledger.states), before anything is written."""
+        states.check(tuple(from_statuses), to)
         stored = dict(fields or {})
         if "result" in stored:
             stored["result"] = self._json(stored["result"])

@@ -20,12 +20,13 @@ import math
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import mcp_types as types
 from anyio.abc import TaskGroup, TaskStatus
 
+from bastion import states
 from bastion.errors import (
     ApprovalDenied,
     ApprovalExpired,
@@ -38,7 +39,7 @@ from bastion.errors import (
     PendingLimit,
     UnknownOutcome,
 )
-from bastion.models import PLUGIN_SOURCE_ID, Invocation, Status, utcnow
+from bastion.models import PLUGIN_SOURCE_ID, Invocation, utcnow
 from bastion.pipeline.catalog import CatalogEntry
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.seams import ChangeFeed, InvocationStore
@@ -52,7 +53,7 @@ Runner = Callable[[CatalogEntry, Invocation, dict[str, Any], "Progress | None"],
 Lookup = Callable[[str, str], CatalogEntry | None]
 """Finds the catalog entry of (source_id, action_id)."""
 
-EXECUTING: tuple[Status, ...] = ("executing",)
+EXECUTING: Final = states.FINISH.from_
 HELD_POLL_SECONDS = 1.0
 """While calls are held, the longest `HeldCalls` goes without looking at them all (a safety net under the feed)."""
 IDLE_POLL_SECONDS = 5.0

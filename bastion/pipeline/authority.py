@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, cast
 
+from bastion import states
 from bastion.actions import Found
 from bastion.errors import (
     AmbiguousId,
@@ -115,7 +116,7 @@ async def decide(
     )
 
 
-PENDING: Final[tuple[Status, ...]] = ("pending",)
+PENDING: Final = states.DECIDE.from_
 WITHDRAWN: Final = "withdrawn"
 """The mark, in the `denied` event's detail, of a call withdrawn by the principal that made it (not an approver)."""
 
@@ -147,7 +148,7 @@ async def accept_pins(ledger: Ledger, *, principal: Principal, source_id: str, a
 
 
 Outcome = Literal["completed", "failed"]
-RECONCILABLE: Final[tuple[Status, ...]] = ("unknown", "executing")
+RECONCILABLE: Final = states.RECONCILE.from_
 """What may be reconciled: an outcome nobody could know (`unknown`), or a call stuck `executing` (a person judges
 that it is not still running: its result would then be refused, the reconciled outcome stands)."""
 STALE_AFTER: Final = timedelta(minutes=5)

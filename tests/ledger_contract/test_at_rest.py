@@ -41,7 +41,7 @@ async def test_secrets_are_never_stored_whatever_write_carries_them(ledger: Open
     await ledger.invocations.transition(
         "inv-0001",
         from_statuses=["pending"],
-        to="failed",
+        to="denied",
         detail={"header": f"Authorization: Bearer {CANARY}"},
         fields={"result": {"text": json.dumps({"secret": CANARY})}, "error_message": f"x {CANARY}"},
     )

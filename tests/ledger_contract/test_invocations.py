@@ -164,7 +164,7 @@ async def test_transition_can_name_its_event_and_leaves_unset_fields_alone(ledge
 async def test_transition_from_a_wrong_status_returns_none_and_appends_nothing(ledger: OpenLedger) -> None:
     await ledger.invocations.record(make_invocation(), ["planned", "pending"])
     assert (
-        await ledger.invocations.transition("inv-0001", from_statuses=["executing", "approved"], to="completed") is None
+        await ledger.invocations.transition("inv-0001", from_statuses=["executing", "unknown"], to="completed") is None
     )
     assert await ledger.invocations.transition("missing", from_statuses=["pending"], to="approved") is None
     assert await ledger.invocations.transition("inv-0001", from_statuses=[], to="approved") is None

@@ -19,7 +19,7 @@ from bastion.ledger.chain import GENESIS, TERMINAL, CheckpointSigner, StoredReco
 from bastion.ledger.decisions import GrantUse, HeldDecision, granted
 from bastion.ledger.postgres.database import Connection, PostgresDatabase
 from bastion.ledger.postgres.grants import grants_by_id
-from bastion.ledger.postgres.invocations import invocation_from_row
+from bastion.ledger.postgres.reads import invocation_from_row
 from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Invocation, PruneReport
 
 _CHAIN: Final = (

@@ -18,27 +18,19 @@ from typing import Any, Final, Literal, TypeVar
 
 import psycopg
 
+from bastion import states
 from bastion.errors import ApprovalExpired, Conflict, NotFound
-from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, prefix_end, stored_json
+from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, stored_json
 from bastion.ledger.postgres.chain import APPENDED, Change, append, appending, head
-from bastion.ledger.postgres.database import NOTIFY, Connection, PostgresDatabase, changes_of
+from bastion.ledger.postgres.database import NOTIFY, Connection, changes_of
 from bastion.ledger.postgres.grants import insert_grant
 from bastion.ledger.postgres.limits import admit_in
-from bastion.models import Admission, EventKind, Grant, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
+from bastion.ledger.postgres.reads import COUNT, PostgresInvocationReads, invocation_from_row
+from bastion.models import Admission, EventKind, Grant, Invocation, RecoveryReport, Status, utcnow
 
 _COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
 
-SELECT: Final = f"SELECT {_COLUMN_LIST} FROM invocations"
-SELECT_ONE: Final = f"{SELECT} WHERE id = %s"
-NEWEST_FIRST: Final = " ORDER BY created_at DESC, position DESC LIMIT %s"
-LIST_FILTERS: Final = ("status = %s", "source_id = %s", "session_id = %s", "principal = %s", "parent_id = %s")
-COUNT: Final = "SELECT COUNT(*) FROM invocations"
-COUNT_FILTERS: Final = ("status = %s", "session_id = %s")
 COUNT_PENDING: Final = f"{COUNT} WHERE status = 'pending'"
-SELECT_EVENTS: Final = (
-    "SELECT id, invocation_id, seq, kind, at, detail FROM events WHERE invocation_id = %s ORDER BY seq"
-)
-NEXT_EXPIRY: Final = "SELECT MIN(expires_at) FROM invocations WHERE status = 'pending'"
 
 # A new invocation and its first events (one timestamp; the detail on the last), in one statement.
 RECORD: Final = f"""
@@ -70,7 +62,7 @@ FINISH: Final = f"""
     UPDATE invocations SET
         status = %(to)s, updated_at = %(now)s, result = %(result)s, error_class = %(error_class)s,
         error_message = %(error_message)s, last_seq = last_seq + 1
-    WHERE id = %(id)s AND status = 'executing'
+    WHERE id = %(id)s AND status = %(start)s
     RETURNING {_COLUMN_LIST}, last_seq
     """
 SELECT_FOR_DECISION: Final = "SELECT status, expires_at FROM invocations WHERE id = %s FOR UPDATE"
@@ -81,7 +73,7 @@ DECIDE: Final = f"""
         error_class = CASE WHEN %(approve)s THEN error_class ELSE 'approval_denied' END,
         error_message = CASE WHEN %(approve)s THEN error_message ELSE %(error_message)s END,
         last_seq = last_seq + 1
-    WHERE id = %(id)s AND status = 'pending'
+    WHERE id = %(id)s AND status = %(start)s
     RETURNING {_COLUMN_LIST}, last_seq
     """
 _EXPIRE: Final = """
@@ -92,7 +84,7 @@ _EXPIRE: Final = """
         error_message = 'no decision before '
             || to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
         last_seq = last_seq + 1
-    WHERE status = 'pending' AND expires_at <= %(now)s {also}
+    WHERE status = %(start)s AND expires_at <= %(now)s {also}
     RETURNING {columns}, last_seq
 """
 EXPIRE_DUE: Final = _EXPIRE.format(also="", columns=_COLUMN_LIST)
@@ -108,7 +100,7 @@ MARK_UNKNOWN: Final = f"""
         error_class = 'unknown_outcome',
         error_message = %(reason)s,
         last_seq = last_seq + 1
-    WHERE status = 'executing' AND {_ORPHANED}
+    WHERE status = %(start)s AND {_ORPHANED}
     RETURNING {_COLUMN_LIST}, last_seq
     """
 NEVER_STARTED: Final = (
@@ -120,24 +112,14 @@ _INVOCATION_WIDTH: Final = len(INVOCATION_COLUMNS)
 _Refusal = TypeVar("_Refusal")
 
 
-def invocation_from_row(row: Sequence[Any]) -> Invocation:
-    data = dict(zip(INVOCATION_COLUMNS, row[:_INVOCATION_WIDTH], strict=True))
-    for name in ("args", "result", "drift"):
-        if data[name] is not None:
-            data[name] = json.loads(data[name])
-    return Invocation.model_validate(data)
-
-
 def _changes(rows: Sequence[Sequence[Any]], kind: str, at: datetime, detail: str = "{}") -> builtins.list[Change]:
     """The events of rows an UPDATE returned (`INVOCATION_COLUMNS`, then `last_seq`): each numbered `last_seq`."""
     return [Change(row[:_INVOCATION_WIDTH], row[_INVOCATION_WIDTH], kind, at, detail) for row in rows]
 
 
-class PostgresInvocations:
-    """Invocations and their events in one PostgreSQL database; satisfies `bastion.ledger.backend.InvocationBackend`."""
-
-    def __init__(self, db: PostgresDatabase) -> None:
-        self._db = db
+class PostgresInvocations(PostgresInvocationReads):
+    """Invocations and their events in one PostgreSQL database; satisfies `bastion.ledger.backend.InvocationBackend`:
+    the writes here, the reads in `PostgresInvocationReads`."""
 
     async def _changing(self, sql: str, params: Mapping[str, Any], kind: str, detail: str = "{}") -> builtins.list[Any]:
         """One UPDATE of invocations (returning `INVOCATION_COLUMNS`, then `last_seq`) in its own transaction, after
@@ -272,6 +254,7 @@ class PostgresInvocations:
             "result": stored_json(result),
             "error_class": error_class,
             "error_message": _text(error_message),
+            "start": states.FINISH.start,
         }
         return bool(await self._changing(FINISH, params, to))
 
@@ -300,6 +283,7 @@ class PostgresInvocations:
             "now": now,
             "approve": approve,
             "error_message": _text(error_message),
+            "start": states.DECIDE.start,
         }
 
         async def work(conn: Connection) -> tuple[builtins.list[Any], builtins.list[Any], bool]:
@@ -309,10 +293,12 @@ class PostgresInvocations:
             if found is None:
                 raise NotFound(f"no invocation {invocation_id}", invocation_id=invocation_id)
             status, expires_at = found
-            if status != "pending":
+            if status != states.DECIDE.start:
                 raise Conflict(f"invocation {invocation_id} is already {status}", invocation_id=invocation_id)
             if expires_at is not None and expires_at <= now:
-                expired = await (await conn.execute(EXPIRE_ONE, {"id": invocation_id, "now": now})).fetchall()
+                expired = await (
+                    await conn.execute(EXPIRE_ONE, {"id": invocation_id, "now": now, "start": states.EXPIRE.start})
+                ).fetchall()
                 return expired, await append(conn, at_head, _changes(expired, "expired", now)), True
             decided = await (await conn.execute(DECIDE, params)).fetchall()
             appended = await append(conn, at_head, _changes(decided, to, now, detail.json))
@@ -333,17 +319,16 @@ class PostgresInvocations:
     async def expire_due(self, now: datetime) -> builtins.list[Invocation]:
         """Mark every pending invocation whose expires_at <= now as `expired` in one statement; return them sorted
         by expiry."""
-        rows = await self._changing(EXPIRE_DUE, {"now": now}, "expired")
+        rows = await self._changing(EXPIRE_DUE, {"now": now, "start": states.EXPIRE.start}, "expired")
         expired = [invocation_from_row(row) for row in rows]
         return sorted(expired, key=lambda invocation: (invocation.expires_at, invocation.id))
 
     async def claim(self, invocation_id: str, *, owner: str) -> Invocation | None:
         """Take an approved invocation to run it: approved -> executing, owned by `owner`. Of several claimers, on
         any instances, exactly one gets it; the others (and any claim of a non-approved one) get None."""
-        approved: tuple[Status] = ("approved",)
         return await self.transition(
             invocation_id,
-            from_statuses=approved,
+            from_statuses=states.CLAIM.from_,
             to="executing",
             event="executing",
             detail=Scrubbed("{}"),
@@ -360,7 +345,7 @@ class PostgresInvocations:
         owners = [row[0] for row in await self._db.fetchall(OWNERS)]
         gone = sorted(await gone_of(owners)) if owners else []
         now = utcnow()
-        params = {"gone": gone, "now": now, "reason": PROCESS_STOPPED}
+        params = {"gone": gone, "now": now, "reason": PROCESS_STOPPED, "start": states.RECOVER.start}
         reason = json.dumps({"reason": PROCESS_STOPPED}, separators=(",", ":"))
 
         async def work(conn: Connection) -> tuple[builtins.list[Any], builtins.list[Any], builtins.list[Any], int]:
@@ -376,71 +361,6 @@ class PostgresInvocations:
         return RecoveryReport(
             unknown=sorted(row[0] for row in unknown), approved=[row[0] for row in approved], pending=pending
         )
-
-    # -- reads -------------------------------------------------------------------------------------------
-
-    async def get(self, invocation_id: str) -> Invocation | None:
-        row = await self._db.fetchone(SELECT_ONE, (invocation_id,))
-        return invocation_from_row(row) if row is not None else None
-
-    async def find(self, prefix: str, *, principal: str | None = None, limit: int = 2) -> builtins.list[str]:
-        """The ids that start with `prefix` (of `principal`'s invocations only, when given), at most `limit`, in
-        order. The prefix is taken literally."""
-        if limit < 0:
-            raise ValueError(f"limit must not be negative, got {limit}")
-        end = prefix_end(prefix)
-        sql = (
-            "SELECT id FROM invocations WHERE id >= %(prefix)s"
-            + (" AND id < %(end)s" if end is not None else "")
-            + (" AND principal = %(principal)s" if principal is not None else "")
-            + " ORDER BY id LIMIT %(limit)s"
-        )
-        rows = await self._db.fetchall(sql, {"prefix": prefix, "end": end, "principal": principal, "limit": limit})
-        return [row[0] for row in rows]
-
-    async def list(
-        self,
-        *,
-        status: Status | None = None,
-        source_id: str | None = None,
-        session_id: str | None = None,
-        principal: str | None = None,
-        parent_id: str | None = None,
-        limit: int = 100,
-    ) -> builtins.list[Invocation]:
-        """Newest first (by created_at, then insertion order), at most `limit`."""
-        if limit < 0:
-            raise ValueError(f"limit must not be negative, got {limit}")
-        filters = zip(LIST_FILTERS, (status, source_id, session_id, principal, parent_id), strict=True)
-        used = [(clause, value) for clause, value in filters if value is not None]
-        where = " WHERE " + " AND ".join(clause for clause, _ in used) if used else ""
-        params = [value for _, value in used] + [limit]
-        rows = await self._db.fetchall(SELECT + where + NEWEST_FIRST, params)
-        return [invocation_from_row(row) for row in rows]
-
-    async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]:
-        """The invocation's history, oldest first (by seq)."""
-        rows = await self._db.fetchall(SELECT_EVENTS, (invocation_id,))
-        return [
-            InvocationEvent(
-                id=row[0], invocation_id=row[1], seq=row[2], kind=row[3], at=row[4], detail=json.loads(row[5])
-            )
-            for row in rows
-        ]
-
-    async def count(self, status: Status | None = None, *, session_id: str | None = None) -> int:
-        """How many invocations there are, optionally only those with `status` and of `session_id`."""
-        filters = zip(COUNT_FILTERS, (status, session_id), strict=True)
-        used = [(clause, value) for clause, value in filters if value is not None]
-        where = " WHERE " + " AND ".join(clause for clause, _ in used) if used else ""
-        row = await self._db.fetchone(COUNT + where, [value for _, value in used])
-        return int(row[0]) if row is not None else 0
-
-    async def next_expiry(self) -> datetime | None:
-        """The earliest expires_at among pending invocations (None when none of them expires)."""
-        row = await self._db.fetchone(NEXT_EXPIRY)
-        expiry: datetime | None = None if row is None else row[0]
-        return expiry
 
 
 async def _nothing_refuses(conn: Connection) -> None:

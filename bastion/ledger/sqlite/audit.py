@@ -18,7 +18,7 @@ from bastion.ledger.chain import GENESIS, TERMINAL, CheckpointSigner, StoredReco
 from bastion.ledger.decisions import GrantUse, HeldDecision, granted
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.grants import grants_by_id
-from bastion.ledger.sqlite.invocations import invocation_from_row
+from bastion.ledger.sqlite.reads import invocation_from_row
 from bastion.ledger.sqlite.schema import dumps, timestamp
 from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Invocation, PruneReport
 

@@ -1,7 +1,8 @@
-"""The `invocations` and `events` tables: the SQLite invocation store (`SqliteInvocations`), its statements, and
-how a row maps to an `Invocation`.
+"""The `invocations` and `events` tables: the SQLite invocation store's writes (`SqliteInvocations`; its reads are
+`SqliteInvocationReads`, bastion.ledger.sqlite.reads), their statements, and appending to the audit chain.
 
-Each write method is one transaction (`SqliteDatabase.write`); reads run alone. What it stores arrives
+Each write method is one transaction (`SqliteDatabase.write`), a move of the state machine (bastion.states) applied
+as a conditional update; reads run alone. What it stores arrives
 scrubbed from the `Recorder` (bastion.ledger.recorder): it redacts nothing itself.
 """
 
@@ -15,32 +16,24 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final, Literal, NamedTuple, TypeVar
 
+from bastion import states
 from bastion.errors import ApprovalExpired, Conflict, NotFound
-from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, prefix_end, stored_json
+from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, stored_json
 from bastion.ledger.chain import Unlinked, links, record_state
-from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.grants import insert_grant
 from bastion.ledger.sqlite.limits import admit_in
+from bastion.ledger.sqlite.reads import COUNT, SqliteInvocationReads, invocation_from_row
 from bastion.ledger.sqlite.schema import dumps, optional_timestamp, timestamp
-from bastion.models import Admission, EventKind, Grant, Invocation, InvocationEvent, RecoveryReport, Status, utcnow
+from bastion.models import Admission, EventKind, Grant, Invocation, RecoveryReport, Status, utcnow
 
 _COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
 _Refusal = TypeVar("_Refusal")
 
-SELECT: Final = f"SELECT {_COLUMN_LIST} FROM invocations"
-SELECT_ONE: Final = f"{SELECT} WHERE id = ?"
-NEWEST_FIRST: Final = " ORDER BY created_at DESC, rowid DESC LIMIT ?"
-LIST_FILTERS: Final = ("status = ?", "source_id = ?", "session_id = ?", "principal = ?", "parent_id = ?")
-COUNT: Final = "SELECT COUNT(*) FROM invocations"
-COUNT_FILTERS: Final = ("status = ?", "session_id = ?")
 COUNT_PENDING: Final = f"{COUNT} WHERE status = 'pending'"
 INSERT_INVOCATION: Final = (
     f"INSERT INTO invocations ({_COLUMN_LIST}) VALUES ({', '.join('?' * len(INVOCATION_COLUMNS))})"
 )
 COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_id = ? AND status = 'pending'"
-# Ids from the prefix up to (not including) the least text after all that start with it: a range on the primary key.
-FIND: Final = "SELECT id FROM invocations WHERE id >= :prefix"
-FIND_BEFORE: Final = " AND id < :end"
 # An event follows the chain's head of record (bastion.ledger.chain). Its id is its position, the head's + 1, as
 # SQLite would give it, so it can be hashed before it is inserted.
 _HEAD_NOW: Final = "SELECT position, hash FROM audit_head"
@@ -49,9 +42,6 @@ _LAST_SEQ: Final = "SELECT COALESCE(MAX(seq), 0) FROM events WHERE invocation_id
 _INSERT_HASHED: Final = (
     "INSERT INTO events (id, invocation_id, seq, kind, at, detail, state, prev_hash, hash) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-SELECT_EVENTS: Final = (
-    "SELECT id, invocation_id, seq, kind, at, detail FROM events WHERE invocation_id = ? ORDER BY seq"
 )
 
 TRANSITION_FIELDS: Final = ("result", "error_class", "error_message", "owner", "expires_at")
@@ -72,7 +62,7 @@ TRANSITION: Final = f"""
 FINISH: Final = f"""
     UPDATE invocations SET
         status = :to, updated_at = :now, result = :result, error_class = :error_class, error_message = :error_message
-    WHERE id = :id AND status = 'executing'
+    WHERE id = :id AND status = :start
     RETURNING {_COLUMN_LIST}
 """
 
@@ -83,7 +73,7 @@ DECIDE: Final = f"""
         updated_at = :now,
         error_class = CASE WHEN :approve THEN error_class ELSE 'approval_denied' END,
         error_message = CASE WHEN :approve THEN error_message ELSE :error_message END
-    WHERE id = :id AND status = 'pending' AND (expires_at IS NULL OR expires_at > :now)
+    WHERE id = :id AND status = :start AND (expires_at IS NULL OR expires_at > :now)
     RETURNING {_COLUMN_LIST}
 """
 SELECT_STATUS: Final = "SELECT status FROM invocations WHERE id = ?"
@@ -93,11 +83,10 @@ _EXPIRE: Final = """
         updated_at = :now,
         error_class = 'approval_expired',
         error_message = 'no decision before ' || expires_at
-    WHERE status = 'pending' AND expires_at <= :now
+    WHERE status = :start AND expires_at <= :now
 """
 EXPIRE_DUE: Final = f"{_EXPIRE} RETURNING {_COLUMN_LIST}"
 EXPIRE_ONE: Final = f"{_EXPIRE} AND id = :id RETURNING {_COLUMN_LIST}"
-NEXT_EXPIRY: Final = "SELECT MIN(expires_at) FROM invocations WHERE status = 'pending'"
 
 # Recovery after a restart: `:gone` is a JSON array of the owners that are no longer running.
 OWNERS: Final = "SELECT DISTINCT owner FROM invocations WHERE status IN ('executing', 'approved') AND owner IS NOT NULL"
@@ -108,7 +97,7 @@ MARK_UNKNOWN: Final = f"""
         updated_at = :now,
         error_class = 'unknown_outcome',
         error_message = :reason
-    WHERE status = 'executing' AND {_ORPHANED}
+    WHERE status = :start AND {_ORPHANED}
     RETURNING {_COLUMN_LIST}
 """
 NEVER_STARTED: Final = f"""
@@ -163,33 +152,9 @@ def append_events(conn: sqlite3.Connection, events: Sequence[NewEvent]) -> None:
     conn.execute(_MOVE_HEAD, (linked[-1].position, linked[-1].hash))
 
 
-def invocation_from_row(row: Sequence[Any]) -> Invocation:
-    data = dict(zip(INVOCATION_COLUMNS, row, strict=True))
-    for name in ("args", "result", "drift"):
-        if data[name] is not None:
-            data[name] = json.loads(data[name])
-    for name in ("created_at", "updated_at", "expires_at"):
-        if data[name] is not None:
-            data[name] = datetime.fromisoformat(data[name])
-    return Invocation.model_validate(data)
-
-
-def event_from_row(row: Sequence[Any]) -> InvocationEvent:
-    return InvocationEvent(
-        id=row[0],
-        invocation_id=row[1],
-        seq=row[2],
-        kind=row[3],
-        at=datetime.fromisoformat(row[4]),
-        detail=json.loads(row[5]),
-    )
-
-
-class SqliteInvocations:
-    """Invocations and their events on one SQLite file; satisfies `bastion.ledger.backend.InvocationBackend`."""
-
-    def __init__(self, db: SqliteDatabase) -> None:
-        self._db = db
+class SqliteInvocations(SqliteInvocationReads):
+    """Invocations and their events on one SQLite file; satisfies `bastion.ledger.backend.InvocationBackend`: the
+    writes here, the reads in `SqliteInvocationReads`."""
 
     # -- writes ----------------------------------------------------------------------------------------
 
@@ -336,6 +301,7 @@ class SqliteInvocations:
             "result": stored_json(result),
             "error_class": error_class,
             "error_message": error_message,
+            "start": states.FINISH.start,
         }
 
         def work(conn: sqlite3.Connection) -> bool:
@@ -367,7 +333,14 @@ class SqliteInvocations:
         """
         at = timestamp(now)
         to: Literal["approved", "denied"] = "approved" if approve else "denied"
-        params = {"id": invocation_id, "to": to, "now": at, "approve": approve, "error_message": error_message}
+        params = {
+            "id": invocation_id,
+            "to": to,
+            "now": at,
+            "approve": approve,
+            "error_message": error_message,
+            "start": states.DECIDE.start,
+        }
 
         def work(conn: sqlite3.Connection) -> tuple[Sequence[Any], bool]:
             """The updated row, and whether it expired instead of being decided."""
@@ -383,7 +356,9 @@ class SqliteInvocations:
             if found[0] != "pending":
                 raise Conflict(f"invocation {invocation_id} is already {found[0]}", invocation_id=invocation_id)
             # Pending, yet the decision did not apply: it is past its expiry.
-            expired = conn.execute(EXPIRE_ONE, {"id": invocation_id, "now": at}).fetchall()
+            expired = conn.execute(
+                EXPIRE_ONE, {"id": invocation_id, "now": at, "start": states.EXPIRE.start}
+            ).fetchall()
             append_events(conn, [changed(expired[0], "expired", at)])
             return expired[0], True
 
@@ -402,7 +377,9 @@ class SqliteInvocations:
         at = timestamp(now)
 
         def work(conn: sqlite3.Connection) -> builtins.list[Sequence[Any]]:
-            rows: builtins.list[Sequence[Any]] = conn.execute(EXPIRE_DUE, {"now": at}).fetchall()
+            rows: builtins.list[Sequence[Any]] = conn.execute(
+                EXPIRE_DUE, {"now": at, "start": states.EXPIRE.start}
+            ).fetchall()
             append_events(conn, [changed(row, "expired", at) for row in rows])
             return rows
 
@@ -412,10 +389,9 @@ class SqliteInvocations:
     async def claim(self, invocation_id: str, *, owner: str) -> Invocation | None:
         """Take an approved invocation to run it: approved -> executing, owned by `owner`. Of several
         claimers exactly one gets the invocation; the others (and any claim of a non-approved one) get None."""
-        approved: tuple[Status] = ("approved",)
         return await self.transition(
             invocation_id,
-            from_statuses=approved,
+            from_statuses=states.CLAIM.from_,
             to="executing",
             event="executing",
             detail=Scrubbed("{}"),
@@ -438,7 +414,7 @@ class SqliteInvocations:
         reason = dumps({"reason": PROCESS_STOPPED})
 
         def work(conn: sqlite3.Connection) -> RecoveryReport:
-            params = {"gone": gone, "now": at, "reason": PROCESS_STOPPED}
+            params = {"gone": gone, "now": at, "reason": PROCESS_STOPPED, "start": states.RECOVER.start}
             unknown = conn.execute(MARK_UNKNOWN, params).fetchall()
             append_events(conn, [changed(row, "unknown", at, reason) for row in unknown])
             return RecoveryReport(
@@ -448,65 +424,6 @@ class SqliteInvocations:
             )
 
         return await self._db.write(work)
-
-    # -- reads -------------------------------------------------------------------------------------------
-
-    async def get(self, invocation_id: str) -> Invocation | None:
-        row = await self._db.fetchone(SELECT_ONE, (invocation_id,))
-        return invocation_from_row(row) if row is not None else None
-
-    async def find(self, prefix: str, *, principal: str | None = None, limit: int = 2) -> builtins.list[str]:
-        """The ids that start with `prefix` (of `principal`'s invocations only, when given), at most `limit`,
-        in order. The prefix is taken literally."""
-        if limit < 0:
-            raise ValueError(f"limit must not be negative, got {limit}")
-        end = prefix_end(prefix)
-        sql = (
-            FIND
-            + (FIND_BEFORE if end is not None else "")
-            + (" AND principal = :principal" if principal is not None else "")
-            + " ORDER BY id LIMIT :limit"
-        )
-        rows = await self._db.fetchall(sql, {"prefix": prefix, "end": end, "principal": principal, "limit": limit})
-        return [row[0] for row in rows]
-
-    async def list(
-        self,
-        *,
-        status: Status | None = None,
-        source_id: str | None = None,
-        session_id: str | None = None,
-        principal: str | None = None,
-        parent_id: str | None = None,
-        limit: int = 100,
-    ) -> builtins.list[Invocation]:
-        """Newest first (by created_at, then insertion order), at most `limit`. The principal filter has
-        no index of its own (one more page written by every call): it scans newest first until `limit`."""
-        if limit < 0:
-            raise ValueError(f"limit must not be negative, got {limit}")
-        filters = zip(LIST_FILTERS, (status, source_id, session_id, principal, parent_id), strict=True)
-        used = [(clause, value) for clause, value in filters if value is not None]
-        where = " WHERE " + " AND ".join(clause for clause, _ in used) if used else ""
-        params = [value for _, value in used] + [limit]
-        rows = await self._db.fetchall(SELECT + where + NEWEST_FIRST, params)
-        return [invocation_from_row(row) for row in rows]
-
-    async def events(self, invocation_id: str) -> builtins.list[InvocationEvent]:
-        """The invocation's history, oldest first (by seq)."""
-        return [event_from_row(row) for row in await self._db.fetchall(SELECT_EVENTS, (invocation_id,))]
-
-    async def count(self, status: Status | None = None, *, session_id: str | None = None) -> int:
-        """How many invocations there are, optionally only those with `status` and of `session_id`."""
-        filters = zip(COUNT_FILTERS, (status, session_id), strict=True)
-        used = [(clause, value) for clause, value in filters if value is not None]
-        where = " WHERE " + " AND ".join(clause for clause, _ in used) if used else ""
-        row = await self._db.fetchone(COUNT + where, [value for _, value in used])
-        return int(row[0])
-
-    async def next_expiry(self) -> datetime | None:
-        """The earliest expires_at among pending invocations (None when none of them expires)."""
-        row = await self._db.fetchone(NEXT_EXPIRY)
-        return None if row[0] is None else datetime.fromisoformat(row[0])
 
 
 _COLUMN_VALUES: Final = operator.attrgetter(*INVOCATION_COLUMNS)

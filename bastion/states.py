@@ -1,0 +1,59 @@
+"""The invocation's state machine, defined once: each move a call's record can make, from which statuses to which.
+
+Backends apply a move as one conditional update (the row changes only while its status is one the move starts
+from, so of two racing moves exactly one wins) and take the statuses from here as parameters; they do not restate
+them. `bastion.ledger.recorder.Recorder.transition` refuses a move this table does not allow before anything is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from bastion.models import Status
+
+
+@dataclass(frozen=True)
+class Move:
+    """One kind of move: from any of `from_` to any of `to`."""
+
+    name: str
+    from_: tuple[Status, ...]
+    to: tuple[Status, ...]
+
+    @property
+    def start(self) -> Status:
+        """The one status a single-status move starts from (what its conditional update compares with)."""
+        assert len(self.from_) == 1, f"{self.name} starts from several statuses"
+        return self.from_[0]
+
+
+DECIDE: Final = Move("decide", ("pending",), ("approved", "denied"))
+"""An approver's decision; the caller withdrawing its own call is a denial too."""
+EXPIRE: Final = Move("expire", ("pending",), ("expired",))
+CLAIM: Final = Move("claim", ("approved",), ("executing",))
+FINISH: Final = Move("finish", ("executing",), ("completed", "failed", "unknown"))
+"""The outcome of a call that ran (or could not start: failed)."""
+RECOVER: Final = Move("recover", ("executing",), ("unknown",))
+"""A call whose process stopped while it ran: its outcome cannot be known."""
+RECONCILE: Final = Move("reconcile", ("unknown", "executing"), ("completed", "failed"))
+"""An outcome found after the fact: by hand, by a provider's look-up, or by a rollback."""
+
+MOVES: Final = (DECIDE, EXPIRE, CLAIM, FINISH, RECOVER, RECONCILE)
+
+ALLOWED: Final[dict[Status, frozenset[Status]]] = {
+    start: frozenset(to for move in MOVES if start in move.from_ for to in move.to)
+    for start in ("pending", "approved", "executing", "unknown", "completed", "failed", "denied", "expired")
+}
+"""Where each status may go; a status that goes nowhere is final."""
+
+
+def check(from_statuses: tuple[Status, ...] | frozenset[Status] | list[Status], to: Status) -> None:
+    """ValueError, naming the moves there are, unless every status of `from_statuses` may move to `to` (none: the
+    move applies to nothing, and is no error)."""
+    illegal = sorted(start for start in from_statuses if to not in ALLOWED[start])
+    if illegal:
+        allowed = "; ".join(
+            f"{start} -> {', '.join(sorted(ALLOWED[start])) or 'nothing: it is final'}" for start in illegal
+        )
+        raise ValueError(f"an invocation cannot move from {', '.join(illegal)} to {to} ({allowed})")
