@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, NamedTuple, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -368,6 +369,16 @@ class ChainedEvent(BaseModel):
     state: str | None = None
     """The digest of its invocation's row after the change (bastion.ledger.chain.record_state); None for an event
     recorded before records were chained."""
+
+
+class Exported(NamedTuple):
+    """One event of an audit export with what it is checked against (bastion.ledger.offline): its invocation as
+    stored now, that row exactly as stored (`INVOCATION_COLUMNS` order), and the grant its detail names, if any."""
+
+    event: ChainedEvent
+    invocation: Invocation
+    row: Sequence[Any]
+    grant: Grant | None
 
 
 class AuditCheckpoint(BaseModel):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,34 @@ async def test_serve_anchors_the_head_when_it_starts_and_when_it_stops(tmp_path:
     code, out, _ = _cli(config, "audit", "verify", "--json")
     assert code == 0, out
     assert json.loads(out)["anchors"] == 1
+
+
+async def test_an_export_is_verified_offline_with_the_anchors_and_the_public_key_only(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    await _completed(config, 1, 2)
+    assert _cli(config, "audit", "anchor")[0] == 0
+    public_key = json.loads(_cli(config, "audit", "key", "--json")[1])["public_key"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code, out, _ = _cli(config, "audit", "export")
+    assert code == 0
+    (elsewhere / "export.jsonl").write_text(out)
+    shutil.copy(config / "anchors.jsonl", elsewhere / "anchors.jsonl")
+
+    def offline(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "bastion.ledger.offline", "export.jsonl", *args]
+        return subprocess.run(command, cwd=elsewhere, capture_output=True, text=True, timeout=60, check=False)
+
+    held = offline("--anchors", "anchors.jsonl", "--public-key", public_key)
+    assert held.returncode == 0, held.stdout + held.stderr
+    assert held.stdout.startswith("ok: 8 events, 2 invocations") and "1 anchors" in held.stdout
+
+    async with open_ledger(config) as ledger, store_of(ledger) as store:
+        await edit_field("result")(store)
+        await recompute(store)
+    (elsewhere / "export.jsonl").write_text(_cli(config, "audit", "export")[1])
+    broken = offline("--anchors", "anchors.jsonl", "--public-key", public_key, "--json")
+    assert broken.returncode == 1
+    assert json.loads(broken.stdout)["broken"]["reason"] == "anchor"
+    unusable = offline("--public-key", "ed25519:nope")
+    assert unusable.returncode == 2 and "expected ed25519" in unusable.stderr

@@ -73,9 +73,9 @@ async def test_an_audit_export_resumes_by_chain_position_where_ids_run_out_of_ch
         await ledger.invocations.record(make_invocation(3), ["planned"])
 
     first = await ledger.audit.export(0, 2)
-    assert [(event.invocation_id, event.id) for event, _ in first] == [("inv-0001", 1), ("inv-0002", 1001)]
-    rest = await ledger.audit.export(first[-1][0].position, 100)
-    assert [(event.invocation_id, event.id) for event, _ in rest] == [("inv-0003", 501)], "nothing is skipped"
+    assert [(line.event.invocation_id, line.event.id) for line in first] == [("inv-0001", 1), ("inv-0002", 1001)]
+    rest = await ledger.audit.export(first[-1].event.position, 100)
+    assert [(line.event.invocation_id, line.event.id) for line in rest] == [("inv-0003", 501)], "nothing is skipped"
     assert (await ledger.audit.verify()).broken is None
 
 

@@ -169,8 +169,7 @@ async def test_a_look_up_accepts_only_its_keyed_marker_on_what_the_token_s_user_
     now = "2099-01-01T00:00:00Z"  # the window of the call below ends long before
     mine = {"user": ME, "repository_url": f"{API}/repos/acme/app", "created_at": now}
     elsewhere = issue(4, body=MARKER, **mine | {"repository_url": f"{API}/repos/acme/other"})
-    answers = [ok([issue(3, body="nothing"), elsewhere]), ok(ME)]
-    api = ScriptedApi(answers)
+    api = ScriptedApi([ok([issue(3, body="nothing"), elsewhere]), ok(ME)])
     async with running(source("github", api)) as github:
         found = await looked_up(github, "create_issue", {"owner": "acme", "repo": "app", "title": "t"})
     assert found is not None and not found.accepted and found.reason is not None

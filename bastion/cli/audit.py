@@ -38,11 +38,12 @@ from bastion.ledger.anchors import (
     signing_key_path_for,
     trusted_keys,
 )
+from bastion.ledger.offline import export_line
 from bastion.ledger.verify import verify_signed
 from bastion.models import AuditReport, Invocation, PruneReport, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.authority import MIN_ID_PREFIX, SourceOf
-from bastion.pipeline.documents import audit_record_json, check_json, invocation_json
+from bastion.pipeline.documents import check_json, invocation_json
 from bastion.sources.plugins import ACTION_FILE
 from bastion.sources.registry import load_sources, provider_of
 from bastion.sources.seam import ActionSource
@@ -338,9 +339,9 @@ def audit_export(
         async with open_ledger(config) as ledger:
             cursor = since
             while page := await ledger.audit.export(cursor, EXPORT_PAGE):
-                lines = (json.dumps(audit_record_json(event, inv), ensure_ascii=False) for event, inv in page)
+                lines = (json.dumps(export_line(exported), ensure_ascii=False) for exported in page)
                 sys.stdout.write("".join(line + "\n" for line in lines))
-                cursor = page[-1][0].position
+                cursor = page[-1].event.position
             sys.stdout.flush()
 
     run_async(run)

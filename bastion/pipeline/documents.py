@@ -7,7 +7,6 @@ come from: the document and the answers cannot drift apart.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -15,7 +14,7 @@ from typing import Any, Final
 from pydantic import BaseModel, Field
 
 from bastion.actions import Found, LookedUpOutcome
-from bastion.models import ChainedEvent, Grant, Invocation, InvocationEvent, Pin, PinObservation, Scope
+from bastion.models import Grant, Invocation, InvocationEvent, Pin, PinObservation, Scope
 from bastion.pipeline.seams import InvocationStore
 from bastion.policies import diff_definitions
 
@@ -138,15 +137,6 @@ def invocation_detail_json(
     """An invocation with its `events`, as `bastion invocations show --json` prints it, and the `scopes` it may be
     approved with (none unless pending)."""
     return InvocationDetail(**dict(invocation), events=events, scopes=list(scopes)).model_dump(mode="json")
-
-
-def audit_record_json(event: ChainedEvent, invocation: Invocation) -> dict[str, Any]:
-    """One line of an audit export: the event with its chain hashes (detail parsed back from the stored text), and
-    its invocation as stored when exported (redacted as stored)."""
-    record = event.model_dump(mode="json")
-    record["detail"] = json.loads(event.detail)
-    record["invocation"] = invocation_json(invocation)
-    return record
 
 
 def drift_diff(pin: Pin) -> list[str] | None:

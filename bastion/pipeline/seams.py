@@ -24,6 +24,7 @@ from bastion.models import (
     ChainedEvent,
     Change,
     EventKind,
+    Exported,
     Grant,
     Invocation,
     InvocationEvent,
@@ -356,9 +357,10 @@ class AuditLog(Protocol):
         `anchored`: (position: hash) of signed anchors it must hold. The report names the first break."""
         ...
 
-    async def export(self, after: int, limit: int) -> builtins.list[tuple[ChainedEvent, Invocation]]:
+    async def export(self, after: int, limit: int) -> builtins.list[Exported]:
         """At most `limit` events with a chain position above `after` (the last position an earlier export saw; 0 for
-        the start), in chain order, each with its invocation as stored now (redacted as stored)."""
+        the start), in chain order, each with its invocation as stored now (redacted as stored), its row exactly as
+        stored and the grant its detail names (what bastion.ledger.offline verifies an export with)."""
         ...
 
     async def prune(

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
 from bastion.errors import Conflict, Forbidden, NotFound
+from bastion.ledger.offline import export_line
 from bastion.models import STATUSES, Invocation, Principal, Scope, utcnow
 from bastion.pipeline.authority import (
     STALE_AFTER,
@@ -36,7 +37,6 @@ from bastion.pipeline.documents import (
     InvocationDetail,
     PendingInvocation,
     PinView,
-    audit_record_json,
     check_json,
     grant_json,
     invocation_detail_json,
@@ -332,8 +332,8 @@ async def audit_events(call: Call) -> dict[str, Any]:
     since: int = call.query["since"]
     page = await call.ledger.audit.export(since, call.query["limit"])
     return {
-        "events": [audit_record_json(event, invocation) for event, invocation in page],
-        "next": page[-1][0].position if page else since,
+        "events": [export_line(exported) for exported in page],
+        "next": page[-1].event.position if page else since,
     }
 
 

@@ -110,9 +110,9 @@ async def test_an_export_resumed_from_its_cursor_equals_the_whole_export(ledger:
     resumed, cursor = [], start
     while page := await ledger.audit.export(cursor, 4):
         resumed.extend(page)
-        cursor = page[-1][0].position
+        cursor = page[-1].event.position
     assert resumed == whole
-    event, invocation = whole[3]
+    event, invocation = whole[3].event, whole[3].invocation
     assert (event.kind, invocation.id, invocation.status, invocation.result) == (
         "completed",
         "inv-0001",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bastion.ledger import OpenLedger
-from bastion.ledger.anchors import trusted_keys
+from bastion.ledger.anchors import load_or_create_signing_key, signing_key_path_for, trusted_keys
 from bastion.ledger.verify import verify_signed
 from bastion.models import AuditReport
 from tests.ledger_contract.samples import BEFORE_EXPIRY, T0, add_pending, make_invocation
@@ -18,6 +18,8 @@ pytestmark = pytest.mark.anyio
 
 
 async def _verified(ledger: OpenLedger) -> AuditReport:
+    """`bastion audit verify` where the ledger's signing key is (made by `bastion audit key` if no decision made it)."""
+    load_or_create_signing_key(signing_key_path_for(ledger.key_path))
     return await verify_signed(ledger.audit, [], trusted_keys(ledger.key_path, []))
 
 

@@ -34,5 +34,5 @@ async def test_a_transition_the_table_does_not_allow_writes_nothing(ledger: Open
     held = await add_pending(ledger, 1)
     before = await ledger.invocations.events(held)
     with pytest.raises(ValueError, match="cannot move from pending to completed"):
-        await ledger.invocations.transition(held, from_statuses=("pending",), to="completed")
+        await ledger.invocations.transition(held, from_statuses=states.DECIDE.from_, to="completed")
     assert await ledger.invocations.events(held) == before

@@ -20,7 +20,7 @@ from bastion.ledger.decisions import GrantUse, HeldDecision, granted
 from bastion.ledger.postgres.database import Connection, PostgresDatabase
 from bastion.ledger.postgres.grants import grants_by_id
 from bastion.ledger.postgres.reads import invocation_from_row
-from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Invocation, PruneReport
+from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Exported, PruneReport
 
 _CHAIN: Final = (
     "SELECT events.id, events.position, events.invocation_id, events.seq, events.kind, events.at, events.detail, "
@@ -171,14 +171,20 @@ class PostgresAudit:
     async def _orphans(self) -> builtins.list[str]:
         return [row[0] for row in await self._db.fetchall(ORPHANS)]
 
-    async def export(self, after: int, limit: int) -> builtins.list[tuple[ChainedEvent, Invocation]]:
+    async def export(self, after: int, limit: int) -> builtins.list[Exported]:
         """At most `limit` events with a chain position above `after`, in chain order, each with its invocation as
-        stored now. Positions are given in the order the appending transactions commit (the chain's head is locked
+        stored now (and its row exactly as stored), and the grant its detail names (bastion.ledger.offline). Positions
+        are given in the order the appending transactions commit (the chain's head is locked
         until then), so an export resumed from the last position it saw misses nothing; ids, which commit out of
         order, could."""
         rows = await self._db.fetchall(EXPORT_PAGE, (after, limit))
         width = len(INVOCATION_COLUMNS)
-        return [(chained_from_row(row[width:]), invocation_from_row(row[:width])) for row in rows]
+        events = [chained_from_row(row[width:]) for row in rows]
+        grants = await grants_by_id(self._db, {grant_id for event in events if (grant_id := granted(event.detail))})
+        return [
+            Exported(event, invocation_from_row(row[:width]), row[:width], grants.get(granted(event.detail) or ""))
+            for event, row in zip(events, rows, strict=True)
+        ]
 
     async def prune(self, before: datetime, *, now: datetime, sign: CheckpointSigner | None = None) -> PruneReport:
         """Delete the oldest events of the chain, up to the first that belongs to an invocation not finished before

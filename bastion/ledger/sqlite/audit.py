@@ -20,7 +20,7 @@ from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.grants import grants_by_id
 from bastion.ledger.sqlite.reads import invocation_from_row
 from bastion.ledger.sqlite.schema import dumps, timestamp
-from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Invocation, PruneReport
+from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Exported, PruneReport
 
 _EVENT_COLUMNS: Final = "events.id, events.invocation_id, events.seq, events.kind, events.at, events.detail"
 _CHAIN: Final = f"SELECT {_EVENT_COLUMNS}, events.prev_hash, events.hash, events.state FROM events"
@@ -184,12 +184,18 @@ class SqliteAudit:
     async def _orphans(self) -> builtins.list[str]:
         return [row[0] for row in await self._db.fetchall(ORPHANS)]
 
-    async def export(self, after: int, limit: int) -> builtins.list[tuple[ChainedEvent, Invocation]]:
+    async def export(self, after: int, limit: int) -> builtins.list[Exported]:
         """At most `limit` events with a chain position (an event id here) above `after`, in chain order, each with its
-        invocation as stored now."""
+        invocation as stored now (and its row exactly as stored), and the grant its detail names
+        (bastion.ledger.offline)."""
         rows = await self._db.fetchall(EXPORT_PAGE, (after, limit))
         width = len(INVOCATION_COLUMNS)
-        return [(chained_from_row(row[width:]), invocation_from_row(row[:width])) for row in rows]
+        events = [chained_from_row(row[width:]) for row in rows]
+        grants = await grants_by_id(self._db, {grant_id for event in events if (grant_id := granted(event.detail))})
+        return [
+            Exported(event, invocation_from_row(row[:width]), row[:width], grants.get(granted(event.detail) or ""))
+            for event, row in zip(events, rows, strict=True)
+        ]
 
     async def prune(self, before: datetime, *, now: datetime, sign: CheckpointSigner | None = None) -> PruneReport:
         """Delete the oldest events, up to the first that belongs to an invocation not finished before `before`
