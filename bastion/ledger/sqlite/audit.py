@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import builtins
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from types import MappingProxyType
 from typing import Any, Final
 
+from bastion.ledger.audit_reads import AuditReads
 from bastion.ledger.backend import INVOCATION_COLUMNS
-from bastion.ledger.chain import GENESIS, TERMINAL, CheckpointSigner, StoredRecord, verify_chain, verify_records
-from bastion.ledger.decisions import GrantUse, HeldDecision, granted
+from bastion.ledger.chain import TERMINAL, CheckpointSigner
+from bastion.ledger.decisions import granted
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.grants import grants_by_id
 from bastion.ledger.sqlite.reads import invocation_from_row
 from bastion.ledger.sqlite.schema import dumps, timestamp
-from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Exported, PruneReport
+from bastion.models import AuditCheckpoint, ChainedEvent, Exported, PruneReport
 
 _EVENT_COLUMNS: Final = "events.id, events.invocation_id, events.seq, events.kind, events.at, events.detail"
 _CHAIN: Final = f"SELECT {_EVENT_COLUMNS}, events.prev_hash, events.hash, events.state FROM events"
@@ -29,33 +29,6 @@ EXPORT_PAGE: Final = f"""
     {_CHAIN.replace("SELECT ", "SELECT " + ", ".join(f"invocations.{name}" for name in INVOCATION_COLUMNS) + ", ", 1)}
     JOIN invocations ON invocations.id = events.invocation_id
     WHERE events.id > ? ORDER BY events.id LIMIT ?
-"""
-HEAD: Final = "SELECT position, hash FROM audit_head"
-_OF_ROW: Final = "events.invocation_id = invocations.id"
-RECORDS: Final = f"""
-    SELECT {", ".join(f"invocations.{name}" for name in INVOCATION_COLUMNS)},
-           (SELECT state FROM events WHERE {_OF_ROW} ORDER BY seq DESC LIMIT 1),
-           (SELECT COUNT(*) FROM events WHERE {_OF_ROW}),
-           EXISTS (SELECT 1 FROM invocations AS step WHERE step.parent_id = invocations.id)
-    FROM invocations WHERE id > ? ORDER BY id LIMIT ?
-"""
-ORPHANS: Final = """
-    SELECT DISTINCT invocation_id FROM events
-    WHERE NOT EXISTS (SELECT 1 FROM invocations WHERE invocations.id = events.invocation_id)
-    ORDER BY invocation_id LIMIT 100
-"""
-DECISIONS: Final = """
-    SELECT invocations.id, invocations.args_hash, invocations.fingerprint, events.detail, events.at, events.state
-    FROM events JOIN invocations ON invocations.id = events.invocation_id
-    WHERE events.kind = 'approved' AND invocations.id > ?
-      AND EXISTS (
-          SELECT 1 FROM events AS held WHERE held.invocation_id = events.invocation_id AND held.kind = 'pending'
-      )
-    ORDER BY invocations.id LIMIT ?
-"""
-GRANT_USES: Final = """
-    SELECT id, policy_key, session_id, principal, created_at, substr(mode_source, 7) FROM invocations
-    WHERE mode_source LIKE 'grant:%' AND id > ? ORDER BY id LIMIT ?
 """
 CHECKPOINT: Final = (
     "SELECT position, event_id, hash, at, events, invocations, key, signature FROM audit_checkpoints "
@@ -121,11 +94,12 @@ def checkpoint_from_row(row: Sequence[Any]) -> AuditCheckpoint:
     )
 
 
-class SqliteAudit:
+class SqliteAudit(AuditReads):
     """The audit chain of one SQLite ledger file; satisfies `bastion.pipeline.seams.AuditLog`."""
 
     def __init__(self, db: SqliteDatabase) -> None:
-        self._db = db
+        super().__init__(db, placeholder="?", moment=datetime.fromisoformat, grants_by_id=grants_by_id)
+        self._db: SqliteDatabase = db
 
     async def checkpoint(self) -> AuditCheckpoint | None:
         """The latest prune's checkpoint, or None when nothing was ever pruned."""
@@ -136,54 +110,6 @@ class SqliteAudit:
         """At most `limit` events of the chain after position `after`, in chain order."""
         return [chained_from_row(row) for row in await self._db.fetchall(CHAIN_PAGE, (after, limit))]
 
-    async def head(self) -> tuple[int, str]:
-        """The chain's head of record (position, hash): kept apart from the events; (0, the genesis) when missing."""
-        row = await self._db.fetchone(HEAD)
-        return (int(row[0]), str(row[1])) if row is not None else (0, GENESIS)
-
-    async def verify(self, anchored: Mapping[int, str] = MappingProxyType({})) -> AuditReport:
-        """Check the chain from the checkpoint to its head of record, then every invocation row against its newest
-        event; the report names the first break. `anchored`: (position: hash) of anchors whose signatures hold."""
-        chain = await verify_chain(
-            await self.checkpoint(), self.chain, head_of_record=await self.head(), anchored=anchored
-        )
-        return await verify_records(chain, self._records, self._orphans)
-
-    async def _records(self, after: str, limit: int) -> builtins.list[StoredRecord]:
-        width = len(INVOCATION_COLUMNS)
-        rows = await self._db.fetchall(RECORDS, (after, limit))
-        return [StoredRecord(row[0], row[:width], row[width], row[width + 1], bool(row[width + 2])) for row in rows]
-
-    async def decisions(self, after: str, limit: int) -> builtins.list[HeldDecision]:
-        """The approvals of held calls with an invocation id above `after`, in id order, each with the grant it names
-        as stored now (bastion.ledger.decisions)."""
-        rows = await self._db.fetchall(DECISIONS, (after, limit))
-        grants = await grants_by_id(self._db, {grant_id for row in rows if (grant_id := granted(row[3]))})
-        return [
-            HeldDecision(
-                row[0],
-                row[1],
-                row[2],
-                row[3],
-                datetime.fromisoformat(row[4]),
-                row[5] is not None,
-                grants.get(granted(row[3]) or ""),
-            )
-            for row in rows
-        ]
-
-    async def grant_uses(self, after: str, limit: int) -> builtins.list[GrantUse]:
-        """The calls grants let through with an invocation id above `after`, in id order, each with its grant."""
-        rows = await self._db.fetchall(GRANT_USES, (after, limit))
-        grants = await grants_by_id(self._db, {row[5] for row in rows})
-        return [
-            GrantUse(row[0], row[1], row[2], row[3], datetime.fromisoformat(row[4]), row[5], grants.get(row[5]))
-            for row in rows
-        ]
-
-    async def _orphans(self) -> builtins.list[str]:
-        return [row[0] for row in await self._db.fetchall(ORPHANS)]
-
     async def export(self, after: int, limit: int) -> builtins.list[Exported]:
         """At most `limit` events with a chain position (an event id here) above `after`, in chain order, each with its
         invocation as stored now (and its row exactly as stored), and the grant its detail names
@@ -191,7 +117,7 @@ class SqliteAudit:
         rows = await self._db.fetchall(EXPORT_PAGE, (after, limit))
         width = len(INVOCATION_COLUMNS)
         events = [chained_from_row(row[width:]) for row in rows]
-        grants = await grants_by_id(self._db, {grant_id for event in events if (grant_id := granted(event.detail))})
+        grants = await self.grants_named(event.detail for event in events)
         return [
             Exported(event, invocation_from_row(row[:width]), row[:width], grants.get(granted(event.detail) or ""))
             for event, row in zip(events, rows, strict=True)

@@ -1,0 +1,123 @@
+"""What verifying a ledger reads of it, the same on both backends (`AuditReads`, the base of `SqliteAudit` and
+`PostgresAudit`): the head of record, the rows with what their events say, the approvals of held calls and the
+uses of grants. The statements differ only in their placeholder, and the backends in how a timestamp comes back.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any, Final
+
+from bastion.ledger.backend import INVOCATION_COLUMNS
+from bastion.ledger.chain import GENESIS, StoredRecord, verify_chain, verify_records
+from bastion.ledger.decisions import GRANT_SOURCE, GrantUse, HeldDecision, granted
+from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Grant
+
+HEAD: Final = "SELECT position, hash FROM audit_head"
+_OF_ROW: Final = "events.invocation_id = invocations.id"
+_RECORDS: Final = f"""
+    SELECT {", ".join(f"invocations.{name}" for name in INVOCATION_COLUMNS)},
+           (SELECT state FROM events WHERE {_OF_ROW} ORDER BY seq DESC LIMIT 1),
+           (SELECT COUNT(*) FROM events WHERE {_OF_ROW}),
+           EXISTS (SELECT 1 FROM invocations AS step WHERE step.parent_id = invocations.id)
+    FROM invocations WHERE id > {{p}} ORDER BY id LIMIT {{p}}
+"""
+ORPHANS: Final = """
+    SELECT DISTINCT invocation_id FROM events
+    WHERE NOT EXISTS (SELECT 1 FROM invocations WHERE invocations.id = events.invocation_id)
+    ORDER BY invocation_id LIMIT 100
+"""
+_DECISIONS: Final = """
+    SELECT invocations.id, invocations.args_hash, invocations.fingerprint, events.detail, events.at, events.state
+    FROM events JOIN invocations ON invocations.id = events.invocation_id
+    WHERE events.kind = 'approved' AND invocations.id > {p}
+      AND EXISTS (
+          SELECT 1 FROM events AS held WHERE held.invocation_id = events.invocation_id AND held.kind = 'pending'
+      )
+    ORDER BY invocations.id LIMIT {p}
+"""
+_GRANT_USES: Final = f"""
+    SELECT id, policy_key, session_id, principal, created_at, substr(mode_source, {len(GRANT_SOURCE) + 1})
+    FROM invocations
+    WHERE substr(mode_source, 1, {len(GRANT_SOURCE)}) = '{GRANT_SOURCE}' AND id > {{p}} ORDER BY id LIMIT {{p}}
+"""
+
+
+GrantsById = Callable[[Any, Collection[str]], Awaitable[dict[str, Grant]]]
+"""A backend's grants of these ids that exist, by id (given its database)."""
+
+
+class AuditReads:
+    """The reads `verify` makes, over one backend's database: `placeholder` is its parameter mark, `moment` turns a
+    timestamp as it comes back into a datetime, `grants_by_id` reads grants. A backend adds its chain's order
+    (`chain`) and its checkpoint."""
+
+    def __init__(
+        self, db: Any, *, placeholder: str, moment: Callable[[Any], datetime], grants_by_id: GrantsById
+    ) -> None:
+        self._db = db
+        self._moment = moment
+        self._grants_by_id = grants_by_id
+        self._records_sql = _RECORDS.format(p=placeholder)
+        self._decisions_sql = _DECISIONS.format(p=placeholder)
+        self._grant_uses_sql = _GRANT_USES.format(p=placeholder)
+
+    async def checkpoint(self) -> AuditCheckpoint | None:
+        raise NotImplementedError
+
+    async def chain(self, after: int, limit: int) -> builtins.list[ChainedEvent]:
+        raise NotImplementedError
+
+    async def head(self) -> tuple[int, str]:
+        """The chain's head of record (position, hash): kept apart from the events; (0, the genesis) when missing."""
+        rows = await self._db.fetchall(HEAD)
+        return (int(rows[0][0]), str(rows[0][1])) if rows else (0, GENESIS)
+
+    async def verify(self, anchored: Mapping[int, str] = MappingProxyType({})) -> AuditReport:
+        """Check the chain from the checkpoint to its head of record, then every invocation row against its newest
+        event; the report names the first break. `anchored`: (position: hash) of anchors whose signatures hold."""
+        chain = await verify_chain(
+            await self.checkpoint(), self.chain, head_of_record=await self.head(), anchored=anchored
+        )
+        return await verify_records(chain, self._records, self._orphans)
+
+    async def decisions(self, after: str, limit: int) -> builtins.list[HeldDecision]:
+        """The approvals of held calls with an invocation id above `after`, in id order, each with the grant it names
+        as stored now (bastion.ledger.decisions)."""
+        rows = await self._db.fetchall(self._decisions_sql, (after, limit))
+        grants = await self.grants_named(row[3] for row in rows)
+        return [
+            HeldDecision(
+                row[0],
+                row[1],
+                row[2],
+                row[3],
+                self._moment(row[4]),
+                row[5] is not None,
+                grants.get(granted(row[3]) or ""),
+            )
+            for row in rows
+        ]
+
+    async def grant_uses(self, after: str, limit: int) -> builtins.list[GrantUse]:
+        """The calls grants let through with an invocation id above `after`, in id order, each with its grant."""
+        rows = await self._db.fetchall(self._grant_uses_sql, (after, limit))
+        grants = await self._grants_by_id(self._db, {row[5] for row in rows})
+        return [
+            GrantUse(row[0], row[1], row[2], row[3], self._moment(row[4]), row[5], grants.get(row[5])) for row in rows
+        ]
+
+    async def grants_named(self, details: Iterable[str]) -> dict[str, Grant]:
+        """The grants the event details (JSON text) name, by id."""
+        return await self._grants_by_id(self._db, {grant_id for detail in details if (grant_id := granted(detail))})
+
+    async def _records(self, after: str, limit: int) -> builtins.list[StoredRecord]:
+        width = len(INVOCATION_COLUMNS)
+        rows = await self._db.fetchall(self._records_sql, (after, limit))
+        return [StoredRecord(row[0], row[:width], row[width], row[width + 1], bool(row[width + 2])) for row in rows]
+
+    async def _orphans(self) -> builtins.list[str]:
+        return [row[0] for row in await self._db.fetchall(ORPHANS)]
