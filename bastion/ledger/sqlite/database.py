@@ -37,6 +37,7 @@ import aiosqlite
 import anyio
 
 from bastion.errors import BastionError, ConfigError, LedgerUnavailable
+from bastion.ledger.sqlite.news import CommitListener, CommitNews
 from bastion.ledger.sqlite.schema import migrate, register_functions, register_functions_async
 from bastion.ledger.timing import CommitTimes
 
@@ -80,11 +81,6 @@ class _Batched:
     done: asyncio.Future[Any]
 
 
-CommitListener = Callable[[sqlite3.Connection], None]
-"""Called on the writer after commits that changed something (the change feed reads what is new): once their task
-yields while the listener waits for news, else when it asks (`tell_now`)."""
-
-
 class SqliteDatabase:
     """The two connections to one migrated ledger file, and the one way to write to it."""
 
@@ -102,10 +98,7 @@ class SqliteDatabase:
         self.path = path
         self.uncheckpointed = 0
         self.checkpoint_due = anyio.Event()
-        self._commit_listeners: list[CommitListener] = []
-        self._waiting: list[Callable[[], bool]] = []
-        self._untold = False
-        """Commits on the loop not told to the listeners yet (see `_tell_soon`)."""
+        self._news = CommitNews(path)
         self._closed = False
         self._in_worker = False
         """A worker thread is using the writer (nothing else may touch it until it is done)."""
@@ -115,31 +108,7 @@ class SqliteDatabase:
     @classmethod
     async def open(cls, path: Path) -> SqliteDatabase:
         """Open (creating if needed) and migrate the ledger at `path`. Raises ConfigError if it is unusable."""
-        if sqlite3.sqlite_version_info < _MIN_SQLITE:
-            raise ConfigError(
-                f"{path}: the ledger needs SQLite {'.'.join(map(str, _MIN_SQLITE))} or newer (for RETURNING), "
-                f"this Python has {sqlite3.sqlite_version}; use a newer Python build"
-            )
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            db = await aiosqlite.connect(path, isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
-            raise ConfigError(f"{path}: cannot open the ledger ({exc}); check the [server] ledger setting") from exc
-        try:
-            for pragma in _PRAGMAS:
-                await db.execute(pragma)
-            await _enable_wal(db, path)
-            await register_functions_async(db)
-            await migrate(db)
-            writer = _open_writer(path)
-        except BaseException as exc:
-            with anyio.CancelScope(shield=True):
-                await db.close()
-            if isinstance(exc, sqlite3.DatabaseError):
-                raise ConfigError(
-                    f"{path}: not a usable ledger ({exc}); point [server] ledger at another file"
-                ) from exc
-            raise
+        db, writer = await _connections(path)
         return cls(db, writer, path)
 
     async def close(self) -> None:
@@ -155,8 +124,7 @@ class SqliteDatabase:
         """Tell `listener` of commits that changed something. With `waiting`, commits made on the loop are told
         only while it answers True (someone waits for news), else when asked (`tell_now`): no read-back per
         commit that nobody waits for."""
-        self._commit_listeners.append(listener)
-        self._waiting.append(waiting or (lambda: True))
+        self._news.add(listener, waiting)
 
     # -- reads ---------------------------------------------------------------------------------------------
 
@@ -260,8 +228,8 @@ class SqliteDatabase:
                 finally:
                     self._in_worker = False
                 self.commits.committed(started)
-                if self._committed(changes, events) or self._untold:
-                    self._tell()  # still holding the writer: listeners read on it
+                if self._committed(changes, events) or self._news.untold:
+                    self._news.tell(self._writer)  # still holding the writer: listeners read on it
             return result
         except (sqlite3.IntegrityError, BastionError):
             raise
@@ -365,7 +333,7 @@ class SqliteDatabase:
             for batched in stored:
                 self.commits.committed(batched.started)
             if self._committed(changes, any(batched.events for batched in stored)):
-                self._tell_soon()
+                self._news.soon(self._free_writer)
         _settle(outcomes)
 
     def commit_deferred(self) -> None:
@@ -385,7 +353,7 @@ class SqliteDatabase:
             return _BUSY
         self.commits.committed(started)
         if self._committed(changes, events):
-            self._tell_soon()
+            self._news.soon(self._free_writer)
         return result
 
     def _committed(self, changes_before: int, events: bool) -> bool:
@@ -397,32 +365,43 @@ class SqliteDatabase:
             self.checkpoint_due.set()
         return events
 
-    def _tell_soon(self) -> None:
-        """Tell the listeners of a commit made on the loop once the writer's caller yields (a tool call: once its
-        request has left for the downstream), not on the call's way there; commits until then are told at once.
-        While no listener waits for news, nothing is scheduled: the commit is told when one asks (`tell_now`)."""
-        if not self._untold:
-            self._untold = True
-            if any(waiting() for waiting in self._waiting):
-                asyncio.get_running_loop().call_soon(self._tell_if_free)
-
-    def _tell_if_free(self) -> None:
-        if self._untold and not self._closed and not self._in_worker:
-            self._tell()  # (a worker that has the writer tells the listeners when its write is done)
+    def _free_writer(self) -> sqlite3.Connection | None:
+        """The writer, when nothing else uses it (no worker thread has it, not closed)."""
+        return None if self._closed or self._in_worker else self._writer
 
     def tell_now(self) -> None:
         """Tell the listeners at once of the commits not told yet (whoever reads the feed's cursor or waits for news
         wants it exact); cheap when there are none."""
-        if self._untold:
-            self._tell_if_free()
+        self._news.now(self._free_writer)
 
-    def _tell(self) -> None:
-        self._untold = False
-        for listener in self._commit_listeners:
-            try:
-                listener(self._writer)
-            except sqlite3.Error as exc:  # the next commit, or the feed's poll, tells them again
-                logger.warning("the ledger %s could not be read after a commit: %s", self.path, exc)
+
+async def _connections(path: Path) -> tuple[aiosqlite.Connection, sqlite3.Connection]:
+    """The reading and the writing connection to the ledger at `path`, created if needed, configured and migrated.
+    ConfigError if it is unusable."""
+    if sqlite3.sqlite_version_info < _MIN_SQLITE:
+        raise ConfigError(
+            f"{path}: the ledger needs SQLite {'.'.join(map(str, _MIN_SQLITE))} or newer (for RETURNING), "
+            f"this Python has {sqlite3.sqlite_version}; use a newer Python build"
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = await aiosqlite.connect(path, isolation_level=None)
+    except (OSError, sqlite3.Error) as exc:
+        raise ConfigError(f"{path}: cannot open the ledger ({exc}); check the [server] ledger setting") from exc
+    try:
+        for pragma in _PRAGMAS:
+            await db.execute(pragma)
+        await _enable_wal(db, path)
+        await register_functions_async(db)
+        await migrate(db)
+        writer = _open_writer(path)
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):
+            await db.close()
+        if isinstance(exc, sqlite3.DatabaseError):
+            raise ConfigError(f"{path}: not a usable ledger ({exc}); point [server] ledger at another file") from exc
+        raise
+    return db, writer
 
 
 def _settle(outcomes: Iterable[tuple[_Batched, Any, Exception | None]]) -> None:
