@@ -147,7 +147,7 @@ async def insert_record_in_history(store: Store) -> None:
     await _shift_after(store, after)
     kept = await store.run(f"SELECT hash, at FROM events WHERE {store.position} = ?", (after,))
     prev, at = kept[0]
-    await _insert_event(store, after + 1, "inv-9999", 1, "completed", at, "{}", prev, "f" * 64)
+    await insert_event_row(store, after + 1, "inv-9999", 1, "completed", at, "{}", prev, "f" * 64)
 
 
 async def insert_event(store: Store) -> None:
@@ -157,7 +157,7 @@ async def insert_event(store: Store) -> None:
     await _shift_after(store, after)
     kept = await store.run(f"SELECT hash, at FROM events WHERE {store.position} = ?", (after,))
     prev, at = kept[0]
-    await _insert_event(store, after + 1, EDITED, 99, "approved", at, '{"by":"mallory"}', prev, "f" * 64)
+    await insert_event_row(store, after + 1, EDITED, 99, "approved", at, '{"by":"mallory"}', prev, "f" * 64)
 
 
 async def reorder(store: Store) -> None:
@@ -213,7 +213,7 @@ async def recompute(store: Store) -> None:
     next_position = max(int(last[0][0]), start)
     for invocation_id, at in bare:
         next_position += 1
-        await _insert_event(store, next_position, invocation_id, 1, "planned", at, "{}", GENESIS, GENESIS)
+        await insert_event_row(store, next_position, invocation_id, 1, "planned", at, "{}", GENESIS, GENESIS)
     rows = {
         row[0]: row for row in await store.run(f"SELECT {', '.join(INVOCATION_COLUMNS)} FROM invocations ORDER BY id")
     }
@@ -246,9 +246,10 @@ async def _shift_after(store: Store, after: int) -> None:
         await store.run(f"UPDATE events SET {store.position} = ? WHERE {store.position} = ?", (moved + 1, moved))
 
 
-async def _insert_event(
+async def insert_event_row(
     store: Store, position: int, invocation_id: str, seq: int, kind: str, at: Any, detail: str, prev: str, hash_: str
 ) -> None:
+    """An event row as given, at `position`: its links and state left to `recompute`, or wrong."""
     if store.sqlite is not None:
         await store.run(
             "INSERT INTO events (id, invocation_id, seq, kind, at, detail, prev_hash, hash, state) "

@@ -11,7 +11,7 @@ from bastion.ledger.anchors import load_or_create_signing_key, signing_key_path_
 from bastion.ledger.verify import verify_signed
 from bastion.models import AuditReport
 from tests.ledger_contract.samples import BEFORE_EXPIRY, T0, add_pending, make_invocation
-from tests.ledger_contract.tampering import Store, recompute, store_of
+from tests.ledger_contract.tampering import Store, insert_event_row, recompute, store_of
 from tests.ledger_contract.test_grants import make_grant
 
 pytestmark = pytest.mark.anyio
@@ -113,14 +113,5 @@ async def _approve_behind_the_back(store: Store, invocation_id: str) -> None:
     await store.run("UPDATE invocations SET status = 'approved' WHERE id = ?", (invocation_id,))
     last = await store.run(f"SELECT MAX({store.position}), MAX(seq), MAX(at) FROM events")
     position, seq, at = last[0]
-    columns = "invocation_id, seq, kind, at, detail, prev_hash, hash, state"
-    if store.sqlite is not None:
-        await store.run(
-            f"INSERT INTO events (id, {columns}) VALUES (?, ?, ?, 'approved', ?, ?, '', '', '')",
-            (position + 1, invocation_id, seq + 1, at, '{"by":"mallory","scope":"once"}'),
-        )
-        return
-    await store.run(
-        f"INSERT INTO events (position, {columns}) VALUES (?, ?, ?, 'approved', ?, ?, '', '', '')",
-        (position + 1, invocation_id, seq + 1, at, '{"by":"mallory","scope":"once"}'),
-    )
+    detail = '{"by":"mallory","scope":"once"}'
+    await insert_event_row(store, position + 1, invocation_id, seq + 1, "approved", at, detail, "", "")

@@ -19,7 +19,7 @@ from bastion.ledger.chain import TERMINAL, CheckpointSigner
 from bastion.ledger.decisions import granted
 from bastion.ledger.postgres.database import Connection, PostgresDatabase
 from bastion.ledger.postgres.grants import grants_by_id
-from bastion.ledger.postgres.reads import invocation_from_row
+from bastion.ledger.postgres.reads import as_is, invocation_from_row
 from bastion.models import AuditCheckpoint, ChainedEvent, Exported, PruneReport
 
 _CHAIN: Final = (
@@ -81,15 +81,11 @@ def chained_from_row(row: Sequence[Any]) -> ChainedEvent:
     )
 
 
-def _as_is(moment: datetime) -> datetime:
-    return moment
-
-
 class PostgresAudit(AuditReads):
     """The audit chain of one PostgreSQL ledger; satisfies `bastion.pipeline.seams.AuditLog`."""
 
     def __init__(self, db: PostgresDatabase) -> None:
-        super().__init__(db, placeholder="%s", moment=_as_is, grants_by_id=grants_by_id)
+        super().__init__(db, placeholder="%s", moment=as_is, grants_by_id=grants_by_id)
         self._db: PostgresDatabase = db
 
     async def checkpoint(self) -> AuditCheckpoint | None:

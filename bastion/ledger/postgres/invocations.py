@@ -21,11 +21,12 @@ import psycopg
 from bastion import states
 from bastion.errors import ApprovalExpired, Conflict, NotFound
 from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, stored_json
+from bastion.ledger.invocation_reads import COUNT
 from bastion.ledger.postgres.chain import APPENDED, Change, append, appending, head
 from bastion.ledger.postgres.database import NOTIFY, Connection, changes_of
 from bastion.ledger.postgres.grants import insert_grant
 from bastion.ledger.postgres.limits import admit_in
-from bastion.ledger.postgres.reads import COUNT, PostgresInvocationReads, invocation_from_row
+from bastion.ledger.postgres.reads import PostgresInvocationReads, invocation_from_row
 from bastion.models import Admission, EventKind, Grant, Invocation, RecoveryReport, Status, utcnow
 
 _COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)

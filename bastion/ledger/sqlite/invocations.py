@@ -20,9 +20,10 @@ from bastion import states
 from bastion.errors import ApprovalExpired, Conflict, NotFound
 from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, stored_json
 from bastion.ledger.chain import Unlinked, links, record_state
+from bastion.ledger.invocation_reads import COUNT
 from bastion.ledger.sqlite.grants import insert_grant
 from bastion.ledger.sqlite.limits import admit_in
-from bastion.ledger.sqlite.reads import COUNT, SqliteInvocationReads, invocation_from_row
+from bastion.ledger.sqlite.reads import SqliteInvocationReads, invocation_from_row
 from bastion.ledger.sqlite.schema import dumps, optional_timestamp, timestamp
 from bastion.models import Admission, EventKind, Grant, Invocation, RecoveryReport, Status, utcnow
 
