@@ -16,6 +16,8 @@ from mcp import StdioServerParameters
 
 from bastion.config import load_config
 from bastion.ledger import OpenLedger, Redactor, open_ledger
+from bastion.ledger.anchors import trusted_keys
+from bastion.ledger.verify import verify_signed
 from bastion.models import Invocation, Principal, utcnow
 from bastion.pipeline.authority import decide
 from tests.postgres import PostgresServer
@@ -131,6 +133,10 @@ async def test_a_composite_over_a_typescript_server_waits_for_its_held_step_then
         (result,) = answered
         assert not result.is_error, result.content
         steps = list(reversed(await ledger.invocations.list(parent_id=pending.id)))
+        # What the gateway and the approver wrote, from two processes, verifies: every row, and the signed approval.
+        audited = await verify_signed(ledger.audit, [], trusted_keys(ledger.key_path, []))
+    assert audited.broken is None, audited.broken
+    assert (audited.records, audited.decisions) == (3, 1)
 
     assert "read after approval" in json.dumps(result.model_dump(mode="json"))
     assert [(s.action_id, s.status, s.mode) for s in steps] == [
