@@ -127,12 +127,16 @@ def hash_of(event: ChainedEvent, prev_hash: str) -> str:
     )
 
 
+_COMPACT: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+"""Compact JSON, made once: `json.dumps` with these options builds an encoder each time."""
+
+
 def record_state(values: Sequence[object]) -> str:
     """The digest of an invocation row as stored (its `INVOCATION_COLUMNS` values, in that order): SHA-256 (hex) of
     the compact JSON array of the values, timestamps in `stored_time` form. An event's hash covers the state its
     change left, so the row must still digest to what its newest event says."""
     stored = [stored_time(value) if isinstance(value, datetime) else value for value in values]
-    text = json.dumps(stored, ensure_ascii=False, separators=(",", ":"))
+    text = _COMPACT.encode(stored)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 

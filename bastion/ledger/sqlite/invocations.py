@@ -14,7 +14,7 @@ import operator
 import sqlite3
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final, Literal, NamedTuple, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from bastion import states
 from bastion.errors import ApprovalExpired, Conflict, NotFound
@@ -34,12 +34,17 @@ COUNT_PENDING: Final = f"{COUNT} WHERE status = 'pending'"
 INSERT_INVOCATION: Final = (
     f"INSERT INTO invocations ({_COLUMN_LIST}) VALUES ({', '.join('?' * len(INVOCATION_COLUMNS))})"
 )
+# What a change returns: the row as stored, then the seq of its newest event, so the event recording the change is
+# numbered in the same statement.
+_RETURNING: Final = (
+    f"RETURNING {_COLUMN_LIST}, (SELECT COALESCE(MAX(seq), 0) FROM events WHERE invocation_id = invocations.id)"
+)
+_STORED: Final = len(INVOCATION_COLUMNS)
 COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_id = ? AND status = 'pending'"
 # An event follows the chain's head of record (bastion.ledger.chain). Its id is its position, the head's + 1, as
 # SQLite would give it, so it can be hashed before it is inserted.
 _HEAD_NOW: Final = "SELECT position, hash FROM audit_head"
 _MOVE_HEAD: Final = "UPDATE audit_head SET position = ?, hash = ?"
-_LAST_SEQ: Final = "SELECT COALESCE(MAX(seq), 0) FROM events WHERE invocation_id = ?"
 _INSERT_HASHED: Final = (
     "INSERT INTO events (id, invocation_id, seq, kind, at, detail, state, prev_hash, hash) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -56,7 +61,7 @@ TRANSITION: Final = f"""
         updated_at = :now,
         {", ".join(f"{name} = CASE WHEN :set_{name} THEN :{name} ELSE {name} END" for name in TRANSITION_FIELDS)}
     WHERE id = :id AND status IN (SELECT value FROM json_each(:from_statuses))
-    RETURNING {_COLUMN_LIST}
+    {_RETURNING}
 """
 
 # The outcome of a call that ran: one fixed statement, the hot path's second write.
@@ -64,7 +69,7 @@ FINISH: Final = f"""
     UPDATE invocations SET
         status = :to, updated_at = :now, result = :result, error_class = :error_class, error_message = :error_message
     WHERE id = :id AND status = :start
-    RETURNING {_COLUMN_LIST}
+    {_RETURNING}
 """
 
 # An approver's decision: only a pending invocation that has not expired (no expires_at never expires).
@@ -75,7 +80,7 @@ DECIDE: Final = f"""
         error_class = CASE WHEN :approve THEN error_class ELSE 'approval_denied' END,
         error_message = CASE WHEN :approve THEN error_message ELSE :error_message END
     WHERE id = :id AND status = :start AND (expires_at IS NULL OR expires_at > :now)
-    RETURNING {_COLUMN_LIST}
+    {_RETURNING}
 """
 SELECT_STATUS: Final = "SELECT status FROM invocations WHERE id = ?"
 _EXPIRE: Final = """
@@ -86,8 +91,8 @@ _EXPIRE: Final = """
         error_message = 'no decision before ' || expires_at
     WHERE status = :start AND expires_at <= :now
 """
-EXPIRE_DUE: Final = f"{_EXPIRE} RETURNING {_COLUMN_LIST}"
-EXPIRE_ONE: Final = f"{_EXPIRE} AND id = :id RETURNING {_COLUMN_LIST}"
+EXPIRE_DUE: Final = f"{_EXPIRE} {_RETURNING}"
+EXPIRE_ONE: Final = f"{_EXPIRE} AND id = :id {_RETURNING}"
 
 # Recovery after a restart: `:gone` is a JSON array of the owners that are no longer running.
 OWNERS: Final = "SELECT DISTINCT owner FROM invocations WHERE status IN ('executing', 'approved') AND owner IS NOT NULL"
@@ -99,7 +104,7 @@ MARK_UNKNOWN: Final = f"""
         error_class = 'unknown_outcome',
         error_message = :reason
     WHERE status = :start AND {_ORPHANED}
-    RETURNING {_COLUMN_LIST}
+    {_RETURNING}
 """
 NEVER_STARTED: Final = f"""
     SELECT id FROM invocations WHERE status = 'approved' AND {_ORPHANED} ORDER BY created_at, rowid
@@ -107,50 +112,32 @@ NEVER_STARTED: Final = f"""
 PROCESS_STOPPED: Final = "the Bastion process running it stopped"
 
 
-class NewEvent(NamedTuple):
-    """An event to append: its invocation's next one (`seq` None), or the one numbered `seq`; `state` is the
-    digest of the invocation's row after the change (bastion.ledger.chain.record_state)."""
-
-    invocation_id: str
-    kind: EventKind
-    at: str
-    state: str
-    detail: str = "{}"
-    seq: int | None = None
+def changed(returned: Sequence[Any], kind: EventKind, at: str, detail: str = "{}") -> Unlinked:
+    """The event recording a change whose statement `returned` the invocation's row (as stored,
+    `INVOCATION_COLUMNS` order) and the seq of its newest event before it (`_RETURNING`)."""
+    return Unlinked(returned[0], returned[_STORED] + 1, kind, at, detail, record_state(returned[:_STORED]))
 
 
-def changed(row: Sequence[Any], kind: EventKind, at: str, detail: str = "{}") -> NewEvent:
-    """The event recording a change that left the invocation `row` (as stored, `INVOCATION_COLUMNS` order)."""
-    return NewEvent(row[0], kind, at, record_state(row), detail)
-
-
-def append_events(conn: sqlite3.Connection, events: Sequence[NewEvent]) -> None:
+def append_events(conn: sqlite3.Connection, events: Sequence[Unlinked]) -> None:
     """Append `events` to the chain, in order, inside the caller's transaction (which holds the write lock, so the
     head read first stays the head): each hashed here, after the one before it, and inserted with its hash; the head
-    of record moves to the last. An event without a seq takes its invocation's next (after the ones appended before it
-    in the same call).
+    of record moves to the last.
 
     (Chained in SQL instead, with the hash a function SQLite calls back, an event cost twice as much.)"""
     if not events:
         return
     head_position, head_hash = conn.execute(_HEAD_NOW).fetchone()
-    last_seq: dict[str, int] = {}
-    unlinked = []
-    for event in events:
-        seq = event.seq
-        if seq is None:
-            last = last_seq.get(event.invocation_id)
-            if last is None:
-                last = conn.execute(_LAST_SEQ, (event.invocation_id,)).fetchone()[0]
-            seq = last + 1
-        last_seq[event.invocation_id] = seq
-        unlinked.append(Unlinked(event.invocation_id, seq, event.kind, event.at, event.detail, event.state))
-    linked = links((head_position, head_hash), unlinked)
+    linked = links((head_position, head_hash), events)
     conn.executemany(
         _INSERT_HASHED,
-        [(link.position, *event, link.prev_hash, link.hash) for event, link in zip(unlinked, linked, strict=True)],
+        [(link.position, *event, link.prev_hash, link.hash) for event, link in zip(events, linked, strict=True)],
     )
     conn.execute(_MOVE_HEAD, (linked[-1].position, linked[-1].hash))
+
+
+def _invocation(returned: Sequence[Any]) -> Invocation:
+    """The invocation a change's statement returned (`_RETURNING`)."""
+    return invocation_from_row(returned[:_STORED])
 
 
 class SqliteInvocations(SqliteInvocationReads):
@@ -232,7 +219,7 @@ class SqliteInvocations(SqliteInvocationReads):
         state = record_state(row)
         last = len(events)
         first = [
-            NewEvent(invocation.id, kind, at, state, detail.json if seq == last else "{}", seq)
+            Unlinked(invocation.id, seq, kind, at, detail.json if seq == last else "{}", state)
             for seq, kind in enumerate(events, start=1)
         ]
 
@@ -278,7 +265,7 @@ class SqliteInvocations(SqliteInvocationReads):
             return row
 
         updated = await self._db.write(work)
-        return None if updated is None else invocation_from_row(updated)
+        return None if updated is None else _invocation(updated)
 
     async def finish(
         self,
@@ -364,7 +351,7 @@ class SqliteInvocations(SqliteInvocationReads):
             return expired[0], True
 
         row, expired = await self._db.write(work)
-        invocation = invocation_from_row(row)
+        invocation = _invocation(row)
         if expired:
             raise ApprovalExpired(
                 f"invocation {invocation_id} expired at {invocation.expires_at} before a decision",
@@ -384,7 +371,7 @@ class SqliteInvocations(SqliteInvocationReads):
             append_events(conn, [changed(row, "expired", at) for row in rows])
             return rows
 
-        expired = [invocation_from_row(row) for row in await self._db.write(work)]
+        expired = [_invocation(row) for row in await self._db.write(work)]
         return sorted(expired, key=lambda invocation: (invocation.expires_at, invocation.id))
 
     async def claim(self, invocation_id: str, *, owner: str) -> Invocation | None:
