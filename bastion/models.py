@@ -358,7 +358,10 @@ class ChainedEvent(BaseModel):
     id: int
     position: int
     """Its place in the chain: the event id on SQLite (one writer), the order of commit on PostgreSQL."""
-    invocation_id: str
+    invocation_id: str | None
+    """Its invocation; None for an event of a record chained beside invocations (`record`)."""
+    record: str | None = None
+    """The key of the token, pin or grant it records a change of (bastion.ledger.kept), or None."""
     seq: int
     kind: str
     at: datetime
@@ -367,16 +370,29 @@ class ChainedEvent(BaseModel):
     prev_hash: str
     hash: str
     state: str | None = None
-    """The digest of its invocation's row after the change (bastion.ledger.chain.record_state); None for an event
-    recorded before records were chained."""
+    """The digest of its invocation's (or record's) row after the change (bastion.ledger.chain.record_state); None
+    for an event recorded before records were chained."""
+
+    @property
+    def subject(self) -> str:
+        """What the chain hashes it as about: its invocation's id, or its record's key."""
+        subject = self.invocation_id if self.record is None else self.record
+        assert subject is not None, "an event is about an invocation or a record"
+        return subject
+
+    @property
+    def about(self) -> str:
+        """What it is about, for a person: `invocation inv_...` or `record token:7`."""
+        return f"invocation {self.invocation_id}" if self.record is None else f"record {self.record}"
 
 
 class Exported(NamedTuple):
     """One event of an audit export with what it is checked against (bastion.ledger.offline): its invocation as
-    stored now, that row exactly as stored (`INVOCATION_COLUMNS` order), and the grant its detail names, if any."""
+    stored now, that row exactly as stored (`INVOCATION_COLUMNS` order), and the grant its detail names, if any. The
+    event of a record (a token, pin or grant: bastion.ledger.kept) has no invocation, and its record's row."""
 
     event: ChainedEvent
-    invocation: Invocation
+    invocation: Invocation | None
     row: Sequence[Any]
     grant: Grant | None
 

@@ -281,7 +281,7 @@ async def test_a_version_3_file_upgrades_its_events_to_one_history_keeping_them(
             db.execute("DELETE FROM events WHERE invocation_id = 'old-1'")
     db.close()
     assert hashes == {"old-1": "", "old-2": "b" * 64}, "unkeyed hashes are dropped but where an approval needs one"
-    assert triggers == {"events_no_update", "events_no_delete"}
+    assert triggers == {"events_no_update", "events_no_delete", "record_events_no_update", "record_events_no_delete"}
 
 
 @pytest.mark.anyio

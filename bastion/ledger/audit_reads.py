@@ -6,17 +6,33 @@ uses of grants. The statements differ only in their placeholder, and the backend
 from __future__ import annotations
 
 import builtins
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Final
 
 from bastion.ledger.backend import INVOCATION_COLUMNS
-from bastion.ledger.chain import GENESIS, StoredRecord, verify_chain, verify_records
+from bastion.ledger.chain import GENESIS, ReadOrphans, ReadRecords, StoredRecord, verify_chain, verify_records
 from bastion.ledger.decisions import GRANT_SOURCE, GrantUse, HeldDecision, granted
-from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Grant
+from bastion.ledger.kept import KEPT, Kept, orphans_sql, record_sql, records_sql
+from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Exported, Grant, Invocation
 
 HEAD: Final = "SELECT position, hash FROM audit_head"
+# The chain: the invocations' events and the records' (bastion.ledger.kept), which share its positions.
+_CHAIN: Final = """
+    SELECT id, {position} AS position, invocation_id, NULL AS record, seq, kind, at, detail, prev_hash, hash, state
+    FROM events WHERE {position} > {p}
+    UNION ALL
+    SELECT position, position, NULL, record, seq, kind, at, detail, prev_hash, hash, state
+    FROM record_events WHERE position > {p}
+"""
+_CHAIN_PAGE: Final = "SELECT * FROM ({chain}) AS chain ORDER BY position LIMIT {p}"
+_EXPORT_PAGE: Final = f"""
+    SELECT chain.*, {", ".join(f"invocations.{name}" for name in INVOCATION_COLUMNS)}
+    FROM ({{chain}}) AS chain LEFT JOIN invocations ON invocations.id = chain.invocation_id
+    ORDER BY chain.position LIMIT {{p}}
+"""
+_CHAIN_WIDTH: Final = 11
 _OF_ROW: Final = "events.invocation_id = invocations.id"
 _RECORDS: Final = f"""
     SELECT {", ".join(f"invocations.{name}" for name in INVOCATION_COLUMNS)},
@@ -56,11 +72,25 @@ class AuditReads:
     (`chain`) and its checkpoint."""
 
     def __init__(
-        self, db: Any, *, placeholder: str, moment: Callable[[Any], datetime], grants_by_id: GrantsById
+        self,
+        db: Any,
+        *,
+        placeholder: str,
+        position: str,
+        moment: Callable[[Any], datetime],
+        grants_by_id: GrantsById,
+        from_row: Callable[[Sequence[Any]], Invocation],
     ) -> None:
+        """`position`: the column of an invocation event's chain position; `from_row`: an invocation from its row."""
         self._db = db
         self._moment = moment
         self._grants_by_id = grants_by_id
+        self._from_row = from_row
+        chain = _CHAIN.format(position=position, p=placeholder)
+        self._chain_sql = _CHAIN_PAGE.format(chain=chain, p=placeholder)
+        self._export_sql = _EXPORT_PAGE.format(chain=chain, p=placeholder)
+        self._record_sql = {kept.prefix: record_sql(kept, placeholder) for kept in KEPT}
+        self._kept_sql = {kept.prefix: records_sql(kept, placeholder) for kept in KEPT}
         self._records_sql = _RECORDS.format(p=placeholder)
         self._decisions_sql = _DECISIONS.format(p=placeholder)
         self._grant_uses_sql = _GRANT_USES.format(p=placeholder)
@@ -69,7 +99,47 @@ class AuditReads:
         raise NotImplementedError
 
     async def chain(self, after: int, limit: int) -> builtins.list[ChainedEvent]:
-        raise NotImplementedError
+        """At most `limit` events of the chain after position `after`, in chain order."""
+        return [self._chained(row) for row in await self._db.fetchall(self._chain_sql, (after, after, limit))]
+
+    async def export(self, after: int, limit: int) -> builtins.list[Exported]:
+        """At most `limit` events with a chain position above `after`, in chain order, each with its invocation as
+        stored now and its row exactly as stored (a record's event: the record's row), and the grant its detail names
+        (bastion.ledger.offline). Positions follow the order the appending transactions commit, so an export resumed
+        from the last position it saw misses nothing."""
+        rows = await self._db.fetchall(self._export_sql, (after, after, limit))
+        events = [self._chained(row) for row in rows]
+        grants = await self.grants_named(event.detail for event in events)
+        exported = []
+        for event, row in zip(events, rows, strict=True):
+            grant = grants.get(granted(event.detail) or "")
+            if event.record is None:
+                stored = row[_CHAIN_WIDTH:]
+                exported.append(Exported(event, self._from_row(stored), stored, grant))
+            else:
+                exported.append(Exported(event, None, await self._record_row(event.record), grant))
+        return exported
+
+    async def _record_row(self, key: str) -> Sequence[Any]:
+        """A record's row as its state digests it (bastion.ledger.kept); empty when it is gone."""
+        sql = self._record_sql.get(key.split(":", 1)[0] + ":")
+        found = await self._db.fetchall(sql, (key,)) if sql is not None else []
+        return found[0] if found else ()
+
+    def _chained(self, row: Sequence[Any]) -> ChainedEvent:
+        return ChainedEvent(
+            id=row[0],
+            position=row[1],
+            invocation_id=row[2],
+            record=row[3],
+            seq=row[4],
+            kind=row[5],
+            at=self._moment(row[6]),
+            detail=row[7],
+            prev_hash=row[8],
+            hash=row[9],
+            state=row[10],
+        )
 
     async def head(self) -> tuple[int, str]:
         """The chain's head of record (position, hash): kept apart from the events; (0, the genesis) when missing."""
@@ -82,7 +152,25 @@ class AuditReads:
         chain = await verify_chain(
             await self.checkpoint(), self.chain, head_of_record=await self.head(), anchored=anchored
         )
-        return await verify_records(chain, self._records, self._orphans)
+        report = await verify_records(chain, self._records, self._orphans)
+        for kept in KEPT:
+            report = await verify_records(report, self._kept_records(kept), self._kept_orphans(kept), what="record")
+        return report
+
+    def _kept_records(self, kept: Kept) -> ReadRecords:
+        width, sql = len(kept.columns), self._kept_sql[kept.prefix]
+
+        async def read(after: str, limit: int) -> builtins.list[StoredRecord]:
+            rows = await self._db.fetchall(sql, (after, limit))
+            return [StoredRecord(row[width], row[:width], row[width + 1], row[width + 2], False) for row in rows]
+
+        return read
+
+    def _kept_orphans(self, kept: Kept) -> ReadOrphans:
+        async def read() -> builtins.list[str]:
+            return [row[0] for row in await self._db.fetchall(orphans_sql(kept))]
+
+        return read
 
     async def decisions(self, after: str, limit: int) -> builtins.list[HeldDecision]:
         """The approvals of held calls with an invocation id above `after`, in id order, each with the grant it names

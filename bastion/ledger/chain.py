@@ -3,7 +3,8 @@ left it, so editing, removing or reordering stored events, or editing a record b
 `verify_chain` and `verify_records`. The chain is computed here, in Python, for every backend.
 
 An event's hash is the SHA-256 (hex) of these fields joined by newlines, as UTF-8: the previous event's hash, the
-event's chain position, the invocation id, seq, kind, the timestamp in the ledger's fixed-width form
+event's chain position, its subject (the invocation id, or the key of a record chained beside invocations:
+bastion.ledger.kept), seq, kind, the timestamp in the ledger's fixed-width form
 (`2026-11-21T10:00:00.000000+00:00`, see `stored_time`), the detail JSON text exactly as stored, and the record's
 state: `record_state` of the invocation row after the change. No field holds a raw newline (ids are generated, the
 detail is compact JSON, the others are hex or fixed forms), so the joining is unambiguous. The first event follows
@@ -70,7 +71,7 @@ def stored_time(moment: datetime) -> str:
 def event_hash(
     prev_hash: str,
     number: int,
-    invocation_id: str,
+    subject: str,
     seq: int,
     kind: str,
     at: str,
@@ -79,16 +80,16 @@ def event_hash(
 ) -> str:
     """The hash of one event, chained to `prev_hash` (see the module docstring for the exact input): `number` is its
     chain position, or, for a pre-chain event (`state` None), its event id."""
-    fields = (prev_hash, str(number), invocation_id, str(seq), kind, at, detail)
+    fields = (prev_hash, str(number), subject, str(seq), kind, at, detail)
     text = "\n".join(fields if state is None else (*fields, state))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class Unlinked(NamedTuple):
-    """An event to append, before it has its place in the chain: `at` in `stored_time` form, `state` the digest of
-    its invocation's row after the change."""
+    """An event to append, before it has its place in the chain: `subject` its invocation's id or its record's key
+    (bastion.ledger.kept), `at` in `stored_time` form, `state` the digest of that row after the change."""
 
-    invocation_id: str
+    subject: str
     seq: int
     kind: str
     at: str
@@ -111,9 +112,7 @@ def links(head: tuple[int, str], events: Sequence[Unlinked]) -> list[Link]:
     linked = []
     for event in events:
         position += 1
-        hashed = event_hash(
-            prev, position, event.invocation_id, event.seq, event.kind, event.at, event.detail, event.state
-        )
+        hashed = event_hash(prev, position, event.subject, event.seq, event.kind, event.at, event.detail, event.state)
         linked.append(Link(position, prev, hashed))
         prev = hashed
     return linked
@@ -123,7 +122,7 @@ def hash_of(event: ChainedEvent, prev_hash: str) -> str:
     """What `event`'s hash must be when it follows `prev_hash`."""
     number = event.id if event.state is None else event.position
     return event_hash(
-        prev_hash, number, event.invocation_id, event.seq, event.kind, stored_time(event.at), event.detail, event.state
+        prev_hash, number, event.subject, event.seq, event.kind, stored_time(event.at), event.detail, event.state
     )
 
 
@@ -276,17 +275,21 @@ async def verify_chain(
     return report(None)
 
 
-async def verify_records(chain: AuditReport, read_records: ReadRecords, read_orphans: ReadOrphans) -> AuditReport:
-    """Check every invocation row against the state its newest event carries, after a chain that holds: a row edited
-    behind its events (reason `record`), a row with no event, or events whose row is gone, break it. Rows whose newest
-    event is pre-chain are counted as not covered. Returns `chain` with what was found added."""
+async def verify_records(
+    chain: AuditReport, read_records: ReadRecords, read_orphans: ReadOrphans, *, what: str = "invocation"
+) -> AuditReport:
+    """Check every row (of invocations, or of the records `what` names: bastion.ledger.kept) against the state its
+    newest event carries, after a chain that holds: a row edited behind its events (reason `record`), a row with no
+    event, or events whose row is gone, break it. Rows whose newest event is pre-chain are counted as not covered.
+    Returns `chain` with what was found added."""
     if chain.broken is not None:
         return chain
     checked = not_covered = 0
     after = ""
 
     def report(broken: ChainBreak | None) -> AuditReport:
-        return chain.model_copy(update={"records": checked, "records_not_covered": not_covered, "broken": broken})
+        counts = {"records": chain.records + checked, "records_not_covered": chain.records_not_covered + not_covered}
+        return chain.model_copy(update=counts | {"broken": broken})
 
     while True:
         page = await read_records(after, PAGE)
@@ -296,7 +299,7 @@ async def verify_records(chain: AuditReport, read_records: ReadRecords, read_orp
                     return report(
                         _record_break(
                             record.id,
-                            f"invocation {record.id} was changed after it was recorded: the row no longer matches "
+                            f"{what} {record.id} was changed after it was recorded: the row no longer matches "
                             "the state its newest event carries",
                         )
                     )
@@ -305,7 +308,7 @@ async def verify_records(chain: AuditReport, read_records: ReadRecords, read_orp
                 return report(
                     _record_break(
                         record.id,
-                        f"invocation {record.id} has no event: it was inserted behind the ledger's back, or its "
+                        f"{what} {record.id} has no event: it was inserted behind the ledger's back, or its "
                         "events were removed",
                     )
                 )
@@ -319,7 +322,7 @@ async def verify_records(chain: AuditReport, read_records: ReadRecords, read_orp
         return report(
             _record_break(
                 orphans[0],
-                f"invocation {orphans[0]} has events but no row: the record was deleted"
+                f"{what} {orphans[0]} has events but no row: the record was deleted"
                 + (f" (and {len(orphans) - 1} more)" if len(orphans) > 1 else ""),
             )
         )
@@ -351,7 +354,7 @@ def _break_at(event: ChainedEvent, prev: str) -> ChainBreak | None:
             position=event.position,
             reason="link",
             message=(
-                f"event {event.id} (invocation {event.invocation_id}, seq {event.seq}) does not follow the event "
+                f"event {event.id} ({event.about}, seq {event.seq}) does not follow the event "
                 "before it: an event was removed, inserted or reordered there"
             ),
         )
@@ -361,7 +364,7 @@ def _break_at(event: ChainedEvent, prev: str) -> ChainBreak | None:
             position=event.position,
             reason="hash",
             message=(
-                f"event {event.id} (invocation {event.invocation_id}, seq {event.seq}) was changed after it was "
+                f"event {event.id} ({event.about}, seq {event.seq}) was changed after it was "
                 "recorded: its content no longer matches its hash"
             ),
         )

@@ -40,7 +40,7 @@ def export_line(exported: Exported) -> dict[str, Any]:
     event = exported.event
     line = event.model_dump(mode="json")
     line["detail"] = json.loads(event.detail)
-    line["invocation"] = exported.invocation.model_dump(mode="json")
+    line["invocation"] = None if exported.invocation is None else exported.invocation.model_dump(mode="json")
     line["stored"] = {
         "detail": event.detail,
         "row": [stored_time(value) if isinstance(value, datetime) else value for value in exported.row],
@@ -68,7 +68,7 @@ def _parsed(number: int, text: str) -> _Line:
             f"line {number} is not an export line with its stored texts ({exc}); export it again with `bastion audit "
             "export` of this version"
         ) from exc
-    if not isinstance(row, list) or len(row) != len(INVOCATION_COLUMNS):
+    if not isinstance(row, list) or (event.record is None and len(row) != len(INVOCATION_COLUMNS)):
         raise ConfigError(f"line {number}: its stored row has not the {len(INVOCATION_COLUMNS)} columns of a record")
     return _Line(event, row, grant)
 
@@ -98,22 +98,23 @@ async def verify_export(lines: Sequence[_Line], anchors: Sequence[Anchor], trust
     )
     records = _records(lines)
     report = await verify_records(chain, _pages(sorted(records.values())), _nothing)
-    return await verify_decisions(
-        report, _pages(_held(lines, records)), _pages(_uses(records, _grants(lines))), trusted
-    )
+    calls = {line.event.invocation_id: records[line.event.invocation_id] for line in lines if line.event.invocation_id}
+    return await verify_decisions(report, _pages(_held(lines, calls)), _pages(_uses(calls, _grants(lines))), trusted)
 
 
 def _records(lines: Sequence[_Line]) -> dict[str, StoredRecord]:
-    """Each invocation of the export: its row as exported (the last line's), and the state its newest event carries."""
+    """Each invocation and record of the export: its row as exported (the last line's), and the state its newest
+    event carries."""
     newest: dict[str, ChainedEvent] = {}
     rows: dict[str, Sequence[Any]] = {}
     counts: dict[str, int] = {}
     for line in lines:
         event = line.event
-        if event.invocation_id not in newest or event.seq > newest[event.invocation_id].seq:
-            newest[event.invocation_id] = event
-        rows[event.invocation_id] = line.row
-        counts[event.invocation_id] = counts.get(event.invocation_id, 0) + 1
+        subject = event.subject
+        if subject not in newest or event.seq > newest[subject].seq:
+            newest[subject] = event
+        rows[subject] = line.row
+        counts[subject] = counts.get(subject, 0) + 1
     return {
         key: StoredRecord(key, rows[key], newest[key].state, counts[key], kept_step=False) for key in sorted(newest)
     }
@@ -125,7 +126,7 @@ def _held(lines: Sequence[_Line], records: Mapping[str, StoredRecord]) -> list[H
     held = []
     for line in lines:
         event = line.event
-        if event.kind != "approved" or event.invocation_id not in pending:
+        if event.kind != "approved" or event.invocation_id is None or event.invocation_id not in pending:
             continue
         row = records[event.invocation_id].values
         held.append(

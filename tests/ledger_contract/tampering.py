@@ -21,8 +21,10 @@ import psycopg
 from bastion.ledger import OpenLedger
 from bastion.ledger.backend import INVOCATION_COLUMNS
 from bastion.ledger.chain import GENESIS, event_hash, record_state, stored_time
+from bastion.ledger.kept import KEPT, adopted_sql
 from bastion.ledger.postgres import PostgresBackend
 from bastion.ledger.sqlite import SqliteBackend
+from tests.ledger_contract.samples import T0
 
 
 @dataclass
@@ -53,6 +55,8 @@ async def store_of(ledger: OpenLedger) -> AsyncIterator[Store]:
         try:
             conn.execute("DROP TRIGGER IF EXISTS events_no_update")
             conn.execute("DROP TRIGGER IF EXISTS events_no_delete")
+            conn.execute("DROP TRIGGER IF EXISTS record_events_no_update")
+            conn.execute("DROP TRIGGER IF EXISTS record_events_no_delete")
             yield Store(conn, None)
         finally:
             conn.close()
@@ -60,6 +64,7 @@ async def store_of(ledger: OpenLedger) -> AsyncIterator[Store]:
     assert isinstance(backend, PostgresBackend)
     async with await psycopg.AsyncConnection.connect(backend.database.url, autocommit=True) as pg:
         await pg.execute("ALTER TABLE events DISABLE TRIGGER USER")
+        await pg.execute("ALTER TABLE record_events DISABLE TRIGGER USER")
         await pg.execute("SET session_replication_role = replica")  # foreign keys out of the way too
         yield Store(None, pg)
 
@@ -217,24 +222,52 @@ async def recompute(store: Store) -> None:
     rows = {
         row[0]: row for row in await store.run(f"SELECT {', '.join(INVOCATION_COLUMNS)} FROM invocations ORDER BY id")
     }
-    events = await store.run(
-        f"SELECT {position}, invocation_id, seq, kind, at, detail, state FROM events ORDER BY {position}"
-    )
-    newest: dict[str, tuple[int, int]] = {}
-    for event_position, invocation_id, seq, *_ in events:
-        if seq >= newest.get(invocation_id, (0, 0))[0]:
-            newest[invocation_id] = (seq, event_position)
-    for event_position, invocation_id, seq, kind, at, detail, state in events:
-        if newest[invocation_id][1] == event_position:
-            state = record_state(rows[invocation_id])
-        at_text = stored_time(at) if isinstance(at, datetime) else at
-        hashed = event_hash(prev, event_position, invocation_id, seq, kind, at_text, detail, state)
+    events = [
+        ("events", *row)
+        for row in await store.run(
+            f"SELECT {position}, invocation_id, seq, kind, at, detail, state FROM events ORDER BY {position}"
+        )
+    ]
+    # The records chained beside invocations (bastion.ledger.kept): their rows by key, each given an event if it has
+    # none, and their events, merged into the chain by position.
+    for kept in KEPT:
+        for row in await store.run(adopted_sql(kept)):
+            rows[row[len(kept.columns)]] = row[: len(kept.columns)]
+    await store.run("DELETE FROM record_events WHERE position <= ?", (start,))
+    keys = [key for key in rows if ":" in key]
+    have = {row[0] for row in await store.run("SELECT DISTINCT record FROM record_events")}
+    for key in have - set(keys):
+        await store.run("DELETE FROM record_events WHERE record = ?", (key,))
+    last_record = await store.run("SELECT COALESCE(MAX(position), 0) FROM record_events")
+    next_position = max(next_position, int(last_record[0][0]), *(event[1] for event in events))
+    for key in sorted(set(keys) - have):
+        next_position += 1
         await store.run(
-            f"UPDATE events SET prev_hash = ?, hash = ?, state = ? WHERE {position} = ?",
+            "INSERT INTO record_events (position, record, seq, kind, at, detail, state, prev_hash, hash) "
+            "VALUES (?, ?, 1, 'record_adopted', ?, '{}', '', ?, ?)",
+            (next_position, key, T0 if store.sqlite is None else stored_time(T0), GENESIS, GENESIS),
+        )
+    events += [
+        ("record_events", *row)
+        for row in await store.run("SELECT position, record, seq, kind, at, detail, state FROM record_events")
+    ]
+    events.sort(key=lambda event: int(event[1]))
+    newest: dict[str, tuple[int, int]] = {}
+    for _, event_position, subject, seq, *_ in events:
+        if seq >= newest.get(subject, (0, 0))[0]:
+            newest[subject] = (seq, event_position)
+    for table, event_position, subject, seq, kind, at, detail, state in events:
+        if newest[subject][1] == event_position:
+            state = record_state(rows[subject])
+        at_text = stored_time(at) if isinstance(at, datetime) else at
+        hashed = event_hash(prev, event_position, subject, seq, kind, at_text, detail, state)
+        column = position if table == "events" else "position"
+        await store.run(
+            f"UPDATE {table} SET prev_hash = ?, hash = ?, state = ? WHERE {column} = ?",
             (prev, hashed, state, event_position),
         )
         prev = hashed
-    end = events[-1][0] if events else start
+    end = events[-1][1] if events else start
     await store.run("UPDATE audit_head SET position = ?, hash = ?", (end, prev))
 
 

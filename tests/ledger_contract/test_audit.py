@@ -113,6 +113,7 @@ async def test_an_export_resumed_from_its_cursor_equals_the_whole_export(ledger:
         cursor = page[-1].event.position
     assert resumed == whole
     event, invocation = whole[3].event, whole[3].invocation
+    assert invocation is not None
     assert (event.kind, invocation.id, invocation.status, invocation.result) == (
         "completed",
         "inv-0001",

@@ -8,30 +8,19 @@ head for its transaction, so nothing is appended while it cuts.
 
 from __future__ import annotations
 
-import builtins
-from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Final
+from typing import Final
 
 from bastion.ledger.audit_reads import AuditReads
-from bastion.ledger.backend import INVOCATION_COLUMNS
-from bastion.ledger.chain import TERMINAL, CheckpointSigner
-from bastion.ledger.decisions import granted
+from bastion.ledger.chain import TERMINAL, CheckpointSigner, stored_time
+from bastion.ledger.kept import restated, stale_sql
+from bastion.ledger.postgres.chain import append_records, record_row
+from bastion.ledger.postgres.chain import head as chain_head
 from bastion.ledger.postgres.database import Connection, PostgresDatabase
 from bastion.ledger.postgres.grants import grants_by_id
 from bastion.ledger.postgres.reads import as_is, invocation_from_row
-from bastion.models import AuditCheckpoint, ChainedEvent, Exported, PruneReport
+from bastion.models import AuditCheckpoint, PruneReport
 
-_CHAIN: Final = (
-    "SELECT events.id, events.position, events.invocation_id, events.seq, events.kind, events.at, events.detail, "
-    "events.prev_hash, events.hash, events.state FROM events"
-)
-CHAIN_PAGE: Final = f"{_CHAIN} WHERE events.position > %s ORDER BY events.position LIMIT %s"
-EXPORT_PAGE: Final = f"""
-    {_CHAIN.replace("SELECT ", "SELECT " + ", ".join(f"invocations.{name}" for name in INVOCATION_COLUMNS) + ", ", 1)}
-    JOIN invocations ON invocations.id = events.invocation_id
-    WHERE events.position > %s ORDER BY events.position LIMIT %s
-"""
 CHECKPOINT: Final = (
     "SELECT position, event_id, hash, at, events, invocations, key, signature FROM audit_checkpoints "
     "ORDER BY position DESC LIMIT 1"
@@ -44,10 +33,15 @@ FIRST_KEPT: Final = f"""
     SELECT events.position, events.invocation_id FROM events JOIN invocations ON invocations.id = events.invocation_id
     WHERE NOT {_PRUNABLE} ORDER BY events.position LIMIT 1
 """
+# The last event a prune removes: of an invocation or of a record, never the chain's head.
 LAST_PRUNABLE: Final = """
-    SELECT position, id, hash FROM events WHERE position < %(limit)s AND position < %(head)s
-    ORDER BY position DESC LIMIT 1
+    SELECT position, id, hash FROM (
+        SELECT position, id, hash FROM events UNION ALL SELECT position, position, hash FROM record_events
+    ) AS chain
+    WHERE position < %(limit)s AND position < %(head)s ORDER BY position DESC LIMIT 1
 """
+STALE: Final = stale_sql("%(through)s")
+DELETE_RECORD_EVENTS: Final = "DELETE FROM record_events WHERE position <= %(through)s"
 INSERT_CHECKPOINT: Final = (
     "INSERT INTO audit_checkpoints (position, event_id, hash, at, events, invocations, key, signature) "
     "VALUES (%(position)s, %(event_id)s, %(hash)s, %(at)s, %(events)s, %(invocations)s, %(key)s, %(signature)s)"
@@ -66,26 +60,18 @@ UPDATE_CHECKPOINT_COUNTS: Final = (
 )
 
 
-def chained_from_row(row: Sequence[Any]) -> ChainedEvent:
-    return ChainedEvent(
-        id=row[0],
-        position=row[1],
-        invocation_id=row[2],
-        seq=row[3],
-        kind=row[4],
-        at=row[5],
-        detail=row[6],
-        prev_hash=row[7],
-        hash=row[8],
-        state=row[9],
-    )
-
-
 class PostgresAudit(AuditReads):
     """The audit chain of one PostgreSQL ledger; satisfies `bastion.pipeline.seams.AuditLog`."""
 
     def __init__(self, db: PostgresDatabase) -> None:
-        super().__init__(db, placeholder="%s", moment=as_is, grants_by_id=grants_by_id)
+        super().__init__(
+            db,
+            placeholder="%s",
+            position="position",
+            moment=as_is,
+            grants_by_id=grants_by_id,
+            from_row=invocation_from_row,
+        )
         self._db: PostgresDatabase = db
 
     async def checkpoint(self) -> AuditCheckpoint | None:
@@ -103,25 +89,6 @@ class PostgresAudit(AuditReads):
             key=row[6],
             signature=row[7],
         )
-
-    async def chain(self, after: int, limit: int) -> builtins.list[ChainedEvent]:
-        """At most `limit` events of the chain after position `after`, in chain order."""
-        return [chained_from_row(row) for row in await self._db.fetchall(CHAIN_PAGE, (after, limit))]
-
-    async def export(self, after: int, limit: int) -> builtins.list[Exported]:
-        """At most `limit` events with a chain position above `after`, in chain order, each with its invocation as
-        stored now (and its row exactly as stored), and the grant its detail names (bastion.ledger.offline). Positions
-        are given in the order the appending transactions commit (the chain's head is locked
-        until then), so an export resumed from the last position it saw misses nothing; ids, which commit out of
-        order, could."""
-        rows = await self._db.fetchall(EXPORT_PAGE, (after, limit))
-        width = len(INVOCATION_COLUMNS)
-        events = [chained_from_row(row[width:]) for row in rows]
-        grants = await self.grants_named(event.detail for event in events)
-        return [
-            Exported(event, invocation_from_row(row[:width]), row[:width], grants.get(granted(event.detail) or ""))
-            for event, row in zip(events, rows, strict=True)
-        ]
 
     async def prune(self, before: datetime, *, now: datetime, sign: CheckpointSigner | None = None) -> PruneReport:
         """Delete the oldest events of the chain, up to the first that belongs to an invocation not finished before
@@ -151,6 +118,10 @@ class PostgresAudit(AuditReads):
                 "invocations": 0,
             }
             await conn.execute(INSERT_CHECKPOINT, params)
+            stale = await (await conn.execute(STALE, {"through": through})).fetchall()
+            rows = {key: row for key in {row[0] for row in stale} if (row := await record_row(conn, key)) is not None}
+            await append_records(conn, await chain_head(conn), restated(stale, rows, stored_time(now)), now)
+            await conn.execute(DELETE_RECORD_EVENTS, {"through": through})
             deleted = await (await conn.execute(DELETE_EVENTS, {"through": through})).fetchall()
             ids = sorted({str(row[0]) for row in deleted})
             invocations = (await conn.execute(DELETE_INVOCATIONS, {"ids": ids})).rowcount

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
 
 from bastion.ledger.chain import Unlinked, links, record_state, stored_time
+from bastion.ledger.kept import KEPT, Kept, RecordKind, adopted_sql, changed_record, record_sql
 from bastion.ledger.postgres.database import NOTIFY, Connection
 
 HEAD_FOR_UPDATE: Final = "SELECT position, hash FROM audit_head FOR UPDATE"
@@ -75,7 +76,7 @@ def appending(at_head: tuple[int, str], changes: Sequence[Change]) -> dict[str, 
     ]
     linked = links(at_head, unlinked)
     params: dict[str, Any] = {
-        "invocation_ids": [event.invocation_id for event in unlinked],
+        "invocation_ids": [event.subject for event in unlinked],
         "seqs": [event.seq for event in unlinked],
         "kinds": [event.kind for event in unlinked],
         "ats": [change.at for change in changes],
@@ -97,3 +98,67 @@ async def append(conn: Connection, at_head: tuple[int, str], changes: Sequence[C
     if not changes:
         return []
     return await (await conn.execute(APPEND, appending(at_head, changes))).fetchall()
+
+
+_INSERT_RECORD_EVENT: Final = (
+    "INSERT INTO record_events (position, record, seq, kind, at, detail, state, prev_hash, hash) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+_MOVE_HEAD: Final = "UPDATE audit_head SET position = %s, hash = %s"
+
+
+async def recorded(
+    conn: Connection, statement: str, params: Any, kept: Kept, kind: RecordKind, at: datetime
+) -> builtins.list[Sequence[Any]]:
+    """Run `statement`, a change of `kept`'s rows returning `kept.returning`, and append an event of `kind` at `at`
+    for every row it changed (bastion.ledger.kept), in the caller's transaction, the chain's head taken first (or
+    again: in a transaction that appended already, it is where that left it); those rows (`kept.columns`)."""
+    at_head = await head(conn)
+    rows = await (await conn.execute(statement, params)).fetchall()
+    await append_records(conn, at_head, [changed_record(kept, row, kind, stored_time(at)) for row in rows], at)
+    return [row[: len(kept.columns)] for row in rows]
+
+
+async def append_records(conn: Connection, at_head: tuple[int, str], events: Sequence[Unlinked], at: datetime) -> None:
+    """Append records' events (all stamped `at`) after the head this transaction holds, and move it."""
+    if not events:
+        return
+    linked = links(at_head, events)
+    await conn.cursor().executemany(
+        _INSERT_RECORD_EVENT,
+        [
+            (
+                link.position,
+                event.subject,
+                event.seq,
+                event.kind,
+                at,
+                event.detail,
+                event.state,
+                link.prev_hash,
+                link.hash,
+            )
+            for event, link in zip(events, linked, strict=True)
+        ],
+    )
+    await conn.execute(_MOVE_HEAD, (linked[-1].position, linked[-1].hash))
+
+
+async def adopt_records(conn: Connection) -> None:
+    """Chain the tokens, pins and grants an upgraded ledger holds: one `record_adopted` event each, at the head."""
+    at = datetime.now(UTC)
+    adopted = [
+        changed_record(kept, row, "record_adopted", stored_time(at))
+        for kept in KEPT
+        for row in await (await conn.execute(adopted_sql(kept))).fetchall()
+    ]
+    await append_records(conn, await head(conn), adopted, at)
+
+
+_RECORD_ROW: Final = {kept.prefix: record_sql(kept, "%s") for kept in KEPT}
+
+
+async def record_row(conn: Connection, key: str) -> Sequence[Any] | None:
+    """The row of the record `key` (bastion.ledger.kept), as its state digests it; None when it is gone."""
+    sql = _RECORD_ROW.get(key.split(":", 1)[0] + ":")
+    return None if sql is None else await (await conn.execute(sql, (key,))).fetchone()

@@ -10,13 +10,18 @@ from typing import Any, Final
 
 from bastion.errors import NotFound
 from bastion.ledger.backend import GRANT_COLUMNS
+from bastion.ledger.kept import GRANTS
+from bastion.ledger.postgres.chain import recorded
 from bastion.ledger.postgres.database import Connection, PostgresDatabase
 from bastion.models import Grant
 
 _COLUMN_LIST: Final = ", ".join(GRANT_COLUMNS)
 _STANDING: Final = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at > %(now)s)"
 
-_INSERT: Final = f"INSERT INTO grants ({_COLUMN_LIST}) VALUES ({', '.join(f'%({c})s' for c in GRANT_COLUMNS)})"
+# Every change returns the row as the audit chain records it (bastion.ledger.kept).
+_INSERT: Final = (
+    f"INSERT INTO grants ({_COLUMN_LIST}) VALUES ({', '.join(f'%({c})s' for c in GRANT_COLUMNS)}) {GRANTS.returning}"
+)
 # Served by the partial index on the policy key of unrevoked grants: a held call asks it, an allowed one never does.
 _COVERING: Final = f"""
     SELECT {_COLUMN_LIST} FROM grants
@@ -30,12 +35,12 @@ _ALL_STANDING: Final = f"SELECT {_COLUMN_LIST} FROM grants WHERE {_STANDING} ORD
 _REVOKE: Final = f"""
     UPDATE grants SET revoked_at = %(now)s, revoked_by = %(by)s
     WHERE id = %(id)s AND {_STANDING}
-    RETURNING {_COLUMN_LIST}
+    {GRANTS.returning}
 """
 _REVOKE_KEY: Final = f"""
     UPDATE grants SET revoked_at = %(now)s, revoked_by = %(by)s
     WHERE policy_key = %(key)s AND {_STANDING}
-    RETURNING {_COLUMN_LIST}
+    {GRANTS.returning}
 """
 
 
@@ -47,7 +52,7 @@ class PostgresGrants:
 
     async def add(self, grant: Grant) -> None:
         """Store a grant made without a decision (imported); a decision stores its own (`decide(grant=...)`)."""
-        await self._db.write(_INSERT, grant.model_dump())
+        await self._db.transaction(lambda conn: insert_grant(conn, grant))
 
     async def covering(
         self, key: str, *, session_id: str, principal: str | None, now: datetime
@@ -66,19 +71,24 @@ class PostgresGrants:
 
     async def revoke(self, grant_id: str, *, by: str, now: datetime) -> Grant:
         """End the grant `grant_id` at `now`. NotFound when no grant of that id stands."""
-        rows = await self._db.write(_REVOKE, {"id": grant_id, "now": now, "by": by})
+        params = {"id": grant_id, "now": now, "by": by}
+        rows = await self._db.transaction(lambda conn: recorded(conn, _REVOKE, params, GRANTS, "grant_revoked", now))
         if not rows:
             raise NotFound(f"no standing grant {grant_id!r}; see `bastion grants list`")
         return _grant_from_row(rows[0])
 
     async def revoke_key(self, key: str, *, by: str, now: datetime) -> builtins.list[Grant]:
         """End every grant standing on `key` at `now` (its action drifted); the grants it ended."""
-        return [_grant_from_row(row) for row in await self._db.write(_REVOKE_KEY, {"key": key, "now": now, "by": by})]
+        params = {"key": key, "now": now, "by": by}
+        rows = await self._db.transaction(
+            lambda conn: recorded(conn, _REVOKE_KEY, params, GRANTS, "grant_revoked", now)
+        )
+        return [_grant_from_row(row) for row in rows]
 
 
 async def insert_grant(conn: Connection, grant: Grant) -> None:
     """Store `grant`, inside the caller's transaction."""
-    await conn.execute(_INSERT, grant.model_dump())
+    await recorded(conn, _INSERT, grant.model_dump(), GRANTS, "grant_made", grant.created_at)
 
 
 _BY_IDS: Final = f"SELECT {_COLUMN_LIST} FROM grants WHERE id = ANY(%s)"

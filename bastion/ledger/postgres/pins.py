@@ -9,8 +9,10 @@ from datetime import datetime
 from typing import Any, Final
 
 from bastion.errors import NotFound
+from bastion.ledger.kept import PINS
+from bastion.ledger.postgres.chain import recorded
 from bastion.ledger.postgres.database import Connection, PostgresDatabase
-from bastion.models import Pin, PinObservation, policy_key
+from bastion.models import Pin, PinObservation, policy_key, utcnow
 
 _OBSERVATION_FIELDS: Final = ("fingerprint", "structural", "definition", "seen_at")
 _PINNED_COLUMNS: Final = _OBSERVATION_FIELDS
@@ -24,6 +26,7 @@ _UPSERT: Final = f"""
     INSERT INTO pins ({_COLUMN_LIST}) VALUES ({", ".join(["%s"] * len(_COLUMNS))})
     ON CONFLICT (source_id, action_id) DO UPDATE SET
         {", ".join(f"{name} = excluded.{name}" for name in _COLUMNS[2:])}
+    {PINS.returning}
 """
 # The right-hand sides read the row as it was before the update: drift is copied into the pin and cleared at once.
 _ACCEPT: Final = f"""
@@ -34,7 +37,7 @@ _ACCEPT: Final = f"""
     WHERE source_id = %(source_id)s
         AND (%(action_id)s::text IS NULL OR action_id = %(action_id)s)
         AND drift_fingerprint IS NOT NULL
-    RETURNING {_COLUMN_LIST}
+    {PINS.returning}
 """
 _EXISTS: Final = "SELECT 1 FROM pins WHERE source_id = %s AND action_id = %s"
 _NAMES: Final = "SELECT name, source_id, action_id FROM tool_names"
@@ -63,16 +66,15 @@ class PostgresPins:
     async def save_pin(self, pin: Pin) -> None:
         """Insert or replace the pin of (source_id, action_id), drift included."""
         drift = pin.drift
-        await self._db.write(
-            _UPSERT,
-            (
-                pin.source_id,
-                pin.action_id,
-                *_observation_values(pin.pinned),
-                pin.pinned_by,
-                *(_observation_values(drift) if drift is not None else (None,) * len(_DRIFT_COLUMNS)),
-            ),
+        params = (
+            pin.source_id,
+            pin.action_id,
+            *_observation_values(pin.pinned),
+            pin.pinned_by,
+            *(_observation_values(drift) if drift is not None else (None,) * len(_DRIFT_COLUMNS)),
         )
+        now = utcnow()
+        await self._db.transaction(lambda conn: recorded(conn, _UPSERT, params, PINS, "pin_saved", now))
 
     async def accept_drift(self, *, source_id: str, action_id: str | None = None, principal: str | None) -> list[Pin]:
         """Re-pin the drifted action `action_id`, or every drifted action of the source, to its drifted definition,
@@ -80,7 +82,8 @@ class PostgresPins:
         params = {"source_id": source_id, "action_id": action_id, "principal": principal}
 
         async def work(conn: Connection) -> list[Pin]:
-            accepted = [_pin_from_row(row) for row in await (await conn.execute(_ACCEPT, params)).fetchall()]
+            rows = await recorded(conn, _ACCEPT, params, PINS, "pin_accepted", utcnow())
+            accepted = [_pin_from_row(row) for row in rows]
             if not accepted and action_id is not None:
                 exists = await (await conn.execute(_EXISTS, (source_id, action_id))).fetchone()
                 if exists is None:

@@ -14,6 +14,7 @@ inside the statement that changes it (see bastion.ledger.postgres.invocations).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from psycopg import AsyncConnection
@@ -21,6 +22,9 @@ from psycopg.rows import TupleRow
 
 from bastion.errors import ConfigError
 from bastion.ledger.chain import GENESIS
+
+Step = str | Callable[[AsyncConnection[TupleRow]], Awaitable[None]]
+"""A migration's step: a statement, or work in Python on the migrating connection (in its transaction)."""
 
 MIGRATION_LOCK: Final = 0x6261_7374_696F_6E01
 """The advisory lock key every instance takes while it migrates (`bastion` in ASCII, then 1)."""
@@ -288,7 +292,43 @@ _MIGRATION_7: Final = (
     "DROP FUNCTION bastion_event_hash(text, bigint, text, integer, text, timestamptz, text)",
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+
+async def _adopt_records(conn: AsyncConnection[TupleRow]) -> None:
+    # Imported here: the chain's module reaches this one through the database's.
+    from bastion.ledger.postgres.chain import adopt_records
+
+    await adopt_records(conn)
+
+
+_MIGRATION_8: Final[tuple[Step, ...]] = (
+    # Tokens, pins and grants chained beside invocations, as in SQLite's migration 14 (bastion.ledger.kept): their
+    # events share the chain's positions and are kept apart; the records already stored are adopted, one event each.
+    """
+    CREATE TABLE record_events (
+        position  bigint PRIMARY KEY,
+        record    text COLLATE "C" NOT NULL,
+        seq       integer NOT NULL,
+        kind      text NOT NULL,
+        at        timestamptz NOT NULL,
+        detail    text NOT NULL DEFAULT '{}',
+        state     text NOT NULL,
+        prev_hash text NOT NULL,
+        hash      text NOT NULL,
+        UNIQUE (record, seq)
+    )
+    """,
+    """
+    CREATE TRIGGER record_events_no_update BEFORE UPDATE ON record_events
+    FOR EACH STATEMENT EXECUTE FUNCTION events_append_only()
+    """,
+    """
+    CREATE TRIGGER record_events_prune_only BEFORE DELETE ON record_events
+    FOR EACH ROW EXECUTE FUNCTION events_prune_only()
+    """,
+    _adopt_records,
+)
+
+MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _MIGRATION_1,
     _MIGRATION_2,
     _MIGRATION_3,
@@ -296,6 +336,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_5,
     _MIGRATION_6,
     _MIGRATION_7,
+    _MIGRATION_8,
 )
 """Migration N (1-based) brings a database from version N-1 to N."""
 
@@ -330,8 +371,11 @@ async def migrate(conn: AsyncConnection[TupleRow], *, where: str, to_version: in
             )
         for version in range(current + 1, to_version + 1):
             async with conn.transaction():
-                for statement in MIGRATIONS[version - 1]:
-                    await conn.execute(statement)
+                for step in MIGRATIONS[version - 1]:
+                    if isinstance(step, str):
+                        await conn.execute(step)
+                    else:
+                        await step(conn)
                 await conn.execute(_APPLIED, (version,))
     finally:
         await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))

@@ -10,6 +10,8 @@ from typing import Any, Final
 import psycopg
 
 from bastion.errors import Conflict, NotFound
+from bastion.ledger.kept import TOKENS
+from bastion.ledger.postgres.chain import recorded
 from bastion.ledger.postgres.database import PostgresDatabase
 from bastion.ledger.tokens import looks_like_secret, new_secret, secret_hash, validate_token_name, validate_token_role
 from bastion.models import Principal, Role, TokenInfo
@@ -22,12 +24,13 @@ _AUTHENTICATE: Final = "SELECT name, role, profile FROM tokens WHERE secret_hash
 _HAS_ACTIVE: Final = "SELECT EXISTS (SELECT 1 FROM tokens WHERE revoked_at IS NULL)"
 _HAS_APPROVER: Final = "SELECT EXISTS (SELECT 1 FROM tokens WHERE revoked_at IS NULL AND role IN ('owner', 'admin'))"
 # A name is unique among active tokens (a partial unique index): of two instances creating it at once, one fails.
-_INSERT: Final = "INSERT INTO tokens (name, role, profile, secret_hash, created_at) VALUES (%s, %s, %s, %s, %s)"
-_REVOKE: Final = f"""
-    UPDATE tokens SET revoked_at = %(now)s
-    WHERE name = %(name)s AND revoked_at IS NULL
-    RETURNING {_COLUMN_LIST}
-"""
+# Every change returns the row as the audit chain records it (bastion.ledger.kept).
+_INSERT: Final = (
+    f"INSERT INTO tokens (name, role, profile, secret_hash, created_at) VALUES (%s, %s, %s, %s, %s) {TOKENS.returning}"
+)
+_REVOKE: Final = (
+    f"UPDATE tokens SET revoked_at = %(now)s WHERE name = %(name)s AND revoked_at IS NULL {TOKENS.returning}"
+)
 
 
 class PostgresTokens:
@@ -45,8 +48,9 @@ class PostgresTokens:
         validate_token_name(name)
         validate_token_role(role, profile)
         secret = new_secret()
+        params = (name, role, profile, secret_hash(secret), now)
         try:
-            await self._db.write(_INSERT, (name, role, profile, secret_hash(secret), now))
+            await self._db.transaction(lambda conn: recorded(conn, _INSERT, params, TOKENS, "token_created", now))
         except psycopg.errors.UniqueViolation as exc:
             raise Conflict(
                 f"a token named {name!r} is already active; revoke it first (bastion tokens revoke {name}) "
@@ -56,10 +60,11 @@ class PostgresTokens:
 
     async def revoke_token(self, name: str, *, now: datetime) -> TokenInfo:
         """Revoke the active token `name` at `now`. Raises NotFound when there is none."""
-        rows = await self._db.write(_REVOKE, {"name": name, "now": now})
+        params = {"name": name, "now": now}
+        rows = await self._db.transaction(lambda conn: recorded(conn, _REVOKE, params, TOKENS, "token_revoked", now))
         if not rows:
             raise NotFound(f"no active token named {name!r}; see `bastion tokens list`")
-        return _token_from_row(rows[0])
+        return _token_from_row([rows[0][TOKENS.columns.index(column)] for column in _COLUMNS])
 
     async def tokens(self) -> list[TokenInfo]:
         """Every token, active and revoked, newest first; never a secret (the ledger has none)."""

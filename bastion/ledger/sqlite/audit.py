@@ -6,30 +6,21 @@ One writer at a time means the chain's order is the events' id order, and a posi
 
 from __future__ import annotations
 
-import builtins
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
 from bastion.ledger.audit_reads import AuditReads
-from bastion.ledger.backend import INVOCATION_COLUMNS
 from bastion.ledger.chain import TERMINAL, CheckpointSigner
-from bastion.ledger.decisions import granted
+from bastion.ledger.kept import restated, stale_sql
+from bastion.ledger.sqlite.chain import append_events, record_row
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.grants import grants_by_id
 from bastion.ledger.sqlite.reads import invocation_from_row
 from bastion.ledger.sqlite.schema import dumps, timestamp
-from bastion.models import AuditCheckpoint, ChainedEvent, Exported, PruneReport
+from bastion.models import AuditCheckpoint, PruneReport
 
-_EVENT_COLUMNS: Final = "events.id, events.invocation_id, events.seq, events.kind, events.at, events.detail"
-_CHAIN: Final = f"SELECT {_EVENT_COLUMNS}, events.prev_hash, events.hash, events.state FROM events"
-CHAIN_PAGE: Final = f"{_CHAIN} WHERE events.id > ? ORDER BY events.id LIMIT ?"
-EXPORT_PAGE: Final = f"""
-    {_CHAIN.replace("SELECT ", "SELECT " + ", ".join(f"invocations.{name}" for name in INVOCATION_COLUMNS) + ", ", 1)}
-    JOIN invocations ON invocations.id = events.invocation_id
-    WHERE events.id > ? ORDER BY events.id LIMIT ?
-"""
 CHECKPOINT: Final = (
     "SELECT position, event_id, hash, at, events, invocations, key, signature FROM audit_checkpoints "
     "ORDER BY position DESC LIMIT 1"
@@ -42,9 +33,14 @@ FIRST_KEPT: Final = f"""
     SELECT events.id, events.invocation_id FROM events JOIN invocations ON invocations.id = events.invocation_id
     WHERE NOT {_PRUNABLE} ORDER BY events.id LIMIT 1
 """
-LAST_PRUNABLE: Final = (
-    "SELECT id, hash FROM events WHERE id < :limit AND id < (SELECT MAX(id) FROM events) ORDER BY id DESC LIMIT 1"
-)
+# The last event a prune removes: of an invocation or of a record, never the chain's head.
+LAST_PRUNABLE: Final = """
+    SELECT position, hash
+    FROM (SELECT id AS position, hash FROM events UNION ALL SELECT position, hash FROM record_events)
+    WHERE position < :limit AND position < (SELECT position FROM audit_head) ORDER BY position DESC LIMIT 1
+"""
+STALE: Final = stale_sql(":through")
+DELETE_RECORD_EVENTS: Final = "DELETE FROM record_events WHERE position <= :through"
 INSERT_CHECKPOINT: Final = (
     "INSERT INTO audit_checkpoints (position, event_id, hash, at, events, invocations, key, signature) "
     "VALUES (:position, :position, :hash, :at, :events, :invocations, :key, :signature)"
@@ -66,21 +62,6 @@ UPDATE_CHECKPOINT_COUNTS: Final = (
 )
 
 
-def chained_from_row(row: Sequence[Any]) -> ChainedEvent:
-    return ChainedEvent(
-        id=row[0],
-        position=row[0],
-        invocation_id=row[1],
-        seq=row[2],
-        kind=row[3],
-        at=datetime.fromisoformat(row[4]),
-        detail=row[5],
-        prev_hash=row[6],
-        hash=row[7],
-        state=row[8],
-    )
-
-
 def checkpoint_from_row(row: Sequence[Any]) -> AuditCheckpoint:
     return AuditCheckpoint(
         position=row[0],
@@ -98,30 +79,20 @@ class SqliteAudit(AuditReads):
     """The audit chain of one SQLite ledger file; satisfies `bastion.pipeline.seams.AuditLog`."""
 
     def __init__(self, db: SqliteDatabase) -> None:
-        super().__init__(db, placeholder="?", moment=datetime.fromisoformat, grants_by_id=grants_by_id)
+        super().__init__(
+            db,
+            placeholder="?",
+            position="id",
+            moment=datetime.fromisoformat,
+            grants_by_id=grants_by_id,
+            from_row=invocation_from_row,
+        )
         self._db: SqliteDatabase = db
 
     async def checkpoint(self) -> AuditCheckpoint | None:
         """The latest prune's checkpoint, or None when nothing was ever pruned."""
         row = await self._db.fetchone(CHECKPOINT)
         return None if row is None else checkpoint_from_row(row)
-
-    async def chain(self, after: int, limit: int) -> builtins.list[ChainedEvent]:
-        """At most `limit` events of the chain after position `after`, in chain order."""
-        return [chained_from_row(row) for row in await self._db.fetchall(CHAIN_PAGE, (after, limit))]
-
-    async def export(self, after: int, limit: int) -> builtins.list[Exported]:
-        """At most `limit` events with a chain position (an event id here) above `after`, in chain order, each with its
-        invocation as stored now (and its row exactly as stored), and the grant its detail names
-        (bastion.ledger.offline)."""
-        rows = await self._db.fetchall(EXPORT_PAGE, (after, limit))
-        width = len(INVOCATION_COLUMNS)
-        events = [chained_from_row(row[width:]) for row in rows]
-        grants = await self.grants_named(event.detail for event in events)
-        return [
-            Exported(event, invocation_from_row(row[:width]), row[:width], grants.get(granted(event.detail) or ""))
-            for event, row in zip(events, rows, strict=True)
-        ]
 
     async def prune(self, before: datetime, *, now: datetime, sign: CheckpointSigner | None = None) -> PruneReport:
         """Delete the oldest events, up to the first that belongs to an invocation not finished before `before`
@@ -153,6 +124,10 @@ class SqliteAudit(AuditReads):
                     "signature": signature,
                 },
             )
+            stale = conn.execute(STALE, {"through": through}).fetchall()
+            rows = {key: row for key in {row[0] for row in stale} if (row := record_row(conn, key)) is not None}
+            append_events(conn, restated(stale, rows, at))
+            conn.execute(DELETE_RECORD_EVENTS, {"through": through})
             events = conn.execute(DELETE_EVENTS, {"through": through}).rowcount
             invocations = conn.execute(DELETE_INVOCATIONS, {"ids": ids}).rowcount
             counts = {"position": through, "events": events, "invocations": invocations}

@@ -13,6 +13,8 @@ from typing import Any, Final
 
 from bastion.errors import NotFound
 from bastion.ledger.backend import GRANT_COLUMNS
+from bastion.ledger.kept import GRANTS
+from bastion.ledger.sqlite.chain import recorded
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.schema import optional_timestamp, timestamp
 from bastion.models import Grant
@@ -20,7 +22,10 @@ from bastion.models import Grant
 _COLUMN_LIST: Final = ", ".join(GRANT_COLUMNS)
 _STANDING: Final = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at > :now)"
 
-_INSERT: Final = f"INSERT INTO grants ({_COLUMN_LIST}) VALUES ({', '.join(':' + c for c in GRANT_COLUMNS)})"
+# Every change returns the row as the audit chain records it (bastion.ledger.kept).
+_INSERT: Final = (
+    f"INSERT INTO grants ({_COLUMN_LIST}) VALUES ({', '.join(':' + c for c in GRANT_COLUMNS)}) {GRANTS.returning}"
+)
 # Served by the partial index on the policy key of unrevoked grants: a held call asks it, an allowed one never does.
 _COVERING: Final = f"""
     SELECT {_COLUMN_LIST} FROM grants
@@ -33,12 +38,12 @@ _ALL_STANDING: Final = f"SELECT {_COLUMN_LIST} FROM grants WHERE {_STANDING} ORD
 _REVOKE: Final = f"""
     UPDATE grants SET revoked_at = :at, revoked_by = :by
     WHERE id = :id AND {_STANDING.replace(":now", ":at")}
-    RETURNING {_COLUMN_LIST}
+    {GRANTS.returning}
 """
 _REVOKE_KEY: Final = f"""
     UPDATE grants SET revoked_at = :at, revoked_by = :by
     WHERE policy_key = :key AND {_STANDING.replace(":now", ":at")}
-    RETURNING {_COLUMN_LIST}
+    {GRANTS.returning}
 """
 
 
@@ -73,7 +78,8 @@ class SqliteGrants:
         """End the grant `grant_id` at `now`. NotFound when no grant of that id stands."""
 
         def work(conn: sqlite3.Connection) -> list[Any]:
-            return conn.execute(_REVOKE, {"id": grant_id, "at": timestamp(now), "by": by}).fetchall()
+            at = timestamp(now)
+            return recorded(conn, _REVOKE, {"id": grant_id, "at": at, "by": by}, GRANTS, "grant_revoked", at)
 
         rows = await self._db.write(work)
         if not rows:
@@ -84,7 +90,8 @@ class SqliteGrants:
         """End every grant standing on `key` at `now` (its action drifted); the grants it ended."""
 
         def work(conn: sqlite3.Connection) -> list[Any]:
-            return conn.execute(_REVOKE_KEY, {"key": key, "at": timestamp(now), "by": by}).fetchall()
+            at = timestamp(now)
+            return recorded(conn, _REVOKE_KEY, {"key": key, "at": at, "by": by}, GRANTS, "grant_revoked", at)
 
         return [grant_from_row(row) for row in await self._db.write(work)]
 
@@ -94,7 +101,7 @@ def insert_grant(conn: sqlite3.Connection, grant: Grant) -> None:
     row = grant.model_dump()
     for moment in ("created_at", "expires_at", "revoked_at"):
         row[moment] = optional_timestamp(row[moment])
-    conn.execute(_INSERT, row)
+    recorded(conn, _INSERT, row, GRANTS, "grant_made", row["created_at"])
 
 
 _BY_IDS: Final = f"SELECT {_COLUMN_LIST} FROM grants WHERE id IN (SELECT value FROM json_each(?))"

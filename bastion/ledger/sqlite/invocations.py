@@ -19,8 +19,9 @@ from typing import Any, Final, Literal, TypeVar
 from bastion import states
 from bastion.errors import ApprovalExpired, Conflict, NotFound
 from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, stored_json
-from bastion.ledger.chain import Unlinked, links, record_state
+from bastion.ledger.chain import Unlinked, record_state
 from bastion.ledger.invocation_reads import COUNT
+from bastion.ledger.sqlite.chain import append_events
 from bastion.ledger.sqlite.grants import insert_grant
 from bastion.ledger.sqlite.limits import admit_in
 from bastion.ledger.sqlite.reads import SqliteInvocationReads, invocation_from_row
@@ -43,13 +44,6 @@ _STORED: Final = len(INVOCATION_COLUMNS)
 COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_id = ? AND status = 'pending'"
 # An event follows the chain's head of record (bastion.ledger.chain). Its id is its position, the head's + 1, as
 # SQLite would give it, so it can be hashed before it is inserted.
-_HEAD_NOW: Final = "SELECT position, hash FROM audit_head"
-_MOVE_HEAD: Final = "UPDATE audit_head SET position = ?, hash = ?"
-_INSERT_HASHED: Final = (
-    "INSERT INTO events (id, invocation_id, seq, kind, at, detail, state, prev_hash, hash) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-
 TRANSITION_FIELDS: Final = ("result", "error_class", "error_message", "owner", "expires_at")
 """The columns `transition` may set besides status and updated_at."""
 
@@ -116,23 +110,6 @@ def changed(returned: Sequence[Any], kind: EventKind, at: str, detail: str = "{}
     """The event recording a change whose statement `returned` the invocation's row (as stored,
     `INVOCATION_COLUMNS` order) and the seq of its newest event before it (`_RETURNING`)."""
     return Unlinked(returned[0], returned[_STORED] + 1, kind, at, detail, record_state(returned[:_STORED]))
-
-
-def append_events(conn: sqlite3.Connection, events: Sequence[Unlinked]) -> None:
-    """Append `events` to the chain, in order, inside the caller's transaction (which holds the write lock, so the
-    head read first stays the head): each hashed here, after the one before it, and inserted with its hash; the head
-    of record moves to the last.
-
-    (Chained in SQL instead, with the hash a function SQLite calls back, an event cost twice as much.)"""
-    if not events:
-        return
-    head_position, head_hash = conn.execute(_HEAD_NOW).fetchone()
-    linked = links((head_position, head_hash), events)
-    conn.executemany(
-        _INSERT_HASHED,
-        [(link.position, *event, link.prev_hash, link.hash) for event, link in zip(events, linked, strict=True)],
-    )
-    conn.execute(_MOVE_HEAD, (linked[-1].position, linked[-1].hash))
 
 
 def _invocation(returned: Sequence[Any]) -> Invocation:

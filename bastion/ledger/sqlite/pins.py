@@ -15,14 +15,17 @@ from datetime import datetime
 from typing import Any, Final
 
 from bastion.errors import NotFound
+from bastion.ledger.kept import PINS
+from bastion.ledger.sqlite.chain import recorded
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.schema import dumps, timestamp
-from bastion.models import Pin, PinObservation, policy_key
+from bastion.models import Pin, PinObservation, policy_key, utcnow
 
 _OBSERVATION_FIELDS: Final = ("fingerprint", "structural", "definition", "seen_at")
 _PINNED_COLUMNS: Final = _OBSERVATION_FIELDS
 _DRIFT_COLUMNS: Final = tuple(f"drift_{name}" for name in _OBSERVATION_FIELDS)
-_COLUMNS: Final = ("source_id", "action_id", *_PINNED_COLUMNS, "pinned_by", *_DRIFT_COLUMNS)
+_COLUMNS: Final = PINS.columns
+"""source_id, action_id, the pinned observation, pinned_by, the drift observation."""
 _COLUMN_LIST: Final = ", ".join(_COLUMNS)
 
 _SELECT: Final = f"SELECT {_COLUMN_LIST} FROM pins"
@@ -34,6 +37,7 @@ _UPSERT: Final = f"""
     INSERT INTO pins ({_COLUMN_LIST}) VALUES ({", ".join("?" * len(_COLUMNS))})
     ON CONFLICT (source_id, action_id) DO UPDATE SET
         {", ".join(f"{name} = excluded.{name}" for name in _COLUMNS[2:])}
+    {PINS.returning}
 """
 
 # Every right-hand side of an UPDATE reads the row as it was before the update, so the drift columns are
@@ -46,7 +50,7 @@ _ACCEPT: Final = f"""
     WHERE source_id = :source_id
         AND (:action_id IS NULL OR action_id = :action_id)
         AND drift_fingerprint IS NOT NULL
-    RETURNING {_COLUMN_LIST}
+    {PINS.returning}
 """
 _EXISTS: Final = "SELECT 1 FROM pins WHERE source_id = ? AND action_id = ?"
 _NAMES: Final = "SELECT name, source_id, action_id FROM tool_names"
@@ -110,7 +114,8 @@ def select_pins(source_id: str | None) -> tuple[str, tuple[str, ...]]:
 def save_pin(conn: sqlite3.Connection, pin: Pin) -> None:
     """Insert the pin, or replace every column of the existing one with the same key."""
     drift = pin.drift
-    conn.execute(
+    recorded(
+        conn,
         _UPSERT,
         (
             pin.source_id,
@@ -119,6 +124,9 @@ def save_pin(conn: sqlite3.Connection, pin: Pin) -> None:
             pin.pinned_by,
             *(_observation_values(drift) if drift is not None else (None,) * len(_DRIFT_COLUMNS)),
         ),
+        PINS,
+        "pin_saved",
+        timestamp(utcnow()),
     )
 
 
@@ -130,7 +138,8 @@ def accept_drift(
     Returns the accepted pins sorted by action. Raises NotFound when `action_id` names no pin.
     """
     params = {"source_id": source_id, "action_id": action_id, "principal": principal}
-    accepted = [pin_from_row(row) for row in conn.execute(_ACCEPT, params).fetchall()]
+    rows = recorded(conn, _ACCEPT, params, PINS, "pin_accepted", timestamp(utcnow()))
+    accepted = [pin_from_row(row) for row in rows]
     if not accepted and action_id is not None and conn.execute(_EXISTS, (source_id, action_id)).fetchone() is None:
         raise NotFound(f"no pin for {policy_key(source_id, action_id)}")
     return sorted(accepted, key=lambda pin: pin.action_id)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Final
 
@@ -21,6 +22,10 @@ import anyio
 
 from bastion.errors import ConfigError
 from bastion.ledger.chain import GENESIS, event_hash, stored_time
+from bastion.ledger.sqlite.chain import adopt_records
+
+Step = str | Callable[[aiosqlite.Connection], Awaitable[None]]
+"""A migration's step: a statement, or work in Python on the migrating connection (in its transaction)."""
 
 _APPEND_ONLY_EVENTS: Final = (
     """
@@ -350,7 +355,38 @@ _MIGRATION_13: Final = (
     """,
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+_MIGRATION_14: Final[tuple[Step, ...]] = (
+    # Tokens, pins and grants chained beside invocations (bastion.ledger.kept): their events share the chain's
+    # positions with the invocations' (`position` is the id an invocation event would have had) and are kept apart,
+    # so what reads an invocation's events never meets them. The records already stored are adopted, each with one
+    # event, so a row with none is one written behind the ledger.
+    """
+    CREATE TABLE record_events (
+        position  INTEGER PRIMARY KEY,
+        record    TEXT NOT NULL,       -- a token's, pin's or grant's key: bastion.ledger.kept
+        seq       INTEGER NOT NULL,    -- 1..n per record
+        kind      TEXT NOT NULL,
+        at        TEXT NOT NULL,
+        detail    TEXT NOT NULL DEFAULT '{}',
+        state     TEXT NOT NULL,
+        prev_hash TEXT NOT NULL,
+        hash      TEXT NOT NULL,
+        UNIQUE (record, seq)
+    )
+    """,
+    """
+    CREATE TRIGGER record_events_no_update BEFORE UPDATE ON record_events
+    BEGIN SELECT RAISE(ABORT, 'the record_events table is append-only'); END
+    """,
+    """
+    CREATE TRIGGER record_events_no_delete BEFORE DELETE ON record_events
+    WHEN old.position > (SELECT COALESCE(MAX(position), 0) FROM audit_checkpoints)
+    BEGIN SELECT RAISE(ABORT, 'the record_events table is append-only (a prune deletes only up to its checkpoint)'); END
+    """,
+    adopt_records,
+)
+
+MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _MIGRATION_1,
     _MIGRATION_2,
     _MIGRATION_3,
@@ -364,6 +400,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_11,
     _MIGRATION_12,
     _MIGRATION_13,
+    _MIGRATION_14,
 )
 """Migration N (1-based) brings a ledger from user_version N-1 to N."""
 
@@ -396,8 +433,11 @@ async def migrate(db: aiosqlite.Connection, *, to_version: int = SCHEMA_VERSION)
             await db.execute("BEGIN IMMEDIATE")
             try:
                 if await schema_version(db) == current:
-                    for statement in MIGRATIONS[current]:
-                        await db.execute(statement)
+                    for step in MIGRATIONS[current]:
+                        if isinstance(step, str):
+                            await db.execute(step)
+                        else:
+                            await step(db)
                     # PRAGMA takes no parameters; the version is an int we computed.
                     await db.execute(f"PRAGMA user_version = {current + 1:d}")
                 await db.execute("COMMIT")

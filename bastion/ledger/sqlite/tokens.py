@@ -13,6 +13,8 @@ from datetime import datetime
 from typing import Any, Final
 
 from bastion.errors import Conflict, NotFound
+from bastion.ledger.kept import TOKENS
+from bastion.ledger.sqlite.chain import recorded
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.schema import timestamp
 from bastion.ledger.tokens import (
@@ -33,12 +35,11 @@ AUTHENTICATE: Final = "SELECT name, role, profile FROM tokens WHERE secret_hash 
 HAS_ACTIVE: Final = "SELECT EXISTS (SELECT 1 FROM tokens WHERE revoked_at IS NULL)"
 HAS_APPROVER: Final = "SELECT EXISTS (SELECT 1 FROM tokens WHERE revoked_at IS NULL AND role IN ('owner', 'admin'))"
 _ACTIVE_NAMED: Final = "SELECT 1 FROM tokens WHERE name = ? AND revoked_at IS NULL"
-_INSERT: Final = "INSERT INTO tokens (name, role, profile, secret_hash, created_at) VALUES (?, ?, ?, ?, ?)"
-_REVOKE: Final = f"""
-    UPDATE tokens SET revoked_at = :now
-    WHERE name = :name AND revoked_at IS NULL
-    RETURNING {_COLUMN_LIST}
-"""
+# Every change returns the row as the audit chain records it (bastion.ledger.kept).
+_INSERT: Final = (
+    f"INSERT INTO tokens (name, role, profile, secret_hash, created_at) VALUES (?, ?, ?, ?, ?) {TOKENS.returning}"
+)
+_REVOKE: Final = f"UPDATE tokens SET revoked_at = :now WHERE name = :name AND revoked_at IS NULL {TOKENS.returning}"
 
 
 class SqliteTokens:
@@ -109,15 +110,17 @@ def insert_token(
             f"a token named {name!r} is already active; revoke it first (bastion tokens revoke {name}) "
             "or pick another name"
         )
-    conn.execute(_INSERT, (name, role, profile, digest, timestamp(now)))
+    at = timestamp(now)
+    recorded(conn, _INSERT, (name, role, profile, digest, at), TOKENS, "token_created", at)
 
 
 def revoke_token(conn: sqlite3.Connection, *, name: str, now: datetime) -> TokenInfo:
     """Mark the active token `name` revoked at `now`. Raises NotFound when there is none."""
-    row = conn.execute(_REVOKE, {"name": name, "now": timestamp(now)}).fetchone()
-    if row is None:
+    at = timestamp(now)
+    rows = recorded(conn, _REVOKE, {"name": name, "now": at}, TOKENS, "token_revoked", at)
+    if not rows:
         raise NotFound(f"no active token named {name!r}; see `bastion tokens list`")
-    return token_from_row(row)
+    return token_from_row([rows[0][TOKENS.columns.index(column)] for column in _COLUMNS])
 
 
 def token_from_row(row: Sequence[Any]) -> TokenInfo:
