@@ -89,7 +89,7 @@ def flash(notice: Notice | None) -> str:
         return f"<div class=flash role=status>{escape(notice.text)}</div>"
     return (
         f'<div class="flash error" role=alert data-error-class="{escape(notice.error_class)}">'
-        f"<strong>{escape(notice.lead)}.</strong> {escape(notice.text)}</div>"
+        f"<strong>{escape(notice.lead)}.</strong> {escape(notice.text[:1].upper() + notice.text[1:])}</div>"
     )
 
 
