@@ -340,13 +340,14 @@ class Inbox:
                 denied.append(await self._decide(principal, invocation_id, approve=False, note=form.get("reason")))
             except BastionError as exc:
                 failed.append(exc)
-        said = f"{len(denied)} denied ({', '.join(i.tool for i in denied)})" if denied else "none denied"
+        said = f"{len(denied)} denied ({', '.join(i.tool for i in denied)})."
         if not failed:
-            session.notice = Notice(f"{said}.")
+            session.notice = Notice(said)
         else:
-            why = "; ".join(f"{exc.message}" for exc in failed)
+            reasons = "; ".join(exc.message for exc in failed) + "."
             lead = f"{len(failed)} of {len(picked)} not denied"
-            session.notice = Notice(f"{why}. The others: {said}.", error_class=failed[0].error_class, lead=lead)
+            text = f"{reasons} The others: {said}" if denied else reasons
+            session.notice = Notice(text, error_class=failed[0].error_class, lead=lead)
         return _redirect(INBOX)
 
     async def _decide(
