@@ -313,8 +313,13 @@ async def test_an_approver_denies_one_call_and_approves_another_in_a_real_browse
                         await expect(first_card.locator("pre.diff")).to_contain_text("keep a copy")
                         await expect(first_card).to_contain_text("ci-agent")
                         why = first_card.locator(".why")
-                        await expect(why).to_contain_text("the organisation policy asks for approval of fx:echo")
-                        await expect(why).to_contain_text("its risk (read) comes from the tool's readOnlyHint")
+                        await expect(why).to_have_text(
+                            "Held for approval: the organisation's policy asks an approver for every fx:echo call."
+                        )
+                        technical = first_card.locator(".technical")
+                        await expect(technical).to_be_hidden()  # folded away under the card's details
+                        await expect(technical).to_contain_text("the organisation policy asks for approval of fx:echo")
+                        await expect(technical).to_contain_text("its risk (read) comes from the tool's readOnlyHint")
                         await expect(first_card.locator("dl.meta")).to_contain_text("read (from readOnlyHint)")
                         await expect(first_card.locator(".countdown")).to_contain_text("left")
                         assert SECRET_ARG not in await page.content()
@@ -408,3 +413,78 @@ def test_the_login_hint_command_wraps_between_words_never_inside_one() -> None:
     assert "<span class=word>--role</span>" in html, "a browser would break --role between its hyphens"
     css = Path(__file__).resolve().parent.parent / "bastion" / "server" / "static" / "inbox.css"
     assert ".command .word { white-space: nowrap; }" in css.read_text()
+
+
+BROWSER: Final = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+"""What a browser asks for when it sends a form or follows a link."""
+
+
+async def test_a_bulk_deny_decides_each_picked_call_as_a_single_deny_does_and_says_which_were_not(
+    tmp_path: Path,
+) -> None:
+    async with live(tmp_path) as bastion, browserless(bastion) as http:
+        admin = await bastion.token("alice", "admin")
+        assert (await _log_in(http, admin["Authorization"].removeprefix("Bearer "))).status_code == 303
+        await seed(bastion.ledger, invocation(1), invocation(2), invocation(3), invocation(4, principal="alice"))
+        await bastion.ledger.invocations.decide("inv-0003", approve=True, principal="bob", note=None, now=utcnow())
+        csrf = _csrf((await http.get("/inbox")).text)
+        picked = ["inv-0001", "inv-0002", "inv-0003", "inv-0004", "inv-0001"]  # a duplicate counts once
+        form: dict[str, str | list[str]] = {"csrf": csrf, "id": picked, "reason": "a batch gone wrong"}
+
+        forged = await http.post("/inbox/approvals/deny", data=form | {"csrf": "forged"})
+        assert forged.status_code == 403
+        sent = await http.post("/inbox/approvals/deny", data=form)
+        assert sent.status_code == 303 and sent.headers["location"] == "/inbox"
+        told = (await http.get("/inbox")).text
+        assert 'data-error-class="conflict"' in told and "2 of 4 not denied" in told
+
+        for denied in ("inv-0001", "inv-0002"):
+            found = await bastion.ledger.invocations.get(denied)
+            assert found is not None and found.status == "denied"
+            assert found.error_message == "denied by alice: a batch gone wrong"
+        kept = [await bastion.ledger.invocations.get(i) for i in ("inv-0003", "inv-0004")]
+        assert [(i.status if i else None) for i in kept] == ["approved", "pending"]  # decided by bob; alice's own
+
+        nothing = await http.post("/inbox/approvals/deny", data={"csrf": csrf, "reason": "none picked"})
+        assert nothing.status_code == 303
+        assert 'data-error-class="invalid_arguments"' in (await http.get("/inbox")).text
+
+
+async def test_the_favicon_is_served_to_anyone_without_a_token_or_a_session(tmp_path: Path) -> None:
+    async with live(tmp_path) as bastion, browserless(bastion) as http:
+        await bastion.token("alice", "admin")  # once a token exists, anonymous requests elsewhere are refused
+        assert (await http.post("/mcp", json={})).status_code == 401
+        for path in ("/favicon.ico", "/inbox/static/favicon.svg"):
+            icon = await http.get(path)
+            assert icon.status_code == 200, path
+            assert icon.headers["content-type"].startswith("image/svg+xml")
+            assert icon.text.startswith("<svg")
+
+
+async def test_a_refusal_reaches_a_browser_as_a_page_with_a_message_and_a_script_as_json(tmp_path: Path) -> None:
+    async with live(tmp_path) as bastion, browserless(bastion) as http:
+        admin = await bastion.token("alice", "admin")
+        assert (await _log_in(http, admin["Authorization"].removeprefix("Bearer "))).status_code == 303
+        await seed(bastion.ledger, invocation(1))
+        deny = "/inbox/approvals/inv-0001/deny"
+
+        stale = await http.post(deny, data={"csrf": "from an older session"}, headers=BROWSER)
+        assert stale.status_code == 403 and stale.headers["content-type"].startswith("text/html")
+        assert 'data-error-class="csrf_refused"' in stale.text and '{"error"' not in stale.text
+        assert (await http.post(deny, data={"csrf": "from an older session"})).json()["error"][
+            "class"
+        ] == "csrf_refused"
+
+        unknown = await http.get("/inbox/history?status=finished", headers=BROWSER)
+        assert unknown.status_code == 422 and 'data-error-class="invalid_arguments"' in unknown.text
+
+        csrf = _csrf((await http.get("/inbox")).text)
+        await bastion.ledger.tokens.revoke_token("alice", now=utcnow())
+        ended = await http.post(deny, data={"csrf": csrf}, headers=BROWSER)
+        assert ended.status_code == 303 and ended.headers["location"] == "/inbox/login?ended=1"
+        login = await http.get(ended.headers["location"])
+        assert 'data-error-class="unauthenticated"' in login.text
+        assert (await http.post(deny, data={"csrf": csrf})).status_code == 401  # a script: the error's JSON
+        assert (await http.get("/inbox/approvals/inv-0001/card")).status_code == 401
+        found = await bastion.ledger.invocations.get("inv-0001")
+        assert found is not None and found.status == "pending", "nothing was decided"

@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 PRINCIPAL_KEY: Final = "bastion.principal"
 """Where the authenticated principal (None when anonymous) is kept in `scope["state"]`."""
 
-OPEN_PATHS: Final = frozenset({"/healthz", "/metrics"})
+OPEN_PATHS: Final = frozenset({"/healthz", "/metrics", "/favicon.ico"})
+"""Open to anyone, tokens or none (`/favicon.ico`: browsers ask for it unasked, with no credentials)."""
 API_PREFIX: Final = "/api"
 INBOX_PREFIX: Final = "/inbox"
 
@@ -81,7 +82,7 @@ def _is_oauth_discovery(path: str) -> bool:
 class BearerAuth:
     """ASGI middleware: authenticate every HTTP request before it reaches a route.
 
-    `/healthz` is open. `/api/*` always needs a valid token. Everything else (`/mcp`, `/sse`,
+    `/healthz` and `/favicon.ico` are open. `/api/*` always needs a valid token. Everything else (`/mcp`, `/sse`,
     `/messages/`) needs one once any token exists in the ledger, or always when `tokens_required`
     (Bastion listens beyond loopback); until then local hosts may connect anonymously. A token that is
     presented is always checked, wherever it is sent.

@@ -8,8 +8,11 @@ appears in a URL. Every form carries a CSRF token bound to the session (the logi
 own) and a form without the right one is refused 403 before anything happens; SameSite=Strict and the Host/Origin
 guard add to that. Sessions live in this process: a restart asks approvers to log in again.
 
-Decisions go through bastion.pipeline.authority, as from every other place; scopes beyond "once" leave grants,
-listed and revoked under `/inbox/grants`. An agent token is refused here, at login and when presented as a bearer token.
+Decisions go through bastion.pipeline.authority, as from every other place (a bulk deny too, one call at a time);
+scopes beyond "once" leave grants, listed and revoked under `/inbox/grants`. An agent token is refused here, at login
+and when presented as a bearer token. A refusal reaches a browser as a page with a message (a script, or any client
+that does not ask for HTML, gets the error's JSON); an ended session sends the browser back to the login page, which
+says so. The page's script fetches one card at a time (`/inbox/approvals/{id}/card`) as calls go pending.
 """
 
 from __future__ import annotations
@@ -21,14 +24,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Final
-from urllib.parse import parse_qs
+from urllib.parse import parse_qsl
 
+from starlette.datastructures import ImmutableMultiDict
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from bastion.errors import BastionError, CsrfRefused, Forbidden, InvalidArguments, Unauthenticated
-from bastion.models import SCOPES, STATUSES, Principal, Scope, utcnow
+from bastion.errors import BastionError, CsrfRefused, Forbidden, InvalidArguments, NotFound, Unauthenticated
+from bastion.models import SCOPES, STATUSES, Invocation, Principal, Scope, utcnow
 from bastion.pipeline.authority import decide, visible_invocation
 from bastion.pipeline.documents import DEFAULT_LIMIT, pending_invocations
 from bastion.pipeline.gateway import Gateway
@@ -37,6 +41,7 @@ from bastion.server import inbox_pages as pages
 from bastion.server.auth import principal_of
 from bastion.server.errors import http_response
 from bastion.server.events import event_stream, resume_point
+from bastion.server.inbox_pages import Notice, error_notice
 from bastion.server.limits import StreamSlots
 
 INBOX: Final = pages.INBOX
@@ -54,7 +59,17 @@ SECURITY_HEADERS: Final = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-_STATIC: Final = {"inbox.css": "text/css; charset=utf-8", "inbox.js": "text/javascript; charset=utf-8"}
+_STATIC: Final = {
+    "inbox.css": "text/css; charset=utf-8",
+    "inbox.js": "text/javascript; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
+FAVICON: Final = "/favicon.ico"
+"""Where browsers look for a site's icon unasked: served the inbox's, to anyone (BearerAuth leaves it open)."""
+ENDED: Final = Notice(
+    "Log in again: nothing you sent after it ended was done.", error_class="unauthenticated", lead="Your session ended"
+)
+Form = ImmutableMultiDict[str, str]
 
 
 @dataclass
@@ -64,7 +79,12 @@ class InboxSession:
     secret: str
     csrf: str
     last_used: float
-    message: tuple[str, bool] | None = None
+    notice: Notice | None = None
+
+    def told(self) -> Notice | None:
+        """The message to show on the next page, once."""
+        notice, self.notice = self.notice, None
+        return notice
 
 
 class Inbox:
@@ -88,35 +108,44 @@ class Inbox:
             Route(f"{INBOX}/logout", self._guarded(self.logout), methods=post),
             Route(f"{INBOX}/approvals/{{invocation_id}}/approve", self._guarded(self.approve), methods=post),
             Route(f"{INBOX}/approvals/{{invocation_id}}/deny", self._guarded(self.deny), methods=post),
+            Route(f"{INBOX}/approvals/deny", self._guarded(self.deny_picked), methods=post),
+            Route(f"{INBOX}/approvals/{{invocation_id}}/card", self._guarded(self.card, page=False), methods=get),
             Route(f"{INBOX}/grants", self._guarded(self.grants), methods=get),
             Route(f"{INBOX}/grants/{{grant_id}}/revoke", self._guarded(self.revoke_grant), methods=post),
             Route(f"{INBOX}/history", self._guarded(self.history), methods=get),
             Route(f"{INBOX}/invocations/{{invocation_id}}", self._guarded(self.invocation), methods=get),
-            Route(f"{INBOX}/events", self._guarded(self.events), methods=get),
+            Route(f"{INBOX}/events", self._guarded(self.events, page=False), methods=get),
             Route(f"{INBOX}/static/{{name}}", self.static, methods=get),
+            Route(FAVICON, self.favicon, methods=get),
         ]
 
     # -- sessions ------------------------------------------------------------------------------------
 
     def _guarded(
-        self, handler: Callable[[Request, Principal, str, InboxSession], Awaitable[Response]]
+        self, handler: Callable[[Request, Principal, str, InboxSession], Awaitable[Response]], *, page: bool = True
     ) -> Callable[[Request], Awaitable[Response]]:
-        """A route for logged-in approvers only: others go to the login page (an agent token gets 403)."""
+        """A route for logged-in approvers only: others go to the login page (an agent token gets 403). Not a
+        `page` (what the page's script fetches): 401 instead, which the script tells its reader."""
 
         async def endpoint(request: Request) -> Response:
             bearer = principal_of(request.scope)
             if bearer is not None and not bearer.may_decide:
-                return _refused(Forbidden(f"{bearer.name} has the {bearer.role} role; the inbox is for approvers"))
+                return _refused(
+                    request, Forbidden(f"{bearer.name} has the {bearer.role} role; the inbox is for approvers")
+                )
             found = await self._session(request)
             if found is None:
-                if request.method == "GET" and request.url.path != f"{INBOX}/events":
-                    return _redirect(f"{INBOX}/login")
-                return _refused(Unauthenticated("log in to the inbox first, at /inbox/login"))
+                if page and (request.method == "GET" or _wants_html(request)):
+                    ended = SESSION_COOKIE in request.cookies  # it had a session, which ended
+                    return _redirect(f"{INBOX}/login{'?ended=1' if ended else ''}")
+                return _refused(request, Unauthenticated("log in to the inbox first, at /inbox/login"))
             session_id, session, principal = found
             if request.method == "POST":
                 form = await _form(request)
                 if not _same_token(form.get("csrf", ""), session.csrf):
-                    return _refused(CsrfRefused("the form's CSRF token is missing or wrong; reload the page and retry"))
+                    return _refused(
+                        request, CsrfRefused("the form's CSRF token is missing or wrong; reload the page and retry")
+                    )
                 request.state.form = form
             response = await handler(request, principal, session_id, session)
             for name, value in SECURITY_HEADERS.items():
@@ -146,9 +175,11 @@ class Inbox:
 
     # -- login ---------------------------------------------------------------------------------------
 
-    async def login_form(self, request: Request, message: str | None = None, status: int = 200) -> Response:
+    async def login_form(self, request: Request, notice: Notice | None = None, status: int = 200) -> Response:
+        if notice is None and request.query_params.get("ended"):
+            notice = ENDED
         csrf = secrets.token_urlsafe(32)
-        response = _html(pages.page("Log in", pages.login_body(csrf, message), principal=None, csrf=None), status)
+        response = _html(pages.page("Log in", pages.login_body(csrf, notice), principal=None, csrf=None), status)
         _set_cookie(request, response, LOGIN_COOKIE, csrf, max_age=3600)
         return response
 
@@ -156,17 +187,21 @@ class Inbox:
         form = await _form(request)
         expected = request.cookies.get(LOGIN_COOKIE, "")
         if not expected or not _same_token(form.get("csrf", ""), expected):
-            return _refused(CsrfRefused("the login form's CSRF token is missing or wrong; reload the page and retry"))
+            return _refused(
+                request, CsrfRefused("the login form's CSRF token is missing or wrong; reload the page and retry")
+            )
         secret = form.get("token", "").strip()
         principal = await self.gateway.ledger.tokens.authenticate(secret) if secret else None
         if principal is None:
-            return await self.login_form(request, "That token is not valid (unknown, revoked or mistyped).", 401)
+            refusal = Notice("That token is unknown, revoked or mistyped.", "unauthenticated", lead="Not logged in")
+            return await self.login_form(request, refusal, 401)
         if not principal.may_decide:
-            return await self.login_form(
-                request,
+            refusal = Notice(
                 f"{principal.name} has the {principal.role} role; the inbox is for owner and admin tokens.",
-                403,
+                "forbidden",
+                lead="Not logged in",
             )
+            return await self.login_form(request, refusal, 403)
         session_id = secrets.token_urlsafe(32)
         self._sessions[session_id] = InboxSession(secret, secrets.token_urlsafe(32), self._clock())
         response = _redirect(INBOX)
@@ -188,26 +223,34 @@ class Inbox:
         # pending while the page loads or its stream connects is announced to it (at worst shown and announced).
         cursor = self.gateway.ledger.changes.cursor
         found = await pending_invocations(self.gateway.ledger.invocations, now, limit=DEFAULT_LIMIT)
-        message, session.message = session.message, None
-        text, error = message if message is not None else (None, False)
         body = pages.pending_body(
-            found, now, session.csrf, text, error, cursor=cursor, scopes_of=self.gateway.grants.offered
+            found, now, session.csrf, session.told(), cursor=cursor, scopes_of=self.gateway.grants.offered
         )
         return _html(pages.page("Pending", body, principal=principal, csrf=session.csrf))
+
+    async def card(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
+        """One pending call's card, for the page's script to show as the call goes pending; 404 once it is not."""
+        invocation_id = request.path_params["invocation_id"]
+        found = await self.gateway.ledger.invocations.get(invocation_id)
+        now = utcnow()
+        if found is None or found.status != "pending" or (found.expires_at is not None and found.expires_at <= now):
+            return _refused(request, NotFound(f"no pending call {invocation_id!r}", invocation_id=invocation_id))
+        card = pages.pending_card(found, now, session.csrf, self.gateway.grants.offered(found))
+        return _html(card)
 
     async def grants(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
         now = utcnow()
         standing = await self.gateway.grants.store.grants(standing_at=now)
-        message, session.message = session.message, None
-        text, error = message if message is not None else (None, False)
-        body = pages.grants_body(standing, now, session.csrf, text, error)
+        body = pages.grants_body(standing, now, session.csrf, session.told())
         return _html(pages.page("Grants", body, principal=principal, csrf=session.csrf, current="/grants"))
 
     async def history(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
         status = request.query_params.get("status") or None  # the form's empty choice: every status
         source = request.query_params.get("source") or None
         if status is not None and status not in STATUSES:
-            return _refused(InvalidArguments(f"unknown status {status!r}: expected one of {', '.join(STATUSES)}"))
+            return _refused(
+                request, InvalidArguments(f"unknown status {status!r}: expected one of {', '.join(STATUSES)}")
+            )
         found = await self.gateway.ledger.invocations.list(status=status, source_id=source, limit=DEFAULT_LIMIT)
         body = pages.history_body(found, status, source)
         return _html(pages.page("History", body, principal=principal, csrf=session.csrf, current="/history"))
@@ -218,7 +261,7 @@ class Inbox:
         try:
             found = await visible_invocation(self.gateway.ledger, principal, request.path_params["invocation_id"])
         except BastionError as exc:
-            return _refused(exc)
+            return _refused(request, exc)
         body = pages.invocation_body(found, await self.gateway.ledger.invocations.events(found.id))
         return _html(pages.page(found.tool, body, principal=principal, csrf=session.csrf, current="/history"))
 
@@ -226,7 +269,7 @@ class Inbox:
         try:
             after = resume_point(request)
         except InvalidArguments as exc:
-            return _refused(exc)
+            return _refused(request, exc)
 
         async def still_allowed() -> bool:  # not logged out, its token not revoked
             return await self._live_session(session_id, used=False) is not None
@@ -237,61 +280,98 @@ class Inbox:
         name = request.path_params["name"]
         if name not in _STATIC:
             return Response("not found", status_code=404, media_type="text/plain")
-        text = resources.files("bastion.server").joinpath("static", name).read_text(encoding="utf-8")
-        return Response(text, media_type=_STATIC[name], headers={"Cache-Control": "no-cache"})
+        return _static_file(name)
+
+    async def favicon(self, request: Request) -> Response:
+        return _static_file("favicon.svg")
 
     # -- decisions -----------------------------------------------------------------------------------
 
     async def approve(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
-        form: dict[str, str] = request.state.form
+        form: Form = request.state.form
         scope = form.get("scope", "once")
         if scope not in SCOPES:  # the page offers only these: a forged or stale form, refused before deciding
-            return _refused(InvalidArguments(f"unknown scope {scope!r}: expected one of {', '.join(SCOPES)}"))
-        return await self._decide(
-            request,
-            principal,
-            session,
-            approve=True,
-            note=form.get("note") or None,
-            scope=scope,
-            rule=form.get("when", "").strip() or None,
-        )
+            return _refused(request, InvalidArguments(f"unknown scope {scope!r}: expected one of {', '.join(SCOPES)}"))
+        rule = form.get("when", "").strip() or None
+        try:
+            decided = await self._decide(
+                principal,
+                request.path_params["invocation_id"],
+                approve=True,
+                note=form.get("note"),
+                scope=scope,
+                rule=rule,
+            )
+        except BastionError as exc:
+            session.notice = error_notice(exc)
+        else:
+            scoped = f" ({SCOPE_LABELS[scope]}: see Grants)" if scope != "once" else ""
+            session.notice = Notice(f"{decided.tool} approved{scoped}.")
+        return _redirect(INBOX)
 
     async def deny(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
-        form: dict[str, str] = request.state.form
-        return await self._decide(request, principal, session, approve=False, note=form.get("reason") or None)
+        form: Form = request.state.form
+        try:
+            decided = await self._decide(
+                principal, request.path_params["invocation_id"], approve=False, note=form.get("reason")
+            )
+        except BastionError as exc:
+            session.notice = error_notice(exc)
+        else:
+            session.notice = Notice(f"{decided.tool} denied.")
+        return _redirect(INBOX)
+
+    async def deny_picked(
+        self, request: Request, principal: Principal, session_id: str, session: InboxSession
+    ) -> Response:
+        """Deny every call picked on the page with one reason: each decided on its own, as a single deny is (one
+        already decided elsewhere is told, and the others are still denied)."""
+        form: Form = request.state.form
+        picked = list(dict.fromkeys(form.getlist("id")))
+        if not picked or len(picked) > DEFAULT_LIMIT:
+            session.notice = error_notice(
+                InvalidArguments(f"pick from 1 to {DEFAULT_LIMIT} calls to deny (the box beside each call's name)")
+            )
+            return _redirect(INBOX)
+        denied: list[Invocation] = []
+        failed: list[BastionError] = []
+        for invocation_id in picked:
+            try:
+                denied.append(await self._decide(principal, invocation_id, approve=False, note=form.get("reason")))
+            except BastionError as exc:
+                failed.append(exc)
+        said = f"{len(denied)} denied ({', '.join(i.tool for i in denied)})."
+        if not failed:
+            session.notice = Notice(said)
+        else:
+            reasons = "; ".join(exc.message for exc in failed) + "."
+            lead = f"{len(failed)} of {len(picked)} not denied"
+            text = f"{reasons} The others: {said}" if denied else reasons
+            session.notice = Notice(text, error_class=failed[0].error_class, lead=lead)
+        return _redirect(INBOX)
 
     async def _decide(
         self,
-        request: Request,
         principal: Principal,
-        session: InboxSession,
+        invocation_id: str,
         *,
         approve: bool,
         note: str | None,
         scope: Scope = "once",
         rule: str | None = None,
-    ) -> Response:
-        invocation_id = request.path_params["invocation_id"]
-        try:
-            decided = await decide(
-                self.gateway.ledger,
-                invocation_id,
-                approve=approve,
-                principal=principal,
-                note=note,
-                now=utcnow(),
-                scope=scope,
-                rule=rule,
-                grants=self.gateway.grants,
-            )
-        except BastionError as exc:
-            session.message = (f"{exc.error_class}: {exc.message}", True)
-            return _redirect(INBOX)
-        verb = "approved" if approve else "denied"
-        scoped = f" ({SCOPE_LABELS[scope]}: see Grants)" if approve and scope != "once" else ""
-        session.message = (f"{decided.tool} {verb}{scoped}.", False)
-        return _redirect(INBOX)
+    ) -> Invocation:
+        """One decision, through the authority every surface decides through."""
+        return await decide(
+            self.gateway.ledger,
+            invocation_id,
+            approve=approve,
+            principal=principal,
+            note=note or None,
+            now=utcnow(),
+            scope=scope,
+            rule=rule,
+            grants=self.gateway.grants,
+        )
 
     async def revoke_grant(
         self, request: Request, principal: Principal, session_id: str, session: InboxSession
@@ -301,9 +381,9 @@ class Inbox:
                 request.path_params["grant_id"], by=principal.name, now=utcnow()
             )
         except BastionError as exc:
-            session.message = (f"{exc.error_class}: {exc.message}", True)
+            session.notice = error_notice(exc)
         else:
-            session.message = (f"Grant {revoked.id} on {revoked.policy_key} revoked.", False)
+            session.notice = Notice(f"Grant {revoked.id} on {revoked.policy_key} revoked.")
         return _redirect(f"{INBOX}/grants")
 
 
@@ -318,8 +398,22 @@ def _redirect(url: str) -> RedirectResponse:
     return RedirectResponse(url, status_code=303, headers=SECURITY_HEADERS)
 
 
-def _refused(exc: BastionError) -> Response:
+def _wants_html(request: Request) -> bool:
+    """Whether the request comes from a browser's page (a form sent, a link followed), which asks for HTML."""
+    return "text/html" in request.headers.get("accept", "")
+
+
+def _refused(request: Request, exc: BastionError) -> Response:
+    """A refusal: a page with a message for a browser, the error's JSON for a script."""
+    if _wants_html(request):
+        body = pages.refused_body(error_notice(exc))
+        return _html(pages.page("Not done", body, principal=None, csrf=None), exc.http_status)
     return http_response(exc, headers=SECURITY_HEADERS)
+
+
+def _static_file(name: str) -> Response:
+    text = resources.files("bastion.server").joinpath("static", name).read_text(encoding="utf-8")
+    return Response(text, media_type=_STATIC[name], headers={"Cache-Control": "no-cache"})
 
 
 def _set_cookie(request: Request, response: Response, name: str, value: str, *, max_age: int) -> None:
@@ -334,15 +428,14 @@ def _set_cookie(request: Request, response: Response, name: str, value: str, *, 
     )
 
 
-async def _form(request: Request) -> dict[str, str]:
-    """A urlencoded form's fields (the first value of each); too large or not a form: empty."""
+async def _form(request: Request) -> Form:
+    """A urlencoded form's fields (`getlist` for a field sent more than once); too large or not a form: empty."""
     if not request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
-        return {}
+        return Form()
     body = await request.body()
     if len(body) > MAX_FORM_BYTES:
-        return {}
-    parsed = parse_qs(body.decode("utf-8", errors="replace"), keep_blank_values=True)
-    return {key: values[0] for key, values in parsed.items()}
+        return Form()
+    return Form(parse_qsl(body.decode("utf-8", errors="replace"), keep_blank_values=True))
 
 
 def _same_token(sent: str, expected: str) -> bool:
