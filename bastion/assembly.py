@@ -23,14 +23,14 @@ from typing import Any, Final, Literal
 import anyio
 import httpx2
 
-from bastion.config import Config, config_hint
+from bastion.config import Config, config_hint, is_loopback
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
 from bastion.ledger.anchors import Anchoring, load_or_create_signing_key, signing_key_path_for
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.notify import Notifier
 from bastion.server.express_stdio import serve_stdio
-from bastion.server.http import is_loopback, require_tokens_beyond_loopback, serve_http
+from bastion.server.http import require_tokens_beyond_loopback, serve_http
 from bastion.server.mcp import HostServer
 from bastion.sources.mcp import McpConnector
 from bastion.sources.registry import Sources, load_sources

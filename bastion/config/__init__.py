@@ -5,6 +5,7 @@ TOML position scanner behind those lines (`tomlpos`)."""
 
 from bastion.config.loader import load_config, validate_profile
 from bastion.config.models import (
+    LOOPBACK_NAMES,
     PROVIDER_KINDS,
     ApprovalSettings,
     Config,
@@ -27,6 +28,7 @@ from bastion.config.models import (
     ToolPin,
     WebhookSettings,
     host_name,
+    is_loopback,
 )
 from bastion.config.places import (
     CONFIG_ENV_VAR,
@@ -48,6 +50,7 @@ from bastion.config.places import (
 __all__ = [
     "CONFIG_ENV_VAR",
     "CONFIG_FILE",
+    "LOOPBACK_NAMES",
     "POSTGRES_PREFIXES",
     "PROVIDER_KINDS",
     "PYTHON_COMMAND",
@@ -80,6 +83,7 @@ __all__ = [
     "find_config_dir",
     "host_name",
     "init_config_dir",
+    "is_loopback",
     "is_postgres_url",
     "load_config",
     "sqlite_path",

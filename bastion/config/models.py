@@ -52,6 +52,19 @@ def host_name(text: str) -> str:
 
 HostName = Annotated[str, AfterValidator(host_name)]
 
+LOOPBACK_NAMES: Final = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address to bind, a URL's host name without brackets) is this machine only: localhost or a
+    loopback address."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
