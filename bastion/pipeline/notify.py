@@ -65,6 +65,37 @@ def signature(secret: str, timestamp: int, body: bytes) -> str:
     return f"sha256={mac}"
 
 
+async def post(
+    http: httpx2.AsyncClient,
+    url: str,
+    body: bytes,
+    *,
+    event: str,
+    event_id: int,
+    secret: str | None,
+    now: datetime,
+) -> str | None:
+    """POST one JSON `body` as every webhook message goes (signed with `secret`, when there is one, at `now`); None
+    when the receiver took it (2xx), else what went wrong."""
+    timestamp = int(now.timestamp())
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "bastion-webhook",
+        "X-Bastion-Event": event,
+        "X-Bastion-Event-Id": str(event_id),
+        "X-Bastion-Timestamp": str(timestamp),
+    }
+    if secret is not None:
+        headers["X-Bastion-Signature"] = signature(secret, timestamp, body)
+    try:
+        response = await http.post(url, content=body, headers=headers, timeout=SEND_TIMEOUT)
+    except httpx2.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if 200 <= response.status_code < 300:
+        return None
+    return f"HTTP {response.status_code}"
+
+
 def backoff(attempts: int) -> float:
     """Seconds before the next try of an item that failed `attempts` times."""
     return float(min(2 ** max(attempts - 1, 0), MAX_BACKOFF))
@@ -171,23 +202,15 @@ class Notifier:
         else:
             payload = event | {"link": link}
         body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-        timestamp = int(self._clock().timestamp())
-        headers = {
-            "Content-Type": "application/json",
-            "User-Agent": "bastion-webhook",
-            "X-Bastion-Event": str(event["event"]),
-            "X-Bastion-Event-Id": str(item.event_id),
-            "X-Bastion-Timestamp": str(timestamp),
-        }
-        if webhook.secret is not None:
-            headers["X-Bastion-Signature"] = signature(webhook.secret.get_secret_value(), timestamp, body)
-        try:
-            response = await self.http.post(webhook.url, content=body, headers=headers, timeout=SEND_TIMEOUT)
-        except httpx2.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"
-        if 200 <= response.status_code < 300:
-            return None
-        return f"HTTP {response.status_code}"
+        return await post(
+            self.http,
+            webhook.url,
+            body,
+            event=str(event["event"]),
+            event_id=item.event_id,
+            secret=webhook.secret.get_secret_value() if webhook.secret is not None else None,
+            now=self._clock(),
+        )
 
     def _link(self, event: dict[str, Any]) -> str | None:
         if self.inbox_url is None:
