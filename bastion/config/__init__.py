@@ -27,6 +27,7 @@ from bastion.config.models import (
     ToolOverride,
     ToolPin,
     WebhookSettings,
+    anchor_url,
     host_name,
     is_loopback,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "ToolOverride",
     "ToolPin",
     "WebhookSettings",
+    "anchor_url",
     "config_hint",
     "config_option",
     "default_state_dir",
