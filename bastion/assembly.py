@@ -23,14 +23,15 @@ from typing import Any, Final, Literal
 import anyio
 import httpx2
 
-from bastion.config import Config, config_hint
+from bastion.config import Config, config_hint, is_loopback
+from bastion.errors import ConfigError
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
 from bastion.ledger.anchors import Anchoring, load_or_create_signing_key, signing_key_path_for
 from bastion.pipeline.gateway import Gateway
-from bastion.pipeline.notify import Notifier
+from bastion.pipeline.notify import AnchorWebhook, Notifier, shown_url
 from bastion.server.express_stdio import serve_stdio
-from bastion.server.http import is_loopback, require_tokens_beyond_loopback, serve_http
+from bastion.server.http import require_tokens_beyond_loopback, serve_http
 from bastion.server.mcp import HostServer
 from bastion.sources.mcp import McpConnector
 from bastion.sources.registry import Sources, load_sources
@@ -104,17 +105,39 @@ async def notifying(config: Config, gateway: Gateway, inbox_url: str | None) -> 
         tg.cancel_scope.cancel()
 
 
+def anchor_secret_of(config: Config, url: str) -> str:
+    """The secret that signs what is POSTed to `url` (`[ledger] anchor_secret`); ConfigError naming the fix when it
+    is not set (the configuration refuses `anchor_url` without it: this is for a URL given on the command line)."""
+    secret = config.settings.ledger.anchor_secret
+    if secret is None or not secret.get_secret_value():
+        raise ConfigError(
+            f'anchors cannot be sent to {shown_url(url)} unsigned: add anchor_secret = "${{env:NAME}}" to [ledger] in '
+            "bastion.toml (the receiver checks X-Bastion-Signature with it)"
+        )
+    return secret.get_secret_value()
+
+
+@asynccontextmanager
+async def anchor_webhook(config: Config, ledger: OpenLedger, url: str) -> AsyncIterator[AnchorWebhook]:
+    """The webhook anchors are POSTed to at `url` (bastion.pipeline.notify), with its HTTP client."""
+    secret = anchor_secret_of(config, url)
+    async with httpx2.AsyncClient() as http:
+        yield AnchorWebhook(ledger.outbox, url, secret, http=http)
+
+
 @asynccontextmanager
 async def anchoring(config: Config, ledger: OpenLedger) -> AsyncIterator[None]:
-    """Anchor the audit chain's head in `[ledger] anchor_file` while serving, and once more at the stop
-    (bastion.ledger.anchors); nothing when it is not set."""
+    """Anchor the audit chain's head in `[ledger] anchor_file` and to `anchor_url` while serving, and once more at
+    the stop (bastion.ledger.anchors); nothing when neither is set."""
     path = config.anchor_file
-    if path is None:
+    if path is None and config.settings.ledger.anchor_url is None:
         yield
         return
     key = await anyio.to_thread.run_sync(load_or_create_signing_key, signing_key_path_for(ledger.key_path))
-    anchors = Anchoring(ledger.audit, key, path)
-    async with anyio.create_task_group() as tg:
+    url = config.settings.ledger.anchor_url
+    async with AsyncExitStack() as senders, anyio.create_task_group() as tg:
+        sender = await senders.enter_async_context(anchor_webhook(config, ledger, url)) if url is not None else None
+        anchors = Anchoring(ledger.audit, key, path, sender)
         tg.start_soon(anchors.every, config.settings.ledger.anchor_every_seconds)
         try:
             yield

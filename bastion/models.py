@@ -23,7 +23,11 @@ EventKind = Literal[
     "failed",
     "unknown",
     "reconciled",
+    "checked",
 ]
+"""What an invocation's events say: a status it moved to, or `planned` (its intent, before anything runs),
+`reconciled` (an outcome found after the fact) or `checked` (a look-up whose evidence was refused: it moved
+nowhere)."""
 
 RISKS: Final[tuple[Risk, ...]] = get_args(Risk)
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
@@ -184,7 +188,8 @@ class Change:
 
     @property
     def status(self) -> Status | None:
-        """The status the invocation moved to; None for an event that is not a status (`planned`, `reconciled`)."""
+        """The status the invocation moved to; None for an event that is not a status (`planned`, `reconciled`,
+        `checked`)."""
         return self.kind if self.kind in STATUSES else None
 
 

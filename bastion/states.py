@@ -15,11 +15,16 @@ from bastion.models import Status
 
 @dataclass(frozen=True)
 class Move:
-    """One kind of move: from any of `from_` to any of `to`."""
+    """One kind of move: from any of `from_` to any of `to`. A move without `to` leaves the status as it is: it only
+    appends an event to the record."""
 
     name: str
     from_: tuple[Status, ...]
-    to: tuple[Status, ...]
+    to: tuple[Status, ...] = ()
+
+    def targets(self, start: Status) -> tuple[Status, ...]:
+        """Where the move goes from `start`: `to`, or `start` itself for a move that leaves the status."""
+        return self.to or (start,)
 
     @property
     def start(self) -> Status:
@@ -38,11 +43,14 @@ RECOVER: Final = Move("recover", ("executing",), ("unknown",))
 """A call whose process stopped while it ran: its outcome cannot be known."""
 RECONCILE: Final = Move("reconcile", ("unknown", "executing"), ("completed", "failed"))
 """An outcome found after the fact: by hand, by a provider's look-up, or by a rollback."""
+NOTE_CHECK: Final = Move("note a check", ("unknown", "executing"))
+"""A provider's look-up whose evidence is no proof the call made it: the attempt is recorded (who, how, what was
+found and why it was refused), and the call stays unresolved."""
 
-MOVES: Final = (DECIDE, EXPIRE, CLAIM, FINISH, RECOVER, RECONCILE)
+MOVES: Final = (DECIDE, EXPIRE, CLAIM, FINISH, RECOVER, RECONCILE, NOTE_CHECK)
 
 ALLOWED: Final[dict[Status, frozenset[Status]]] = {
-    start: frozenset(to for move in MOVES if start in move.from_ for to in move.to)
+    start: frozenset(to for move in MOVES if start in move.from_ for to in move.targets(start))
     for start in ("pending", "approved", "executing", "unknown", "completed", "failed", "denied", "expired")
 }
 """Where each status may go; a status that goes nowhere is final."""

@@ -110,6 +110,11 @@ async def test_reconcile_by_check_asks_the_provider_and_says_when_it_cannot(tmp_
         found = await reconcile("inv-0001", "--check", "--note", "asked")
         not_found = await reconcile("inv-0003", "--check")
         forged = await reconcile("inv-0004", "--check")
+    show = bastion_command("invocations", "show", "inv-0004", "--config", str(config))
+    shown = await anyio.run_process(show, env=env, check=False)
+    shown_json = await anyio.run_process([*show, "--json"], env=env, check=False)
+    verify = bastion_command("audit", "verify", "--config", str(config))
+    verified = await anyio.run_process(verify, env=env, check=False)
 
     assert both[0] == 2
     assert no_look_up[0] == 1, no_look_up
@@ -126,6 +131,15 @@ async def test_reconcile_by_check_asks_the_provider_and_says_when_it_cannot(tmp_
     assert (rejected["found"]["creator"], rejected["found"]["result"]["number"]) == ("agent", 2)
     assert "not keyed by this Bastion" in rejected["found"]["reason"]
     assert "not accepted" in forged[2], "the log says what was found and why it is not accepted"
+    assert shown.returncode == 0 and " checked " in shown.stdout.decode()
+    checked = json.loads(shown_json.stdout)["events"][-1]
+    assert (checked["kind"], checked["detail"]["how"], checked["detail"]["found"]["creator"]) == (
+        "checked",
+        "check",
+        "agent",
+    )
+    assert checked["detail"]["reason"] == rejected["found"]["reason"], "show has why it was refused"
+    assert verified.returncode == 0, verified.stdout.decode() + verified.stderr.decode()
     async with open_ledger(config) as ledger:
         events = await ledger.invocations.events("inv-0001")
     assert (events[-1].kind, events[-1].detail["how"], events[-1].detail["note"]) == ("reconciled", "check", "asked")

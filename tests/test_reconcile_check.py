@@ -20,11 +20,12 @@ import httpx2
 import pytest
 from mcp import Client
 
+from bastion.actions import Found
 from bastion.config import Config, PolicyConfig, ProviderConfig, Settings
 from bastion.errors import Conflict, Forbidden, InvalidArguments
 from bastion.ledger import Redactor, open_ledger
 from bastion.models import EventKind, Invocation, Principal, utcnow
-from bastion.pipeline.authority import Checked, reconcile_by_check
+from bastion.pipeline.authority import Checked, reconcile, reconcile_by_check
 from bastion.pipeline.gateway import Gateway
 from bastion.server.http import allowed_hosts_for, build_app
 from bastion.server.mcp import HostServer
@@ -34,6 +35,7 @@ from bastion.sources.providers.github import marker
 from bastion.sources.providers.linear import issue_id_for, unkeyed_issue_id_for
 from bastion.sources.providers.slack import METADATA_EVENT
 from tests.fake_apis import AGENT_TOKEN, FakeApi, FakeGitHub, FakeLinear, FakeSlack
+from tests.postgres import PostgresServer
 from tests.providers import CANARY, dumped
 from tests.test_api import error_class, serving
 from tests.test_gateway import error_of
@@ -83,16 +85,28 @@ class Running:
         )
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The store of a test run once on each backend: a SQLite file, or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/l.db"
+    postgres: PostgresServer = request.getfixturevalue("postgres")
+    return postgres.create_database()
+
+
 @asynccontextmanager
-async def bastion(tmp_path: Path, provider_id: str, fake: FakeApi) -> AsyncIterator[Running]:
+async def bastion(
+    tmp_path: Path, provider_id: str, fake: FakeApi, ledger_url: str | None = None
+) -> AsyncIterator[Running]:
+    url = ledger_url or f"sqlite:///{tmp_path}/l.db"
     config = Config(
         directory=None,
         settings=Settings(),
         connectors=[],
         policy=PolicyConfig.model_validate({"modes": WRITES}),
-        ledger_url=f"sqlite:///{tmp_path}/l.db",
+        ledger_url=url,
     )
-    async with await open_ledger(tmp_path / "l.db", redactor=Redactor()) as ledger:
+    async with await open_ledger(url, redactor=Redactor(), key_path=tmp_path / "ledger.key") as ledger:
         provider = provider_source(
             provider_id,
             ProviderConfig.model_validate({"token": CANARY}),
@@ -231,21 +245,38 @@ def old_marker(invocation_id: str) -> str:
 
 
 async def _left_unknown(running: Running, invocation: Invocation) -> Checked:
-    """A check of `invocation` that finds what carries its mark, does not accept it, and records nothing."""
-    checked = await running.check(invocation.id)
-    events = await running.gateway.ledger.invocations.events(invocation.id)
-    assert checked.invocation.status == "unknown"
+    """A check of `invocation` that finds what carries its mark and does not accept it: the call stays unknown, its
+    window as it was, and the refused check is on the record, which still verifies."""
+    ledger = running.gateway.ledger
+    before = await ledger.invocations.get(invocation.id)
+    checked = await running.check(invocation.id, note="asked the provider")
+    events = await ledger.invocations.events(invocation.id)
+    assert before is not None and before.status == "unknown"
+    assert (checked.invocation.status, checked.invocation.updated_at) == ("unknown", before.updated_at)
     assert checked.found is not None and not checked.found.accepted, checked.found
     assert checked.found.reason is not None
-    assert events[-1].kind == "unknown", "nothing is recorded of what is no proof"
+    found = checked.found
+    assert (events[-1].kind, events[-1].detail) == (
+        "checked",
+        {
+            "by": "alice",
+            "how": "check",
+            "note": "asked the provider",
+            "found": {"where": found.where, "creator": found.creator, "created_at": found.created_at},
+            "reason": found.reason,
+        },
+    ), "what is no proof is recorded as a check, not as an outcome"
+    assert [event.kind for event in events].count("reconciled") == 0
+    report = await ledger.audit.verify()
+    assert report.broken is None, report.broken
     return checked
 
 
 async def test_a_github_issue_with_the_call_s_mark_made_by_anyone_but_the_call_leaves_it_unknown_with_what_was_found(
-    tmp_path: Path,
+    tmp_path: Path, ledger_url: str
 ) -> None:
     fake = FakeGitHub()
-    async with bastion(tmp_path, "github", fake) as bastion_:
+    async with bastion(tmp_path, "github", fake, ledger_url) as bastion_:
         fake.lose = "request"
         lost = await bastion_.unknown_call("github__create_issue", ISSUE)
         assert fake.issues == [], "the call made nothing"
@@ -280,12 +311,12 @@ async def test_a_github_issue_with_the_call_s_mark_made_by_anyone_but_the_call_l
 
 
 async def test_a_github_comment_with_the_call_s_mark_made_by_anyone_but_the_call_leaves_it_unknown_with_what_was_found(
-    tmp_path: Path,
+    tmp_path: Path, ledger_url: str
 ) -> None:
     fake = FakeGitHub()
     fake.seed_issue("Crash on save", None)
     arguments = {"owner": "acme", "repo": "app", "number": 1, "body": "Fixed in main."}
-    async with bastion(tmp_path, "github", fake) as bastion_:
+    async with bastion(tmp_path, "github", fake, ledger_url) as bastion_:
         fake.lose = "request"
         lost = await bastion_.unknown_call("github__comment_on_issue", arguments)
         async with fake.client(AGENT_TOKEN) as agent:
@@ -310,11 +341,11 @@ async def test_a_github_comment_with_the_call_s_mark_made_by_anyone_but_the_call
 
 
 async def test_a_linear_issue_under_the_call_s_old_public_id_or_moved_elsewhere_leaves_it_unknown_not_failed(
-    tmp_path: Path,
+    tmp_path: Path, ledger_url: str
 ) -> None:
     fake = FakeLinear()
     arguments = {"team": "ENG", "title": "Crash on save"}
-    async with bastion(tmp_path, "linear", fake) as bastion_:
+    async with bastion(tmp_path, "linear", fake, ledger_url) as bastion_:
         fake.lose = "request"
         lost = await bastion_.unknown_call("linear__create_issue", arguments)
         await fake.create(AGENT_TOKEN, unkeyed_issue_id_for(lost.id))  # the id anyone could derive from the call's
@@ -324,6 +355,12 @@ async def test_a_linear_issue_under_the_call_s_old_public_id_or_moved_elsewhere_
         assert squatted.found.creator == "Agent"
         assert "without a key" in str(squatted.found.reason) and "not by the token's user Bastion" in str(
             squatted.found.reason
+        )
+        noted = (await bastion_.gateway.ledger.invocations.events(lost.id))[-1]
+        assert (noted.kind, noted.detail["reason"], noted.detail["found"]["creator"]) == (
+            "checked",
+            squatted.found.reason,
+            "Agent",
         )
 
         fake.lose = "answer"
@@ -340,11 +377,11 @@ async def test_a_linear_issue_under_the_call_s_old_public_id_or_moved_elsewhere_
 
 
 async def test_a_slack_message_with_the_call_s_mark_posted_by_anyone_but_the_call_leaves_it_unknown_with_what_was_found(
-    tmp_path: Path,
+    tmp_path: Path, ledger_url: str
 ) -> None:
     fake = FakeSlack()
     arguments = {"channel": "#general", "text": "Deployed."}
-    async with bastion(tmp_path, "slack", fake) as bastion_:
+    async with bastion(tmp_path, "slack", fake, ledger_url) as bastion_:
         fake.lose = "request"
         lost = await bastion_.unknown_call("slack__post_message", arguments)
         untagged = {"event_type": METADATA_EVENT, "event_payload": {"invocation_id": lost.id}}
@@ -384,6 +421,34 @@ async def test_a_slack_message_with_the_call_s_mark_posted_by_anyone_but_the_cal
     assert accepted.invocation.status == "completed"
     assert accepted.found is not None and accepted.found.accepted
     assert accepted.found.result["ts"] == fake.messages[-1]["message"]["ts"]
+
+
+async def test_reconciling_with_refused_evidence_records_the_attempt_then_refuses_and_a_settled_call_is_a_conflict(
+    tmp_path: Path, ledger_url: str
+) -> None:
+    copied = Found("completed", "acme/app#7", {"number": 7}, "agent", "2020-01-01T00:00:00Z", "made by agent")
+    async with bastion(tmp_path, "github", FakeGitHub(), ledger_url) as bastion_:
+        ledger = bastion_.gateway.ledger
+        unknown = await _recorded(bastion_, "unknown", minutes_ago=1)
+        with pytest.raises(InvalidArguments):
+            await reconcile(ledger, unknown.id, outcome="completed", principal=OWNER, note="seen", found=copied)
+        after_refusal = await ledger.invocations.get(unknown.id)
+        noted = (await ledger.invocations.events(unknown.id))[-1]
+        await reconcile(ledger, unknown.id, outcome="failed", principal=OWNER, note="by hand")
+        with pytest.raises(Conflict):
+            await reconcile(ledger, unknown.id, outcome="completed", principal=OWNER, note=None, found=copied)
+        kinds = [event.kind for event in await ledger.invocations.events(unknown.id)]
+        report = await ledger.audit.verify()
+    assert after_refusal is not None and after_refusal.status == "unknown"
+    assert (noted.kind, noted.detail["by"], noted.detail["how"], noted.detail["reason"]) == (
+        "checked",
+        "alice",
+        "check",
+        "made by agent",
+    )
+    assert noted.detail["found"] == {"where": "acme/app#7", "creator": "agent", "created_at": "2020-01-01T00:00:00Z"}
+    assert kinds == ["planned", "executing", "unknown", "checked", "reconciled"], "a settled call records no check"
+    assert report.broken is None, report.broken
 
 
 async def test_a_check_is_refused_for_an_action_without_a_look_up_for_an_agent_and_for_a_resolved_call(

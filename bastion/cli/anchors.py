@@ -4,15 +4,18 @@ kept outside the ledger (bastion.ledger.anchors)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Final
 
 import anyio
 import typer
 
+from bastion import assembly
 from bastion.cli.app import ConfigOption, Exit, JsonOption, emit_json, load, open_ledger, out, run_async
 from bastion.cli.audit import audit_app
-from bastion.config import Config
+from bastion.config import Config, anchor_url
+from bastion.errors import ConfigError
 from bastion.ledger import OpenLedger
 from bastion.ledger.anchors import (
     Anchor,
@@ -25,6 +28,7 @@ from bastion.ledger.anchors import (
     signing_key_path_for,
 )
 from bastion.models import AuditReport, utcnow
+from bastion.pipeline.notify import shown_url
 
 STDOUT: Final = "-"
 
@@ -61,7 +65,9 @@ def audit_anchor(
         str | None,
         typer.Option(
             "--to",
-            help="Append the anchor to this file (default: \\[ledger] anchor_file); - prints it for a log shipper.",
+            help="Append the anchor to this file, or POST it to this URL (https, or http to this machine; signed "
+            "with \\[ledger] anchor_secret); - prints it for a log shipper. Default: \\[ledger] anchor_file and "
+            "anchor_url.",
         ),
     ] = None,
     config_dir: ConfigOption = None,
@@ -70,35 +76,83 @@ def audit_anchor(
     """Sign the audit chain's head and keep it outside the ledger: an anchor. `bastion audit verify --anchors FILE`
     then notices a history rewritten before it, or cut after it, even with every hash recomputed. The chain since the
     last anchor in the file (or the whole ledger) is verified first: a broken history is never signed (exit 1).
-    `bastion serve` anchors on its own while \\[ledger] anchor_file is set."""
+    An anchor the URL does not take is kept in the ledger's outbox and sent first at the next anchoring (exit 1).
+    `bastion serve` anchors on its own while \\[ledger] anchor_file or anchor_url is set."""
     config = load(config_dir, report=False)
     target = _target(config, to)
+    if target.url is not None:
+        try:
+            assembly.anchor_secret_of(config, target.url)
+        except ConfigError as exc:
+            raise Exit.of(exc) from exc
 
-    async def run() -> Anchor | AuditReport:
+    async def run() -> tuple[Anchor | AuditReport, str | None]:
         async with open_ledger(config) as ledger:
             key = await anyio.to_thread.run_sync(load_or_create_signing_key, signing_key_path(ledger))
-            last = await anyio.to_thread.run_sync(last_anchor, target) if target is not None else None
-            return await anchor_head(ledger.audit, key, last=last, now=utcnow())
+            file = target.file
+            last = await anyio.to_thread.run_sync(last_anchor, file) if file is not None else None
+            made = await anchor_head(ledger.audit, key, last=last, now=utcnow())
+            if isinstance(made, AuditReport):
+                return made, None
+            if file is not None:  # first: the anchor is kept even if the URL does not take it
+                await anyio.to_thread.run_sync(append_anchor, file, made)
+            if target.url is None:
+                return made, None
+            async with assembly.anchor_webhook(config, ledger, target.url) as sender:
+                return made, await sender.send(made)
 
-    made = run_async(run)
+    made, undelivered = run_async(run)
     if isinstance(made, AuditReport):
         assert made.broken is not None
         raise Exit(f"error: not anchored: the audit chain does not verify: {made.broken.message}", 1)
-    if target is None:
+    if target.file is None and target.url is None:
         sys.stdout.write(anchor_line(made) + "\n")
         sys.stdout.flush()
         return
-    append_anchor(target, made)
+    shown = shown_url(target.url) if target.url is not None else None
     if as_json:
-        emit_json({"anchor": made.model_dump(mode="json"), "file": str(target)})
+        file = str(target.file) if target.file is not None else None
+        delivered = None if shown is None else undelivered is None
+        emit_json(
+            {"anchor": made.model_dump(mode="json"), "file": file, "url": shown, "delivered": delivered}
+            | ({"error": undelivered} if undelivered is not None else {})
+        )
+        if undelivered is not None:
+            raise typer.Exit(1)
         return
-    out.print(f"anchored position {made.position} ({made.hash[:16]}...) in {target}", markup=False, highlight=False)
+    kept = [f"in {target.file}"] if target.file is not None else []
+    if shown is not None and undelivered is None:
+        kept.append(f"sent to {shown}")
+    if kept:
+        line = f"anchored position {made.position} ({made.hash[:16]}...) {' and '.join(kept)}"
+        out.print(line, markup=False, highlight=False)
+    if undelivered is not None:
+        raise Exit(
+            f"error: anchors were not delivered to {shown} ({undelivered}); they are kept in the ledger's outbox and "
+            "sent, oldest first, at the next anchoring (this command, or `bastion serve` with [ledger] anchor_url): "
+            "check that the receiver is up and answers 2xx",
+            1,
+        )
 
 
-def _target(config: Config, to: str | None) -> Path | None:
-    """Where an anchor goes: the file given, or the configured one; None: stdout."""
+@dataclass(frozen=True)
+class _Target:
+    """Where an anchor goes: a file, a URL, both (the configured ones), or neither: stdout."""
+
+    file: Path | None
+    url: str | None
+
+
+def _target(config: Config, to: str | None) -> _Target:
+    """The place given (`-`: stdout; a URL, checked as `[ledger] anchor_url` is; else a file), or the configured
+    ones."""
     if to == STDOUT:
-        return None
-    if to is not None:
-        return Path(to).expanduser()
-    return config.anchor_file
+        return _Target(None, None)
+    if to is None:
+        return _Target(config.anchor_file, config.settings.ledger.anchor_url)
+    if "://" not in to:
+        return _Target(Path(to).expanduser(), None)
+    try:
+        return _Target(None, anchor_url(to))
+    except ValueError as exc:
+        raise Exit(f"error: --to {exc}", 2) from exc

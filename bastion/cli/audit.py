@@ -150,7 +150,8 @@ def _reconcile_by_check(
     elif not found.accepted:
         out.print(
             f"not accepted: {settled.source_id} has {found.where} carrying the mark of {settled.id} ({settled.tool}), "
-            f"but it is no proof the call made it: {found.reason}. Left {settled.status}. {by_hand}",
+            f"but it is no proof the call made it: {found.reason}. Left {settled.status}, the check recorded (a "
+            f"`checked` event: bastion invocations show {settled.id}). {by_hand}",
             markup=False,
             highlight=False,
         )

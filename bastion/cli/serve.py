@@ -12,14 +12,10 @@ import typer
 
 from bastion import __version__, assembly
 from bastion.cli.app import ConfigOption, Exit, app, err, load, redactor_in_logs, run_async
-from bastion.config import Config, config_hint, host_name, validate_profile
+from bastion.config import Config, config_hint, host_name, is_loopback, validate_profile
 from bastion.errors import ConfigError
 from bastion.pipeline.gateway import Gateway
-from bastion.server.http import (
-    bind_listener,
-    is_loopback,
-    listener_problem,
-)
+from bastion.server.http import bind_listener, listener_problem
 from bastion.server.tracing import exporting_traces
 
 logger = logging.getLogger(__name__)

@@ -5,6 +5,7 @@ TOML position scanner behind those lines (`tomlpos`)."""
 
 from bastion.config.loader import load_config, validate_profile
 from bastion.config.models import (
+    LOOPBACK_NAMES,
     PROVIDER_KINDS,
     ApprovalSettings,
     Config,
@@ -26,7 +27,9 @@ from bastion.config.models import (
     ToolOverride,
     ToolPin,
     WebhookSettings,
+    anchor_url,
     host_name,
+    is_loopback,
 )
 from bastion.config.places import (
     CONFIG_ENV_VAR,
@@ -48,6 +51,7 @@ from bastion.config.places import (
 __all__ = [
     "CONFIG_ENV_VAR",
     "CONFIG_FILE",
+    "LOOPBACK_NAMES",
     "POSTGRES_PREFIXES",
     "PROVIDER_KINDS",
     "PYTHON_COMMAND",
@@ -73,6 +77,7 @@ __all__ = [
     "ToolOverride",
     "ToolPin",
     "WebhookSettings",
+    "anchor_url",
     "config_hint",
     "config_option",
     "default_state_dir",
@@ -80,6 +85,7 @@ __all__ = [
     "find_config_dir",
     "host_name",
     "init_config_dir",
+    "is_loopback",
     "is_postgres_url",
     "load_config",
     "sqlite_path",

@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Annotated, Any, Final, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from bastion.actions import DriftListing
 from bastion.models import PolicyRule
@@ -51,6 +60,39 @@ def host_name(text: str) -> str:
 
 
 HostName = Annotated[str, AfterValidator(host_name)]
+
+WEBHOOK_URL: Final = r"^https?://[^\s/]+"
+"""What every URL Bastion POSTs to looks like: http or https, then a host."""
+LOOPBACK_NAMES: Final = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address to bind, a URL's host name without brackets) is this machine only: localhost or a
+    loopback address."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def anchor_url(text: str) -> str:
+    """Where signed anchors of the audit chain are POSTed: a webhook URL, over https unless the receiver is on this
+    machine (plain http elsewhere lets anyone on the way read and drop them). ValueError names the problem and the
+    fix."""
+    parts = urlsplit(text)
+    if re.match(WEBHOOK_URL, text) is None or not parts.hostname:
+        raise ValueError(f"{text!r} is not a URL to POST anchors to; write it as https://receiver.example.com/anchors")
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
+        raise ValueError(
+            f"anchors would go to {parts.hostname} over plain http, which anyone on the way can read or drop; use "
+            "https, or plain http only to a receiver on this machine (localhost, 127.0.0.1, [::1])"
+        )
+    return text
+
+
+AnchorUrl = Annotated[str, AfterValidator(anchor_url)]
 
 
 class _Strict(BaseModel):
@@ -105,9 +147,29 @@ class LedgerSettings(_Strict):
     """Where signed anchors of the audit chain's head are appended (bastion.ledger.anchors), relative to the config
     directory: by `bastion audit anchor`, and by `bastion serve` every `anchor_every_seconds` the chain moved.
     `bastion audit verify` checks the chain against them. Keep it where the database's writers cannot rewrite it
-    (another disk, a log shipper). None: `audit anchor` prints the anchor, and serve anchors nothing."""
+    (another disk, a log shipper). None: anchors go to `anchor_url` only; with neither, `audit anchor` prints the
+    anchor, and serve anchors nothing."""
+    anchor_secret: SecretStr | None = None
+    """Signs each anchor POSTed to `anchor_url`, as a `json` webhook's bodies are (`X-Bastion-Signature`: HMAC-SHA256
+    over `<timestamp>.<body>`); required with it. Bind it as `anchor_secret = "${env:NAME}"`."""
+    anchor_url: AnchorUrl | None = None
+    """Where each anchor is also POSTed, as JSON (the line `anchor_file` gets): https, or plain http to a receiver on
+    this machine. One that fails is kept in the ledger's outbox and sent, before any newer one, at the next
+    anchoring. Set alone, `bastion serve` anchors to it; with `anchor_file` too, both get every anchor."""
     anchor_every_seconds: float = Field(default=300, gt=0)
-    """How often `bastion serve` anchors the chain's head, when `anchor_file` is set and the chain moved since."""
+    """How often `bastion serve` anchors the chain's head, when `anchor_file` or `anchor_url` is set and the chain
+    moved since."""
+
+    @field_validator("anchor_url")
+    @classmethod
+    def _anchor_signed(cls, url: str | None, info: ValidationInfo) -> str | None:
+        secret = info.data.get("anchor_secret")
+        if url is not None and (secret is None or not secret.get_secret_value()):
+            raise ValueError(
+                'anchor_url needs anchor_secret to sign what it sends: add anchor_secret = "${env:NAME}" to [ledger] '
+                "(the receiver checks X-Bastion-Signature with it)"
+            )
+        return url
 
 
 NotifiedEvent = Literal["approval_requested", "approval_decided", "invocation_finished", "drift_detected"]
@@ -117,7 +179,7 @@ NotifiedEvent = Literal["approval_requested", "approval_decided", "invocation_fi
 class WebhookSettings(_Strict):
     """One `[[notify.webhook]]`: where to POST each event, and how."""
 
-    url: str = Field(pattern=r"^https?://[^\s/]+")
+    url: str = Field(pattern=WEBHOOK_URL)
     secret: SecretStr | None = None
     """Signs each body (HMAC-SHA256 over `<timestamp>.<body>`); required for the `json` format."""
     format: Literal["json", "slack"] = "json"

@@ -3,7 +3,8 @@
 Someone who can write the database can rewrite its whole history and recompute every hash of the chain
 (bastion.ledger.chain): the chain then holds, and proves nothing. What they cannot do without the signing key is
 sign: `bastion audit anchor` signs the chain's head (position and hash) and appends it, one JSON line, to a file the
-operator keeps elsewhere (or prints it for a log shipper); a retention prune signs the checkpoint it leaves.
+operator keeps elsewhere (or prints it for a log shipper), or POSTs that line to a webhook (`AnchorSender`); a
+retention prune signs the checkpoint it leaves.
 `bastion audit verify --anchors FILE` then checks the chain against every anchor and the checkpoint against its
 signature: a history rewritten before an anchor, or cut after one, no longer verifies.
 
@@ -250,23 +251,42 @@ def last_anchor(path: Path) -> Anchor | None:
     return anchors[-1] if anchors else None
 
 
-class Anchoring:
-    """Appends signed anchors of the chain's head to one file (`bastion serve`, while `[ledger] anchor_file` is set):
-    `once` when the chain moved since the last; a chain that does not verify is logged, once per head, and not
-    anchored."""
+class AnchorSender(Protocol):
+    """Where anchors go beyond the file: a webhook (bastion.pipeline.notify.AnchorWebhook)."""
 
-    def __init__(self, audit: _Audit, key: Ed25519PrivateKey, path: Path) -> None:
+    async def send(self, made: Anchor | None) -> str | None:
+        """Send `made` (None: no new anchor this time), after every anchor an earlier attempt could not deliver;
+        None when all were delivered, else what went wrong (those not delivered are kept, to send next time)."""
+        ...
+
+
+class Anchoring:
+    """Keeps signed anchors of the chain's head outside the ledger (`bastion serve`, while `[ledger] anchor_file` or
+    `anchor_url` is set): `once` when the chain moved since the last, appended to the file and handed to the
+    `sender`; a chain that does not verify is logged, once per head, and not anchored."""
+
+    def __init__(
+        self, audit: _Audit, key: Ed25519PrivateKey, path: Path | None, sender: AnchorSender | None = None
+    ) -> None:
         self._audit = audit
         self._key = key
         self.path = path
+        self._sender = sender
         self._last: Anchor | None = None
         self._read = False
         self._refused: tuple[int, str] | None = None
 
     async def once(self) -> Anchor | None:
-        """Anchor the head if it moved since the last anchor (and verifies): the anchor appended, else None."""
+        """Anchor the head if it moved since the last anchor (and verifies): the anchor made, else None. The sender
+        is told either way, so it retries what it could not deliver before."""
+        made = await self._anchor()
+        if self._sender is not None:
+            await self._sender.send(made)
+        return made
+
+    async def _anchor(self) -> Anchor | None:
         if not self._read:
-            self._last = await anyio.to_thread.run_sync(last_anchor, self.path)
+            self._last = await anyio.to_thread.run_sync(last_anchor, self.path) if self.path is not None else None
             self._read = True
         head = await self._audit.head()
         last = self._last
@@ -276,11 +296,13 @@ class Anchoring:
         if isinstance(made, AuditReport):
             self._refused = head
             broken = made.broken.message if made.broken is not None else "it does not verify"
-            logger.error("the audit chain was not anchored in %s: %s; run `bastion audit verify`", self.path, broken)
+            logger.error("the audit chain was not anchored: %s; run `bastion audit verify`", broken)
             return None
-        await anyio.to_thread.run_sync(append_anchor, self.path, made)
+        if self.path is not None:
+            await anyio.to_thread.run_sync(append_anchor, self.path, made)
         self._last = made
-        logger.info("anchored the audit chain at position %d in %s", made.position, self.path)
+        where = f" in {self.path}" if self.path is not None else ""
+        logger.info("anchored the audit chain at position %d%s", made.position, where)
         return made
 
     async def every(self, seconds: float) -> None:

@@ -161,8 +161,8 @@ SourceOf = Callable[[str], ActionSource | None]
 
 @dataclass(frozen=True, slots=True)
 class Checked:
-    """What a reconcile by check came to: the invocation (reconciled, or unchanged when nothing was `found` or what
-    was found is not `accepted`)."""
+    """What a reconcile by check came to: the invocation (reconciled; unchanged when nothing was `found`; its status
+    unchanged, the refused evidence recorded, when what was found is not `accepted`)."""
 
     invocation: Invocation
     found: Found | None
@@ -191,16 +191,17 @@ async def reconcile(
     unknown or executing -> `outcome`, with a `reconciled` event naming who (`by`: the approver), how (`how`: by
     `hand`, by `check` with the evidence `found`, or by the `rollback` whose report is `rolled_back`) and why (the
     `note`, the evidence: where, who made it and when, or the rollback's report). Approvers only; NotFound, or
-    Conflict when the invocation is not unresolved (naming its status); InvalidArguments for evidence that is not
-    accepted (it settles nothing)."""
+    Conflict when the invocation is not unresolved (naming its status). Evidence that is not accepted settles
+    nothing: the attempt is recorded (`note_refused_check`), then InvalidArguments says why."""
     _require_approver(principal, invocation_id)
+    invocation_id = await resolve_invocation_id(ledger.invocations, invocation_id, principal)
     if found is not None and not found.accepted:
+        await note_refused_check(ledger, invocation_id, found, principal=principal, note=note)
         raise InvalidArguments(
             f"what was found of invocation {invocation_id} ({found.where}) is no proof the call made it: "
             f"{found.reason}; settle it by hand with --outcome",
             invocation_id=invocation_id,
         )
-    invocation_id = await resolve_invocation_id(ledger.invocations, invocation_id, principal)
     failed = outcome == "failed"
     detail: dict[str, Any] = {"outcome": outcome, "by": principal.name, "how": "hand", "note": note}
     if found is not None:
@@ -221,10 +222,37 @@ async def reconcile(
     )
     if reconciled is not None:
         return reconciled
+    raise await _not_unresolved(ledger, invocation_id)
+
+
+async def note_refused_check(
+    ledger: Ledger, invocation_id: str, found: Found, *, principal: Principal, note: str | None
+) -> Invocation:
+    """Record a check whose evidence settles nothing (`found` not accepted): a `checked` event naming who (`by`),
+    how (`check`), what was found (where, who made it and when) and why it is no proof (`reason`), the call left
+    unknown or executing as it was. NotFound, or Conflict when the call is no longer unresolved."""
+    current = await ledger.invocations.get(invocation_id)
+    if current is None or current.status not in states.NOTE_CHECK.from_:
+        raise await _not_unresolved(ledger, invocation_id)
+    evidence = {"where": found.where, "creator": found.creator, "created_at": found.created_at}
+    noted = await ledger.invocations.transition(
+        invocation_id,
+        from_statuses=(current.status,),
+        to=current.status,
+        event="checked",
+        detail={"by": principal.name, "how": "check", "note": note, "found": evidence, "reason": found.reason},
+    )
+    if noted is None:  # settled (or recovered) since it was read
+        raise await _not_unresolved(ledger, invocation_id)
+    return noted
+
+
+async def _not_unresolved(ledger: Ledger, invocation_id: str) -> NotFound | Conflict:
+    """The error for a call that cannot be reconciled: there is none by that id, or it is settled (naming how)."""
     current = await ledger.invocations.get(invocation_id)
     if current is None:
-        raise NotFound(f"no invocation {invocation_id!r}", invocation_id=invocation_id)
-    raise Conflict(
+        return NotFound(f"no invocation {invocation_id!r}", invocation_id=invocation_id)
+    return Conflict(
         f"invocation {invocation_id} is {current.status}, not unknown or executing: only an unresolved call is "
         "reconciled",
         invocation_id=invocation_id,
@@ -292,8 +320,8 @@ async def reconcile_by_check(
     `reconcile = "lookup"` (InvalidArguments otherwise, naming the fix: by hand). Nothing found that the source
     can be sure of leaves the call as it is (`found` None), and so does "nothing was made" for a call updated within
     `stale_after`. So does what carries the call's mark but is no proof the call made it (`found` not accepted:
-    its reason says why); it is logged, and answered for the approver to judge. The source's errors (unavailable,
-    rate limited...) leave it too."""
+    its reason says why); it is logged, recorded as a `checked` event (`note_refused_check`), and answered for the
+    approver to judge. The source's errors (unavailable, rate limited...) leave it too."""
     _require_approver(principal, invocation_id)
     invocation_id = await resolve_invocation_id(ledger.invocations, invocation_id, principal)
     invocation = await ledger.invocations.get(invocation_id)
@@ -338,7 +366,8 @@ async def reconcile_by_check(
             found.reason,
             invocation.status,
         )
-        return Checked(invocation, found)
+        noted = await note_refused_check(ledger, invocation_id, found, principal=principal, note=note)
+        return Checked(noted, found)
     settled = await reconcile(
         ledger,
         invocation_id,

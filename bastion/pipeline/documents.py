@@ -71,15 +71,16 @@ class FoundView(BaseModel):
     created_at: str | None = None
     """When it was made, as the downstream says."""
     accepted: bool = True
-    """Whether it proves the call made it (then the call was reconciled by it); false leaves the call as it was."""
+    """Whether it proves the call made it (then the call was reconciled by it); false leaves the call's status as it
+    was, and records the refused check as a `checked` event."""
     reason: str | None = None
     """Why it is not accepted (e.g. made by someone else than the provider's credential, or outside the call's
     time); null when it is."""
 
 
 class CheckReport(BaseModel):
-    """A reconcile by check: the invocation (reconciled as `found` says, or unchanged when nothing was found or what
-    was found is not accepted)."""
+    """A reconcile by check: the invocation (reconciled as `found` says; unchanged when nothing was found; its status
+    unchanged, with a `checked` event, when what was found is not accepted)."""
 
     invocation: Invocation
     found: FoundView | None

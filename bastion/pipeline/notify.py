@@ -18,6 +18,9 @@ check it and refuse old timestamps (replays). A `slack` webhook gets a Slack inc
 (Slack's incoming webhooks take no signature; the secret is the URL itself). Bodies carry
 only what the ledger stores (arguments redacted); a webhook's URL (a Slack URL is a secret) is never stored or
 logged: the outbox names it by a hash.
+
+Signed anchors of the audit chain go to `[ledger] anchor_url` through the same outbox and the same signed POST
+(`AnchorWebhook`), sent when the chain is anchored rather than by a sender of their own.
 """
 
 from __future__ import annotations
@@ -29,15 +32,17 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import httpx2
 from anyio.abc import TaskStatus
 
 from bastion.config import WebhookSettings
+from bastion.ledger.anchors import Anchor, anchor_line
 from bastion.models import OutboxItem, utcnow
 from bastion.pipeline.events import announcements
-from bastion.pipeline.seams import Ledger
+from bastion.pipeline.seams import Ledger, Outbox
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +68,37 @@ def signature(secret: str, timestamp: int, body: bytes) -> str:
     """The `X-Bastion-Signature` value of `body` sent at `timestamp`."""
     mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
     return f"sha256={mac}"
+
+
+async def post(
+    http: httpx2.AsyncClient,
+    url: str,
+    body: bytes,
+    *,
+    event: str,
+    event_id: int,
+    secret: str | None,
+    now: datetime,
+) -> str | None:
+    """POST one JSON `body` as every webhook message goes (signed with `secret`, when there is one, at `now`); None
+    when the receiver took it (2xx), else what went wrong."""
+    timestamp = int(now.timestamp())
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "bastion-webhook",
+        "X-Bastion-Event": event,
+        "X-Bastion-Event-Id": str(event_id),
+        "X-Bastion-Timestamp": str(timestamp),
+    }
+    if secret is not None:
+        headers["X-Bastion-Signature"] = signature(secret, timestamp, body)
+    try:
+        response = await http.post(url, content=body, headers=headers, timeout=SEND_TIMEOUT)
+    except httpx2.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if 200 <= response.status_code < 300:
+        return None
+    return f"HTTP {response.status_code}"
 
 
 def backoff(attempts: int) -> float:
@@ -171,23 +207,15 @@ class Notifier:
         else:
             payload = event | {"link": link}
         body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-        timestamp = int(self._clock().timestamp())
-        headers = {
-            "Content-Type": "application/json",
-            "User-Agent": "bastion-webhook",
-            "X-Bastion-Event": str(event["event"]),
-            "X-Bastion-Event-Id": str(item.event_id),
-            "X-Bastion-Timestamp": str(timestamp),
-        }
-        if webhook.secret is not None:
-            headers["X-Bastion-Signature"] = signature(webhook.secret.get_secret_value(), timestamp, body)
-        try:
-            response = await self.http.post(webhook.url, content=body, headers=headers, timeout=SEND_TIMEOUT)
-        except httpx2.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"
-        if 200 <= response.status_code < 300:
-            return None
-        return f"HTTP {response.status_code}"
+        return await post(
+            self.http,
+            webhook.url,
+            body,
+            event=str(event["event"]),
+            event_id=item.event_id,
+            secret=webhook.secret.get_secret_value() if webhook.secret is not None else None,
+            now=self._clock(),
+        )
 
     def _link(self, event: dict[str, Any]) -> str | None:
         if self.inbox_url is None:
@@ -210,3 +238,93 @@ def slack_text(event: dict[str, Any], link: str | None) -> str:
     status = invocation["status"]
     who = invocation.get("principal") or "an anonymous host"
     return f"{tool} {_HEADLINES.get(event['event'], event['event'])} ({status}, {invocation['risk']}) · asked by {who}"
+
+
+ANCHOR_EVENT: Final = "audit_anchor"
+"""`X-Bastion-Event` of an anchor's message."""
+
+
+def anchor_target(url: str) -> str:
+    """The name the outbox knows an anchor webhook by: a hash of its URL, as for the event webhooks."""
+    return "anchor-" + hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def shown_url(url: str) -> str:
+    """`url` as logs and messages name it: scheme, host, port and path, without credentials or query."""
+    parts = urlsplit(url)
+    host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname or ""
+    port = f":{parts.port}" if parts.port is not None else ""
+    return urlunsplit((parts.scheme, host + port, parts.path, "", ""))
+
+
+class AnchorWebhook:
+    """POSTs signed anchors of the audit chain (bastion.ledger.anchors) to `[ledger] anchor_url`, through the
+    ledger's outbox, so that neither a receiver that is down nor a restart loses one.
+
+    Each anchor is added to the outbox under its chain position (the same head anchored twice, by two instances or
+    by `serve` and the CLI, is one message), then every anchor due is sent in order, oldest first, one at a time:
+    the JSON line `anchor_file` gets, signed as a `json` webhook's body (`X-Bastion-Signature`, with
+    `[ledger] anchor_secret`), `X-Bastion-Event: audit_anchor`, `X-Bastion-Event-Id` its position. The first that
+    fails ends the round, logged with the URL and what to check; it stays due, and is sent first at the next
+    anchoring. Anchors are never given up on: a missing one would leave a stretch of history unanchored.
+    """
+
+    def __init__(
+        self, outbox: Outbox, url: str, secret: str, *, http: httpx2.AsyncClient, clock: Callable[[], datetime] = utcnow
+    ) -> None:
+        self.outbox = outbox
+        self.url = url
+        self.target = anchor_target(url)
+        self._secret = secret
+        self.http = http
+        self._clock = clock
+
+    async def send(self, made: Anchor | None) -> str | None:
+        """Add `made` to the outbox (when there is one), then deliver what is due; None when all of it was
+        delivered, else what went wrong."""
+        if made is not None:
+            await self.outbox.enqueue(self.target, made.position, anchor_line(made), now=self._clock())
+        while True:
+            now = self._clock()
+            items = await self.outbox.claim(self.target, now=now, until=now + timedelta(seconds=CLAIM_SECONDS), limit=1)
+            if not items:
+                return None
+            error = await self._deliver(items[0])
+            if error is not None:
+                return error
+
+    async def _deliver(self, item: OutboxItem) -> str | None:
+        error: str | None = f"no answer within {SEND_TIMEOUT:g} s"
+        try:
+            with anyio.move_on_after(SEND_TIMEOUT):
+                error = await post(
+                    self.http,
+                    self.url,
+                    item.body.encode(),
+                    event=ANCHOR_EVENT,
+                    event_id=item.event_id,
+                    secret=self._secret,
+                    now=self._clock(),
+                )
+        except anyio.get_cancelled_exc_class():  # stopping: the anchor is due again at once, for the next anchoring
+            with anyio.CancelScope(shield=True):
+                await self.outbox.retry(item.id, at=self._clock(), error="interrupted: Bastion stopped")
+            raise
+        except Exception as exc:  # supervisor of one delivery: whatever failed, the anchor is kept and retried
+            logger.exception("delivering the anchor of position %d failed unexpectedly", item.event_id)
+            error = f"{type(exc).__name__}: {exc}"
+        with anyio.CancelScope(shield=True):  # a ledger write: its outcome is recorded even while stopping
+            if error is None:
+                await self.outbox.delivered(item.id, now=self._clock())
+                logger.info("sent the anchor of position %d to %s", item.event_id, shown_url(self.url))
+                return None
+            await self.outbox.retry(item.id, at=self._clock(), error=error)
+        logger.warning(
+            "the anchor of position %d was not delivered to %s (%s); it is kept in the ledger's outbox and sent again "
+            "at the next anchoring: check that the receiver is up and answers 2xx, and [ledger] anchor_url and "
+            "anchor_secret",
+            item.event_id,
+            shown_url(self.url),
+            error,
+        )
+        return error

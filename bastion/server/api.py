@@ -467,8 +467,9 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         f"{STALE_AFTER.total_seconds():g} s. Found: records a `reconciled` event (`how`: `check`, with what was "
         "found: where, its creator and creation time) and answers it with the invocation reconciled. Found but "
         "no proof the call made it (`found.accepted` false, `found.reason` saying why: its mark not keyed by this "
-        "Bastion, made by another than the provider's credential, elsewhere or outside the call's time) or not "
-        "found (`found` null): the call is left as it was. 502 or 429 when the source cannot be asked now; "
+        "Bastion, made by another than the provider's credential, elsewhere or outside the call's time): the call's "
+        "status is left as it was, and a `checked` event records who asked, what was found and why it was refused. "
+        "Not found (`found` null): the call is left as it was. 502 or 429 when the source cannot be asked now; "
         "nothing is recorded.",
     ),
     Operation(

@@ -33,7 +33,7 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bastion import __version__
-from bastion.config import config_hint, host_name
+from bastion.config import LOOPBACK_NAMES, config_hint, host_name, is_loopback
 from bastion.errors import BastionError, ConfigError, HostNotAllowed, OriginNotAllowed
 from bastion.ledger import guarantee_of
 from bastion.models import SourceStatus
@@ -53,7 +53,6 @@ from bastion.server.rest import routing_error
 
 logger = logging.getLogger(__name__)
 
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 """Bind addresses that listen on every address of the machine."""
 
@@ -76,15 +75,6 @@ async def require_tokens_beyond_loopback(host: str, tokens: TokenStore, config_o
             f"Create one first with `bastion tokens create NAME --role admin{config_option}` (and agent tokens "
             "for hosts), or bind to 127.0.0.1."
         )
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class AllowedHosts:

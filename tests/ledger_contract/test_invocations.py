@@ -10,8 +10,10 @@ from typing import Any
 import anyio
 import pytest
 
+from bastion import states
 from bastion.errors import Conflict
 from bastion.ledger import OpenLedger
+from bastion.models import Status
 from bastion.pipeline.seams import Ledger
 from tests.ledger_contract.backends import Backend
 from tests.ledger_contract.samples import CANARY, T0, make_invocation
@@ -159,6 +161,25 @@ async def test_transition_can_name_its_event_and_leaves_unset_fields_alone(ledge
     assert updated is not None
     assert (updated.status, updated.error_class, updated.owner) == ("completed", "timeout", "a")
     assert [event.kind for event in await ledger.invocations.events("inv-0001")] == ["planned", "reconciled"]
+
+
+@pytest.mark.parametrize("status", states.NOTE_CHECK.from_)
+async def test_a_move_that_leaves_the_status_appends_its_event_keeps_updated_at_and_the_chain_verifies(
+    ledger: OpenLedger, status: Status
+) -> None:
+    await ledger.invocations.record(make_invocation(status=status, updated_at=T0, owner="a"), ["planned", status])
+    detail = {"by": "alice", "how": "check", "reason": "made by agent"}
+    noted = await ledger.invocations.transition(
+        "inv-0001", from_statuses=(status,), to=status, event="checked", detail=detail
+    )
+    assert noted is not None
+    assert (noted.status, noted.updated_at, noted.owner) == (status, T0, "a"), "the call's window does not move"
+    events = await ledger.invocations.events("inv-0001")
+    assert [(event.kind, event.detail) for event in events][-1] == ("checked", detail)
+    assert await ledger.invocations.get("inv-0001") == noted
+    report = await ledger.audit.verify()
+    assert report.broken is None, report.broken
+    assert (report.verified, report.records) == (3, 1)
 
 
 async def test_transition_from_a_wrong_status_returns_none_and_appends_nothing(ledger: OpenLedger) -> None:

@@ -49,11 +49,12 @@ COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_i
 TRANSITION_FIELDS: Final = ("result", "error_class", "error_message", "owner", "expires_at")
 """The columns `transition` may set besides status and updated_at."""
 
-# `%(set_<field>)s` says whether the field is being set: one statement serves every transition.
+# `%(set_<field>)s` says whether the field is being set: one statement serves every transition. A move that leaves
+# the status (bastion.states.NOTE_CHECK) leaves updated_at too, as in SQLite.
 TRANSITION: Final = f"""
     UPDATE invocations SET
         status = %(to)s,
-        updated_at = %(now)s,
+        updated_at = CASE WHEN status = %(to)s THEN updated_at ELSE %(now)s END,
         {", ".join(f"{name} = CASE WHEN %(set_{name})s THEN %({name})s ELSE {name} END" for name in TRANSITION_FIELDS)},
         last_seq = last_seq + 1
     WHERE id = %(id)s AND status = ANY(%(from_statuses)s)

@@ -48,11 +48,13 @@ TRANSITION_FIELDS: Final = ("result", "error_class", "error_message", "owner", "
 """The columns `transition` may set besides status and updated_at."""
 
 # One constant statement for every transition: `:set_<field>` says whether the field is being set, and the
-# allowed from-statuses arrive as one JSON array, so SQLite can reuse the prepared statement.
+# allowed from-statuses arrive as one JSON array, so SQLite can reuse the prepared statement. A move that leaves the
+# status (bastion.states.NOTE_CHECK) leaves updated_at too: it is when the status last changed, and a look-up's
+# window of the call ends there.
 TRANSITION: Final = f"""
     UPDATE invocations SET
         status = :to,
-        updated_at = :now,
+        updated_at = CASE WHEN status = :to THEN updated_at ELSE :now END,
         {", ".join(f"{name} = CASE WHEN :set_{name} THEN :{name} ELSE {name} END" for name in TRANSITION_FIELDS)}
     WHERE id = :id AND status IN (SELECT value FROM json_each(:from_statuses))
     {_RETURNING}
