@@ -46,8 +46,11 @@ class SqliteFeed:
     def __init__(self, db: SqliteDatabase, *, start: int) -> None:
         """`start`: the newest event id when the ledger was opened (changes before it are not announced)."""
         self._db = db
-        self._recent: deque[Change] = deque(maxlen=KEPT)
+        self._recent: deque[Change] = deque()
         self._cursor = start
+        self._floor = start
+        """Changes after it are kept: the id of the newest one dropped (ids have gaps: the records' events of the
+        chain, bastion.ledger.kept, take positions the feed never announces)."""
         self._arrived = anyio.Event()
         db.on_commit(self._read_new, waiting=self._someone_waits)
 
@@ -77,9 +80,8 @@ class SqliteFeed:
                 )
         while after >= self.cursor:  # (reading the cursor reads this process's commits not read yet)
             await self._arrived.wait()
-        oldest = self._recent[0].id if self._recent else self._cursor + 1
-        if after + 1 < oldest:
-            raise ChangesLost(f"changes after {after} are no longer kept (the oldest kept is {oldest})")
+        if after < self._floor:
+            raise ChangesLost(f"changes after {after} are no longer kept (the oldest kept follows {self._floor})")
         return [change for change in self._recent if change.id > after]
 
     async def since(self, after: int, *, limit: int = 1000) -> list[Change]:
@@ -125,7 +127,11 @@ class SqliteFeed:
         if not rows:
             return
         rows.reverse()
+        if len(rows) == KEPT:  # older ones may have been left unread: they are lost to a waiter behind them
+            self._floor = max(self._floor, rows[0][0] - 1)
         self._recent.extend(Change(id=row[0], invocation_id=row[1], kind=row[2]) for row in rows)
+        while len(self._recent) > KEPT:
+            self._floor = self._recent.popleft().id
         self._cursor = rows[-1][0]
         if self._arrived.statistics().tasks_waiting:  # (`next` reads the cursor before it waits)
             arrived, self._arrived = self._arrived, anyio.Event()
