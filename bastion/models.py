@@ -24,6 +24,7 @@ EventKind = Literal[
     "unknown",
     "reconciled",
     "checked",
+    "scrubbed",
 ]
 """What an invocation's events say: a status it moved to, or `planned` (its intent, before anything runs),
 `reconciled` (an outcome found after the fact) or `checked` (a look-up whose evidence was refused: it moved
@@ -439,6 +440,8 @@ class AuditReport(BaseModel):
     verified: int
     pre_chain: int = 0
     """Of them, the events recorded before records were chained (their hash covers the event alone)."""
+    scrubbed: int = 0
+    """Of them, the events a signed scrub changed (`bastion audit scrub`): their hash is the one the scrub signed."""
     anchors: int = 0
     """The signed anchors the chain was found to hold (`bastion audit verify --anchors`)."""
     trusted_keys: int = 0
@@ -450,7 +453,7 @@ class AuditReport(BaseModel):
     grant_uses: int = 0
     """The calls grants let through, each found inside its grant's scope."""
     records: int = 0
-    """The invocation rows found equal to the state their newest event carries."""
+    """The rows (invocations, tokens, pins, grants) found equal to the state their newest event carries."""
     records_not_covered: int = 0
     """The rows whose newest event is pre-chain (or was pruned under a kept step): not checked."""
     checkpoint: AuditCheckpoint | None = None
@@ -459,6 +462,14 @@ class AuditReport(BaseModel):
     head_hash: str | None = None
     """The hash of the newest event verified: anchor it elsewhere to notice a later rewrite of the whole history."""
     broken: ChainBreak | None = None
+
+
+class ScrubReport(BaseModel):
+    """What `bastion audit scrub` changed: invocations (rows or events), event details, outbox messages."""
+
+    invocations: int
+    events: int
+    outbox: int
 
 
 class PruneReport(BaseModel):

@@ -237,3 +237,27 @@ def test_a_prune_without_an_age_or_a_valid_retention_days_is_a_usage_error_namin
     doctor = run_cli("doctor", env=env)
     assert doctor.returncode == 2
     assert f"{bastion_toml}:{line}:" in doctor.stdout + doctor.stderr
+
+
+async def test_a_leaked_secret_is_scrubbed_and_verify_still_holds(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    env = bastion_env(config.parent)
+    leaked = "corp-vpn-passphrase-0451"
+    at = utcnow() - timedelta(minutes=1)
+    invocation = make_invocation(1, status="completed", mode="allow", created_at=at, updated_at=at, args={"q": leaked})
+    async with open_ledger(config) as ledger:
+        await ledger.invocations.record(invocation, ["planned", "executing", "completed"], {"echo": leaked})
+
+    refused = run_cli("audit", "scrub", "--secret-env", "LEAKED", env=env | {"LEAKED": "short"})
+    assert refused.returncode == 2 and "at least 8 characters" in refused.stderr
+    both = run_cli("audit", "scrub", "--secret-env", "LEAKED", "--secret-stdin", env=env)
+    assert both.returncode == 2 and "exactly one of" in both.stderr
+
+    scrubbed = run_cli("audit", "scrub", "--secret-env", "LEAKED", "--json", env=env | {"LEAKED": leaked})
+    assert scrubbed.returncode == 0, scrubbed.stderr
+    assert json.loads(scrubbed.stdout) == {"invocations": 1, "events": 1, "outbox": 0}
+    verified = run_cli("audit", "verify", "--json", env=env)
+    assert verified.returncode == 0, verified.stdout
+    assert json.loads(verified.stdout)["scrubbed"] == 1
+    exported = run_cli("audit", "export", env=env)
+    assert leaked not in exported.stdout and "[scrubbed]" in exported.stdout

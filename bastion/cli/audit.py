@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -29,8 +30,10 @@ from bastion.cli.app import (
     run_async,
 )
 from bastion.cli.inspect import invocations_app
+from bastion.cli.remote import TokenOption
 from bastion.config import Config
 from bastion.errors import BastionError, ConfigError, ConnectorUnavailable
+from bastion.ledger import scrubbing
 from bastion.ledger.anchors import (
     load_or_create_signing_key,
     read_anchors,
@@ -40,7 +43,7 @@ from bastion.ledger.anchors import (
 )
 from bastion.ledger.offline import export_line
 from bastion.ledger.verify import verify_signed
-from bastion.models import AuditReport, Invocation, PruneReport, utcnow
+from bastion.models import AuditReport, Invocation, PruneReport, ScrubReport, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.authority import MIN_ID_PREFIX, SourceOf
 from bastion.pipeline.documents import check_json, invocation_json
@@ -346,6 +349,61 @@ def audit_export(
             sys.stdout.flush()
 
     run_async(run)
+
+
+@audit_app.command("scrub")
+def audit_scrub(
+    secret_env: Annotated[
+        str | None,
+        typer.Option(
+            "--secret-env",
+            metavar="NAME",
+            help="Read the leaked secret from this environment variable (never from the command line, which shell "
+            "history and process lists keep).",
+            show_default=False,
+        ),
+    ] = None,
+    secret_stdin: Annotated[
+        bool, typer.Option("--secret-stdin", help="Read the leaked secret from standard input (one line).")
+    ] = False,
+    token: TokenOption = None,
+    config_dir: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Replace a leaked secret everywhere the ledger stores it (calls' arguments, results and errors, events' details,
+    webhook messages waiting) with \\[scrubbed], in one transaction. Each call touched gets a `scrubbed` event
+    signed with the ledger's signing key, naming the events it changed, so `bastion audit verify` still holds. Owner
+    and admin only. Rotate the secret too: a scrub removes what was stored, not what was seen."""
+    if (secret_env is None) == (not secret_stdin):
+        raise Exit("error: give the secret with exactly one of --secret-env NAME or --secret-stdin", 2)
+    secret = sys.stdin.readline().rstrip("\n") if secret_stdin else os.environ.get(secret_env or "", "")
+    if not secret:
+        where = "standard input" if secret_stdin else f"${secret_env}"
+        raise Exit(f"error: {where} holds no secret to scrub", 2)
+    try:
+        forms = scrubbing.forms(secret)
+    except ValueError as exc:
+        raise Exit(f"error: {exc}", 2) from exc
+    config = load(config_dir)
+
+    async def run() -> ScrubReport:
+        async with open_ledger(config) as ledger:
+            principal = await local_approver(ledger, config, token)
+            if not principal.may_decide:
+                raise Exit(f"error: {principal.name} has the {principal.role} role; only owner and admin may scrub", 1)
+            key = await anyio.to_thread.run_sync(load_or_create_signing_key, signing_key_path_for(ledger.key_path))
+            return await ledger.audit.scrub(scrubbing.Scrub(forms, principal.name, key))
+
+    report = run_async(run)
+    if as_json:
+        emit_json(report.model_dump(mode="json"))
+        return
+    out.print(
+        f"scrubbed {report.invocations} invocations, {report.events} event details and {report.outbox} webhook "
+        "messages; `bastion audit verify` accepts the change by its signature",
+        markup=False,
+        highlight=False,
+    )
 
 
 @audit_app.command("prune")

@@ -33,6 +33,7 @@ _EXPORT_PAGE: Final = f"""
     ORDER BY chain.position LIMIT {{p}}
 """
 _CHAIN_WIDTH: Final = 11
+_SCRUBS: Final = "SELECT detail FROM events WHERE kind = 'scrubbed'"
 _OF_ROW: Final = "events.invocation_id = invocations.id"
 _RECORDS: Final = f"""
     SELECT {", ".join(f"invocations.{name}" for name in INVOCATION_COLUMNS)},
@@ -146,11 +147,20 @@ class AuditReads:
         rows = await self._db.fetchall(HEAD)
         return (int(rows[0][0]), str(rows[0][1])) if rows else (0, GENESIS)
 
-    async def verify(self, anchored: Mapping[int, str] = MappingProxyType({})) -> AuditReport:
+    async def verify(
+        self,
+        anchored: Mapping[int, str] = MappingProxyType({}),
+        scrubbed: Mapping[int, tuple[int, str, str]] = MappingProxyType({}),
+    ) -> AuditReport:
         """Check the chain from the checkpoint to its head of record, then every invocation row against its newest
-        event; the report names the first break. `anchored`: (position: hash) of anchors whose signatures hold."""
+        event; the report names the first break. `anchored`: (position: hash) of anchors whose signatures hold;
+        `scrubbed`: the events signed scrubs changed (bastion.ledger.scrubbing)."""
         chain = await verify_chain(
-            await self.checkpoint(), self.chain, head_of_record=await self.head(), anchored=anchored
+            await self.checkpoint(),
+            self.chain,
+            head_of_record=await self.head(),
+            anchored=anchored,
+            scrubbed=scrubbed,
         )
         report = await verify_records(chain, self._records, self._orphans)
         for kept in KEPT:
@@ -171,6 +181,10 @@ class AuditReads:
             return [row[0] for row in await self._db.fetchall(orphans_sql(kept))]
 
         return read
+
+    async def scrubs(self) -> builtins.list[str]:
+        """The details (JSON text) of every `scrubbed` event: what each scrub changed, signed."""
+        return [row[0] for row in await self._db.fetchall(_SCRUBS)]
 
     async def decisions(self, after: str, limit: int) -> builtins.list[HeldDecision]:
         """The approvals of held calls with an invocation id above `after`, in id order, each with the grant it names

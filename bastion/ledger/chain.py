@@ -39,6 +39,7 @@ GENESIS: Final = "0" * 64
 """The previous hash of the first event of a ledger."""
 
 _NONE: Final[Mapping[int, str]] = MappingProxyType({})
+_SCRUBBED_NONE: Final[Mapping[int, tuple[int, str, str]]] = MappingProxyType({})
 
 PAGE: Final = 1000
 """How many events a verification reads at a time."""
@@ -174,6 +175,7 @@ async def verify_chain(
     head_of_record: tuple[int, str],
     anchored: Mapping[int, str] = _NONE,
     start: tuple[int, str] | None = None,
+    scrubbed: Mapping[int, tuple[int, str, str]] = _SCRUBBED_NONE,
 ) -> AuditReport:
     """Walk the chain from the checkpoint (or the genesis) to its head; report the first break, if any.
 
@@ -182,19 +184,22 @@ async def verify_chain(
     made by a prune, which removes them with it (reason `checkpoint`). `anchored`: the (position: hash) of anchors
     whose signatures were checked (bastion.ledger.anchors): the chain must hold that hash at each position it still
     keeps, and reach the newest (reason `anchor`). `start`: a (position, hash) already trusted (the last anchor) to
-    walk on from instead of the checkpoint: only the events after it are read."""
+    walk on from instead of the checkpoint: only the events after it are read. `scrubbed`: the (position, hash,
+    digest of the new detail) of events a signed scrub changed (bastion.ledger.scrubbing): such an event verifies by
+    that hash when its detail is that one."""
     prev = checkpoint.hash if checkpoint is not None else GENESIS
     after = checkpoint.position if checkpoint is not None else 0
     if start is not None:
         checkpoint = None
         after, prev = start
-    verified = pre_chain = anchors = 0
+    verified = pre_chain = anchors = scrubs = 0
     head: ChainedEvent | None = None
 
     def report(broken: ChainBreak | None) -> AuditReport:
         return AuditReport(
             verified=verified,
             pre_chain=pre_chain,
+            scrubbed=scrubs,
             anchors=anchors,
             checkpoint=checkpoint,
             head_id=head.id if head else None,
@@ -222,6 +227,9 @@ async def verify_chain(
         page = await read_page(after, PAGE)
         for event in page:
             broken = _break_at(event, prev)
+            if broken is not None and broken.reason == "hash" and _scrubbed(event, scrubbed.get(event.position)):
+                broken = None
+                scrubs += 1
             if broken is None and event.position in anchored:
                 broken = _anchor_break(event, anchored[event.position])
                 anchors += 1
@@ -327,6 +335,14 @@ async def verify_records(
             )
         )
     return report(None)
+
+
+def _scrubbed(event: ChainedEvent, scrub: tuple[int, str, str] | None) -> bool:
+    """Whether a signed scrub vouches for the event's content as it is now."""
+    if scrub is None:
+        return False
+    detail_digest = hashlib.sha256(event.detail.encode("utf-8")).hexdigest()
+    return scrub[1] == event.hash and scrub[2] == detail_digest
 
 
 def _anchor_break(event: ChainedEvent, anchored: str) -> ChainBreak | None:

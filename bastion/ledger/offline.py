@@ -28,6 +28,7 @@ from bastion.ledger.anchors import Anchor, parse_public, public_text, read_ancho
 from bastion.ledger.backend import INVOCATION_COLUMNS
 from bastion.ledger.chain import StoredRecord, stored_time, verify_chain, verify_records
 from bastion.ledger.decisions import GRANT_SOURCE, GrantUse, HeldDecision, granted, verify_decisions
+from bastion.ledger.scrubbing import accepted
 from bastion.models import AuditReport, ChainBreak, ChainedEvent, Exported, Grant
 
 _COLUMN: dict[str, int] = {name: index for index, name in enumerate(INVOCATION_COLUMNS)}
@@ -93,8 +94,14 @@ async def verify_export(lines: Sequence[_Line], anchors: Sequence[Anchor], trust
     async def page(after: int, limit: int) -> list[ChainedEvent]:
         return [line.event for line in lines if line.event.position > after][:limit]
 
+    scrubbed, _ = accepted((line.event.detail for line in lines if line.event.kind == "scrubbed"), trusted)
     chain = await verify_chain(
-        None, page, head_of_record=(last.position, last.hash), anchored=anchored, start=(start, first.prev_hash)
+        None,
+        page,
+        head_of_record=(last.position, last.hash),
+        anchored=anchored,
+        start=(start, first.prev_hash),
+        scrubbed=scrubbed,
     )
     records = _records(lines)
     report = await verify_records(chain, _pages(sorted(records.values())), _nothing)

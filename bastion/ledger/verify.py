@@ -8,6 +8,7 @@ from typing import Literal, Protocol
 
 from bastion.ledger.anchors import Anchor, signature_fault
 from bastion.ledger.decisions import GrantUse, HeldDecision, verify_decisions
+from bastion.ledger.scrubbing import accepted
 from bastion.models import AuditCheckpoint, AuditReport, ChainBreak
 
 
@@ -16,7 +17,11 @@ class Audit(Protocol):
 
     async def checkpoint(self) -> AuditCheckpoint | None: ...
 
-    async def verify(self, anchored: Mapping[int, str] = ...) -> AuditReport: ...
+    async def verify(
+        self, anchored: Mapping[int, str] = ..., scrubbed: Mapping[int, tuple[int, str, str]] = ...
+    ) -> AuditReport: ...
+
+    async def scrubs(self) -> list[str]: ...
 
     async def decisions(self, after: str, limit: int) -> list[HeldDecision]: ...
 
@@ -58,7 +63,11 @@ async def verify_signed(audit: Audit, anchors: Sequence[Anchor], trusted: Collec
                 f"the checkpoint at position {checkpoint.position} does not hold: {fault}; a checkpoint no prune "
                 "signed may hide the events before it",
             )
-    report = await audit.verify(anchored)
+    scrubbed, faults = accepted(await audit.scrubs(), trusted)
+    report = await audit.verify(anchored, scrubbed)
+    if report.broken is not None and report.broken.reason == "hash" and faults:
+        broken = report.broken.model_copy(update={"message": f"{report.broken.message} ({'; '.join(faults)})"})
+        report = report.model_copy(update={"broken": broken})
     report = await verify_decisions(report, audit.decisions, audit.grant_uses, trusted)
     return report.model_copy(update={"trusted_keys": len(trusted)})
 

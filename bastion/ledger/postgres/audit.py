@@ -8,18 +8,22 @@ head for its transaction, so nothing is appended while it cuts.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 
 from bastion.ledger.audit_reads import AuditReads
 from bastion.ledger.chain import TERMINAL, CheckpointSigner, stored_time
 from bastion.ledger.kept import restated, stale_sql
-from bastion.ledger.postgres.chain import append_records, record_row
+from bastion.ledger.postgres.chain import append, append_records, record_row
 from bastion.ledger.postgres.chain import head as chain_head
 from bastion.ledger.postgres.database import Connection, PostgresDatabase
 from bastion.ledger.postgres.grants import grants_by_id
+from bastion.ledger.postgres.invocations import SCRUB_ROW, changes
 from bastion.ledger.postgres.reads import as_is, invocation_from_row
-from bastion.models import AuditCheckpoint, PruneReport
+from bastion.ledger.scrubbing import SCRUBBED, SCRUBBED_COLUMNS, Found, Scrub, plan
+from bastion.models import AuditCheckpoint, PruneReport, ScrubReport, utcnow
 
 CHECKPOINT: Final = (
     "SELECT position, event_id, hash, at, events, invocations, key, signature FROM audit_checkpoints "
@@ -60,6 +64,14 @@ UPDATE_CHECKPOINT_COUNTS: Final = (
 )
 
 
+_HOLDING: Final = " OR ".join(f"strpos({name}, %(form)s) > 0" for name in SCRUBBED_COLUMNS)
+SCRUB_ROWS: Final = f"SELECT id, {', '.join(SCRUBBED_COLUMNS)} FROM invocations WHERE {_HOLDING}"
+SCRUBBED_NOW: Final = f"SELECT {', '.join(SCRUBBED_COLUMNS)} FROM invocations WHERE id = %s"
+SCRUB_EVENTS: Final = "SELECT id, position, invocation_id, hash, detail FROM events WHERE strpos(detail, %(form)s) > 0"
+SCRUB_DETAIL: Final = "UPDATE events SET detail = %s WHERE id = %s"
+SCRUB_OUTBOX: Final = "UPDATE outbox SET body = replace(body, %(form)s, %(scrubbed)s) WHERE strpos(body, %(form)s) > 0"
+
+
 class PostgresAudit(AuditReads):
     """The audit chain of one PostgreSQL ledger; satisfies `bastion.pipeline.seams.AuditLog`."""
 
@@ -89,6 +101,42 @@ class PostgresAudit(AuditReads):
             key=row[6],
             signature=row[7],
         )
+
+    async def scrub(self, scrub: Scrub) -> ScrubReport:
+        """Replace every form of a leaked secret in invocations, event details and the outbox, in one transaction
+        holding the chain's head, as `verify` accepts it (bastion.ledger.scrubbing): a signed `scrubbed` event on
+        every invocation touched."""
+
+        async def work(conn: Connection) -> ScrubReport:
+            at_head = await chain_head(conn)
+            rows: dict[str, Sequence[Any]] = {}
+            events: dict[int, Found] = {}
+            outbox = 0
+            for form in scrub.forms:
+                found = await (await conn.execute(SCRUB_ROWS, {"form": form})).fetchall()
+                rows.update((str(row[0]), row) for row in found)
+                for row in await (await conn.execute(SCRUB_EVENTS, {"form": form})).fetchall():
+                    events[int(row[0])] = Found(*row)
+                params = {"form": form, "scrubbed": SCRUBBED}
+                outbox += (await conn.execute(SCRUB_OUTBOX, params)).rowcount
+            planned = plan(scrub, rows.values(), events.values())
+            # The events table refuses updates (a trigger): a scrub lifts it inside its own transaction only.
+            await conn.execute("ALTER TABLE events DISABLE TRIGGER events_no_update")
+            for event_id, detail in planned.details.items():
+                await conn.execute(SCRUB_DETAIL, (detail, event_id))
+            await conn.execute("ALTER TABLE events ENABLE TRIGGER events_no_update")
+            now = utcnow()
+            changed = []
+            for invocation_id, signed in planned.signed.items():
+                values = planned.rows.get(invocation_id)
+                if values is None:
+                    values = await (await conn.execute(SCRUBBED_NOW, (invocation_id,))).fetchone()
+                returned = await (await conn.execute(SCRUB_ROW, (*(values or ()), invocation_id))).fetchall()
+                changed += changes(returned, "scrubbed", now, json.dumps(signed, separators=(",", ":")))
+            await append(conn, at_head, changed)
+            return ScrubReport(invocations=len(planned.signed), events=len(planned.details), outbox=outbox)
+
+        return await self._db.transaction(work)
 
     async def prune(self, before: datetime, *, now: datetime, sign: CheckpointSigner | None = None) -> PruneReport:
         """Delete the oldest events of the chain, up to the first that belongs to an invocation not finished before

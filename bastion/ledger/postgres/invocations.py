@@ -27,6 +27,7 @@ from bastion.ledger.postgres.database import NOTIFY, Connection, changes_of
 from bastion.ledger.postgres.grants import insert_grant
 from bastion.ledger.postgres.limits import admit_in
 from bastion.ledger.postgres.reads import PostgresInvocationReads, invocation_from_row
+from bastion.ledger.scrubbing import SCRUBBED_COLUMNS
 from bastion.models import Admission, EventKind, Grant, Invocation, RecoveryReport, Status, utcnow
 
 _COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
@@ -111,10 +112,16 @@ NEVER_STARTED: Final = (
 PROCESS_STOPPED: Final = "the Bastion process running it stopped"
 
 _INVOCATION_WIDTH: Final = len(INVOCATION_COLUMNS)
+SCRUB_ROW: Final = f"""
+    UPDATE invocations SET {", ".join(f"{name} = %s" for name in SCRUBBED_COLUMNS)}, last_seq = last_seq + 1
+    WHERE id = %s
+    RETURNING {_COLUMN_LIST}, last_seq
+"""
+"""A scrub's rewrite of an invocation (bastion.ledger.scrubbing): its status and times stay."""
 _Refusal = TypeVar("_Refusal")
 
 
-def _changes(rows: Sequence[Sequence[Any]], kind: str, at: datetime, detail: str = "{}") -> builtins.list[Change]:
+def changes(rows: Sequence[Sequence[Any]], kind: str, at: datetime, detail: str = "{}") -> builtins.list[Change]:
     """The events of rows an UPDATE returned (`INVOCATION_COLUMNS`, then `last_seq`): each numbered `last_seq`."""
     return [Change(row[:_INVOCATION_WIDTH], row[_INVOCATION_WIDTH], kind, at, detail) for row in rows]
 
@@ -131,7 +138,7 @@ class PostgresInvocations(PostgresInvocationReads):
         async def work(conn: Connection) -> tuple[builtins.list[Any], builtins.list[Any]]:
             at_head = await head(conn)
             rows = await (await conn.execute(sql, params)).fetchall()
-            return rows, await append(conn, at_head, _changes(rows, kind, params["now"], detail))
+            return rows, await append(conn, at_head, changes(rows, kind, params["now"], detail))
 
         rows, appended = await self._db.transaction(work)
         await self._db.committed(changes_of(appended))
@@ -301,9 +308,9 @@ class PostgresInvocations(PostgresInvocationReads):
                 expired = await (
                     await conn.execute(EXPIRE_ONE, {"id": invocation_id, "now": now, "start": states.EXPIRE.start})
                 ).fetchall()
-                return expired, await append(conn, at_head, _changes(expired, "expired", now)), True
+                return expired, await append(conn, at_head, changes(expired, "expired", now)), True
             decided = await (await conn.execute(DECIDE, params)).fetchall()
-            appended = await append(conn, at_head, _changes(decided, to, now, detail.json))
+            appended = await append(conn, at_head, changes(decided, to, now, detail.json))
             if grant is not None:
                 await insert_grant(conn, grant)
             return decided, appended, False
@@ -353,7 +360,7 @@ class PostgresInvocations(PostgresInvocationReads):
         async def work(conn: Connection) -> tuple[builtins.list[Any], builtins.list[Any], builtins.list[Any], int]:
             at_head = await head(conn)
             unknown = await (await conn.execute(MARK_UNKNOWN, params)).fetchall()
-            appended = await append(conn, at_head, _changes(unknown, "unknown", now, reason))
+            appended = await append(conn, at_head, changes(unknown, "unknown", now, reason))
             approved = await (await conn.execute(NEVER_STARTED, {"gone": gone})).fetchall()
             counted = await (await conn.execute(COUNT_PENDING)).fetchone()
             return unknown, appended, approved, int(counted[0]) if counted is not None else 0

@@ -14,12 +14,14 @@ from typing import Any, Final
 from bastion.ledger.audit_reads import AuditReads
 from bastion.ledger.chain import TERMINAL, CheckpointSigner
 from bastion.ledger.kept import restated, stale_sql
+from bastion.ledger.scrubbing import SCRUBBED, SCRUBBED_COLUMNS, Found, Scrub, plan
 from bastion.ledger.sqlite.chain import append_events, record_row
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.grants import grants_by_id
+from bastion.ledger.sqlite.invocations import SCRUB_ROW, changed
 from bastion.ledger.sqlite.reads import invocation_from_row
 from bastion.ledger.sqlite.schema import dumps, timestamp
-from bastion.models import AuditCheckpoint, PruneReport
+from bastion.models import AuditCheckpoint, PruneReport, ScrubReport, utcnow
 
 CHECKPOINT: Final = (
     "SELECT position, event_id, hash, at, events, invocations, key, signature FROM audit_checkpoints "
@@ -75,6 +77,15 @@ def checkpoint_from_row(row: Sequence[Any]) -> AuditCheckpoint:
     )
 
 
+_HOLDING: Final = " OR ".join(f"instr({name}, :form) > 0" for name in SCRUBBED_COLUMNS)
+SCRUB_ROWS: Final = f"SELECT id, {', '.join(SCRUBBED_COLUMNS)} FROM invocations WHERE {_HOLDING}"
+SCRUB_EVENTS: Final = "SELECT id, id, invocation_id, hash, detail FROM events WHERE instr(detail, :form) > 0"
+SCRUBBED_NOW: Final = f"SELECT {', '.join(SCRUBBED_COLUMNS)} FROM invocations WHERE id = ?"
+SCRUB_DETAIL: Final = "UPDATE events SET detail = ? WHERE id = ?"
+SCRUB_OUTBOX: Final = "UPDATE outbox SET body = replace(body, :form, :scrubbed) WHERE instr(body, :form) > 0"
+_NO_UPDATE: Final = "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'events_no_update'"
+
+
 class SqliteAudit(AuditReads):
     """The audit chain of one SQLite ledger file; satisfies `bastion.pipeline.seams.AuditLog`."""
 
@@ -93,6 +104,35 @@ class SqliteAudit(AuditReads):
         """The latest prune's checkpoint, or None when nothing was ever pruned."""
         row = await self._db.fetchone(CHECKPOINT)
         return None if row is None else checkpoint_from_row(row)
+
+    async def scrub(self, scrub: Scrub) -> ScrubReport:
+        """Replace every form of a leaked secret in invocations, event details and the outbox, in one transaction,
+        as `verify` accepts it (bastion.ledger.scrubbing): a signed `scrubbed` event on every invocation touched."""
+
+        def work(conn: sqlite3.Connection) -> ScrubReport:
+            rows: dict[str, Sequence[Any]] = {}
+            events: dict[int, Found] = {}
+            outbox = 0
+            for form in scrub.forms:
+                rows.update((row[0], row) for row in conn.execute(SCRUB_ROWS, {"form": form}))
+                events.update((row[0], Found(*row)) for row in conn.execute(SCRUB_EVENTS, {"form": form}))
+                outbox += conn.execute(SCRUB_OUTBOX, {"form": form, "scrubbed": SCRUBBED}).rowcount
+            planned = plan(scrub, rows.values(), events.values())
+            # The events table refuses updates (a trigger): a scrub lifts it for its own transaction only.
+            (trigger,) = conn.execute(_NO_UPDATE).fetchone()
+            conn.execute("DROP TRIGGER events_no_update")
+            conn.executemany(SCRUB_DETAIL, [(detail, event_id) for event_id, detail in planned.details.items()])
+            conn.execute(trigger)
+            at = timestamp(utcnow())
+            changes = []
+            for invocation_id, detail in planned.signed.items():
+                values = planned.rows.get(invocation_id) or conn.execute(SCRUBBED_NOW, (invocation_id,)).fetchone()
+                (returned,) = conn.execute(SCRUB_ROW, (*values, invocation_id)).fetchall()
+                changes.append(changed(returned, "scrubbed", at, dumps(detail)))
+            append_events(conn, changes)
+            return ScrubReport(invocations=len(planned.signed), events=len(planned.details), outbox=outbox)
+
+        return await self._db.write(work)
 
     async def prune(self, before: datetime, *, now: datetime, sign: CheckpointSigner | None = None) -> PruneReport:
         """Delete the oldest events, up to the first that belongs to an invocation not finished before `before`

@@ -21,6 +21,7 @@ from bastion.errors import ApprovalExpired, Conflict, NotFound
 from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, stored_json
 from bastion.ledger.chain import Unlinked, record_state
 from bastion.ledger.invocation_reads import COUNT
+from bastion.ledger.scrubbing import SCRUBBED_COLUMNS
 from bastion.ledger.sqlite.chain import append_events
 from bastion.ledger.sqlite.grants import insert_grant
 from bastion.ledger.sqlite.limits import admit_in
@@ -41,6 +42,11 @@ _RETURNING: Final = (
     f"RETURNING {_COLUMN_LIST}, (SELECT COALESCE(MAX(seq), 0) FROM events WHERE invocation_id = invocations.id)"
 )
 _STORED: Final = len(INVOCATION_COLUMNS)
+SCRUB_ROW: Final = f"""
+    UPDATE invocations SET {", ".join(f"{name} = ?" for name in SCRUBBED_COLUMNS)} WHERE id = ?
+    {_RETURNING}
+"""
+"""A scrub's rewrite of an invocation (bastion.ledger.scrubbing): its status and times stay."""
 COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_id = ? AND status = 'pending'"
 # An event follows the chain's head of record (bastion.ledger.chain). Its id is its position, the head's + 1, as
 # SQLite would give it, so it can be hashed before it is inserted.
