@@ -11,7 +11,7 @@ BENCH_HTTP_STACKS := httptools uvloop hypercorn granian
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
-.PHONY: run test tools lint format bench bench-instructions conformance interop clean
+.PHONY: run test tools lint format docs docs-reference docs-screenshots bench bench-instructions conformance interop clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
 	touch $@ $(VENV)/.installed
 
 ## run: start Bastion over HTTP on $(HOST):$(PORT) (embedded default unless a configuration is found)
@@ -87,10 +91,31 @@ interop: $(VENV)/.installed-dev tools
 conformance: $(VENV)/.installed
 	$(BIN)/python -m tests.conformance.run
 
+## docs: the documentation site, from docs/ and mkdocs.yml into site/ (git-ignored): the generated reference pages
+## are checked against the code first (as tests/test_docs_reference.py does), then `mkdocs build --strict` (warnings are errors)
+docs: $(VENV)/.installed-docs
+	$(BIN)/python -m bastion.docs_reference --check docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+## docs-reference: write the generated reference pages (configuration, CLI, REST API, error classes, action files)
+## under docs/reference/ from the code that defines them; commit what changed
+docs-reference: $(VENV)/.installed
+	$(BIN)/python -m bastion.docs_reference docs
+
+# The inbox's screenshots in the docs are committed (docs/images/), so `make docs` needs no browser and builds the
+# same site on every checkout; after the browser tests have written new ones to tests/artifacts/, this copies them.
+DOCS_SCREENSHOTS := inbox inbox-pending-card inbox-grants
+## docs-screenshots: copy the inbox screenshots the browser tests left in tests/artifacts/ into docs/images/
+docs-screenshots:
+	@for name in $(DOCS_SCREENSHOTS); do \
+		if [ -f tests/artifacts/$$name.png ]; then cp tests/artifacts/$$name.png docs/images/$$name.png && echo "copied $$name.png"; \
+		else echo "tests/artifacts/$$name.png is missing: run tests/test_inbox_browser.py and tests/test_inbox.py first" >&2; exit 1; fi; \
+	done
+
 ## format: apply ruff's formatting and safe fixes
 format: $(VENV)/.installed-dev
 	$(BIN)/ruff format bastion tests bench
 	$(BIN)/ruff check --fix bastion tests bench
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis site

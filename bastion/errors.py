@@ -25,16 +25,24 @@ class BastionError(Exception):
 
 
 class NotFound(BastionError):
+    """No such tool, invocation, pin, grant or token (or one the caller may not see)."""
+
     error_class = "not_found"
     http_status = 404
 
 
 class InvalidArguments(BastionError):
+    """Arguments or a request that do not fit: the tool's input schema, a command's options, an API body.
+    Nothing was recorded or sent."""
+
     error_class = "invalid_arguments"
     http_status = 422
 
 
 class PolicyDenied(BastionError):
+    """Policy denies the call (a mode, a rule, a plugin's scope, a drifted tool listed as `hide`): recorded
+    `denied`, nothing sent."""
+
     error_class = "policy_denied"
     http_status = 403
 
@@ -47,16 +55,22 @@ class CapabilityDenied(BastionError):
 
 
 class SourceDisabled(BastionError):
+    """The call's source is disabled (`[sources] disabled` of a policy file): nothing sent."""
+
     error_class = "source_disabled"
     http_status = 403
 
 
 class ApprovalDenied(BastionError):
+    """An approver denied the held call (the reason is in the message); it never ran."""
+
     error_class = "approval_denied"
     http_status = 403
 
 
 class ApprovalExpired(BastionError):
+    """Nobody decided the held call within `[approvals] expiry_seconds`; it never ran."""
+
     error_class = "approval_expired"
     http_status = 410
 
@@ -71,6 +85,8 @@ class ApprovalPending(BastionError):
 
 
 class PendingLimit(BastionError):
+    """The session has `[approvals] max_pending_per_session` calls waiting already; decide some first."""
+
     error_class = "pending_limit"
     http_status = 429
     retriable = True
@@ -90,6 +106,8 @@ class RateLimited(BastionError):
 
 
 class ConnectorUnavailable(BastionError):
+    """The call's source is down, still starting or stopping: nothing was sent, so calling again is safe."""
+
     error_class = "connector_unavailable"
     http_status = 502
     retriable = True
@@ -104,16 +122,23 @@ class BindingRequired(ConnectorUnavailable):
 
 
 class CallTimeout(BastionError):
+    """The source did not answer within `[limits] call_timeout_seconds`."""
+
     error_class = "timeout"
     http_status = 502
 
 
 class UpstreamError(BastionError):
+    """The source answered with an error, or with a result that breaks the tool's own output schema."""
+
     error_class = "upstream_error"
     http_status = 502
 
 
 class UnknownOutcome(BastionError):
+    """The call may have run, but its answer never came (a timeout or a lost connection after it was sent, a
+    stop): recorded `unknown`. Check the downstream before calling again; `bastion invocations reconcile` settles it."""
+
     error_class = "unknown_outcome"
     http_status = 502
 
@@ -126,16 +151,22 @@ class RequestTooLarge(BastionError):
 
 
 class UrlTooLong(RequestTooLarge):
+    """An HTTP request whose URL is over 8 KiB."""
+
     error_class = "url_too_long"
     http_status = 414
 
 
 class HeadersTooLarge(RequestTooLarge):
+    """An HTTP request whose headers are over 32 KiB in all."""
+
     error_class = "headers_too_large"
     http_status = 431
 
 
 class Conflict(BastionError):
+    """The thing is not in the state the operation needs: a call already decided, a pin that has not drifted."""
+
     error_class = "conflict"
     http_status = 409
 

@@ -101,7 +101,9 @@ class PolicyRule(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     key: str
+    """The policy key it applies to: `source:action` or `source:*`."""
     when: str
+    """A CEL condition over `args`, the call's arguments (compare paths as `normpath(args.path)`)."""
     mode: str
     """Kept as text, as in `[modes]`: a value that is not a mode resolves to deny."""
 

@@ -1,6 +1,6 @@
 """Hosts people run, against a real Bastion: Claude Code's `claude mcp list` (it connects to each configured server
-and reports it) over HTTP and stdio, with and without tokens; Codex reading the README's configuration blocks
-(`codex mcp list --json`). Both at the versions tests/tools.py pins, each in a throwaway HOME."""
+and reports it) over HTTP and stdio, with and without tokens; Codex reading the host guide's configuration
+blocks (`codex mcp list --json`). Both at the versions tests/tools.py pins, each in a throwaway HOME."""
 
 from __future__ import annotations
 
@@ -110,16 +110,16 @@ async def test_once_a_token_exists_claude_code_connects_with_one_and_a_host_with
     assert "--header" in changed
 
 
-def _readme_codex_blocks() -> list[str]:
-    """The README's TOML blocks that configure Codex (`[mcp_servers.bastion]`)."""
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```toml\n(.*?)```", readme, flags=re.DOTALL)
+def _guide_codex_blocks() -> list[str]:
+    """The host guide's TOML blocks that configure Codex (`[mcp_servers.bastion]`)."""
+    guide = (ROOT / "docs" / "guides" / "host-user.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", guide, flags=re.DOTALL)
     return [block for block in blocks if "[mcp_servers.bastion]" in block]
 
 
-async def test_codex_reads_the_readmes_configuration_with_and_without_a_token(tmp_path: Path) -> None:
-    blocks = _readme_codex_blocks()
-    assert len(blocks) == 2, "the README shows Codex's configuration without a token and with one"
+async def test_codex_reads_the_host_guides_configuration_with_and_without_a_token(tmp_path: Path) -> None:
+    blocks = _guide_codex_blocks()
+    assert len(blocks) == 2, "the host guide shows Codex's configuration without a token and with one"
     home = tmp_path / "home"
     env = _host_env(home)
     read = []

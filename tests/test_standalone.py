@@ -23,6 +23,8 @@ def test_nothing_cites_a_document_outside_the_repository() -> None:
             "manifests",
             ".ci",
             "README.md",
+            "CHANGELOG.md",
+            "mkdocs.yml",
             "Makefile",
             "pyproject.toml",
         ],

@@ -100,6 +100,8 @@ class _Strict(BaseModel):
 
 
 class ServerSettings(_Strict):
+    """`[server]`: where the ledger lives and how `bastion serve` starts, stops and is reached."""
+
     ledger: str = "sqlite:///state/ledger.db"
     """`sqlite:///path` (relative to the config directory) or `postgresql://...`."""
     shutdown_grace_seconds: float = Field(default=10, ge=0)
@@ -116,9 +118,14 @@ class ServerSettings(_Strict):
 
 
 class ApprovalSettings(_Strict):
+    """`[approvals]`: how long held calls wait, what their hosts hear meanwhile, and what approvals leave."""
+
     expiry_seconds: float = Field(default=300, gt=0)
+    """How long a held call waits for a decision; then it is `expired` and its host gets `approval_expired`."""
     heartbeat_seconds: float = Field(default=5, gt=0)
+    """How often a waiting host that sent a progress token is told the call still waits, and where to approve it."""
     max_pending_per_session: int = Field(default=10, ge=1)
+    """How many calls one session may have waiting at once; the next is refused `pending_limit`."""
     wait_without_progress_seconds: float = Field(default=45, ge=0)
     """How long a call waits for its approver when the host sent no progress token (so gets no heartbeats and
     may time out): then it returns `approval_pending`, naming the invocation, and stays pending."""
@@ -129,14 +136,27 @@ class ApprovalSettings(_Strict):
 
 
 class LimitSettings(_Strict):
+    """`[limits]`: the rate of calls per session and how long Bastion waits for its sources."""
+
     invocations_per_minute: int = Field(default=60, ge=1)
+    """Calls one session may make in any 60 seconds; the next is refused `rate_limited` with the wait."""
     list_timeout_seconds: float = Field(default=15, gt=0)
+    """How long a connector may take to connect and list its tools before the attempt is abandoned; `catalog` and
+    `connectors list|check` wait for every connector up to this long."""
     call_timeout_seconds: float = Field(default=30, gt=0)
+    """How long one call to a source may take before Bastion stops waiting for it (`timeout`; a provider call that may
+    have changed something is recorded `unknown`)."""
 
 
 class LedgerSettings(_Strict):
+    """`[ledger]`: what is stored of each call, where its keys live, how long it is kept and where its chain is
+    anchored."""
+
     max_result_bytes: int = Field(default=16384, ge=256)
+    """Arguments and results are stored redacted and truncated to valid JSON under this size (the host still gets
+    the whole result)."""
     extra_secret_keys: list[str] = Field(default_factory=list)
+    """Argument and result keys whose values are redacted too, beside the built-in ones (`password`, `token`, ...)."""
     key_file: str | None = None
     """The file of the key of argument hashes, relative to the config directory. Default: beside a SQLite ledger;
     `state/ledger.key` for PostgreSQL, where every instance on one database needs the same key."""
@@ -180,6 +200,7 @@ class WebhookSettings(_Strict):
     """One `[[notify.webhook]]`: where to POST each event, and how."""
 
     url: str = Field(pattern=WEBHOOK_URL)
+    """Where each message is POSTed (http or https); bind a Slack webhook's as `url = "${env:NAME}"`."""
     secret: SecretStr | None = None
     """Signs each body (HMAC-SHA256 over `<timestamp>.<body>`); required for the `json` format."""
     format: Literal["json", "slack"] = "json"
@@ -204,6 +225,7 @@ class NotifySettings(_Strict):
     """The inbox as approvers reach it (`https://bastion.example.com/inbox`), for the links in messages; default:
     the address `bastion serve --transport http` listens on."""
     webhook: list[WebhookSettings] = Field(default_factory=list)
+    """The `[[notify.webhook]]` tables: each POSTed every event it chooses, retried from the ledger's outbox."""
 
 
 class PluginSettings(_Strict):
@@ -240,35 +262,53 @@ class ToolPin(_Strict):
     """An explicit pin of a tool's definition."""
 
     fingerprint: str
+    """The SHA-256 of the tool's canonical definition that is trusted (`bastion pins list` shows it)."""
     structural: str | None = None
+    """The hash of its structure (names and schemas, without descriptions); None: not checked."""
 
 
 class ToolOverride(_Strict):
     """`[tools.<upstream name>]` in a connector file."""
 
     risk: RiskSetting | None = None
+    """The tool's risk (`read`, `write`, `danger`, or a tier `R0`-`R4`), over its annotations and `default_risk`."""
     hidden: bool = False
+    """Keep the tool out of the catalog: hosts do not see it, and a call of it is `not_found`."""
     pin: ToolPin | None = None
+    """Trust exactly this definition (`[tools.<name>.pin]`), instead of the one first seen."""
 
 
 class ConnectorConfig(_Strict):
     """`connectors/<id>.toml`: one downstream MCP server."""
 
     id: str = Field(pattern=r"^[a-z0-9_-]+$")
+    """The source id: policy keys `<id>:<tool>`. Default: the file's name without `.toml`."""
     transport: Literal["stdio", "http", "sse"] = "stdio"
+    """`stdio` starts `command` and talks to it on stdin and stdout; `http` (streamable HTTP) and `sse` connect to
+    `url`."""
     command: str | None = None
+    """The program to start (stdio). Exactly `python` means the Python that runs Bastion."""
     args: list[str] = Field(default_factory=list)
+    """Its arguments, as a vector (never through a shell)."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables for the program, on top of Bastion's; bind secrets as `${env:NAME}`."""
     cwd: str | None = None
+    """Its working directory, relative to the config directory; None: Bastion's own."""
     url: str | None = None
+    """The server's endpoint (http, sse)."""
     headers: dict[str, str] = Field(default_factory=dict)
+    """HTTP headers sent to it (http, sse), e.g. `Authorization = "Bearer ${env:TOKEN}"`."""
     namespace: str | None = None
     """Prefix of the tool names the host sees; None means the id, "" mounts tools unprefixed."""
     default_risk: RiskSetting | None = None
+    """The risk of a tool with no override and no `readOnlyHint` or `destructiveHint`; None: `write`."""
     pin_new_tools: Literal["trust", "approve"] = "trust"
+    """A tool that appears later: `trust` pins it as first seen, `approve` holds its calls until an approver pins
+    it."""
     drift_listing: DriftListing | None = None
     """Overrides `[approvals] drift_listing` for this connector's tools."""
     tools: dict[str, ToolOverride] = Field(default_factory=dict)
+    """Per-tool settings (`[tools.<name>]`), by the tool's own name on the server."""
 
     @property
     def effective_namespace(self) -> str:
@@ -288,6 +328,7 @@ class ProviderConfig(_Strict):
     """
 
     kind: ProviderKind | None = None
+    """Which API it speaks; None: the table's key, which must then be one of them."""
     token: SecretStr | None = None
     """The credential, bound as `token = "${env:NAME}"`. Kept secret: never shown in a repr or a dump."""
     base_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+")
@@ -308,25 +349,36 @@ class ProviderConfig(_Strict):
 
 
 class Profile(_Strict):
+    """`[profiles.<name>]`: modes and rules for the sessions bound to the profile (`serve --profile`, an agent
+    token's `--profile`), tried before the organisation's."""
+
     modes: dict[str, str] = Field(default_factory=dict)
     """Mode values stay strings: an unknown value must fail safe to `deny` at resolution (`bastion.policies.modes`)."""
     rules: list[PolicyRule] = Field(default_factory=list)
     """Conditional modes (`[[profiles.<name>.rules]]`), tried before `modes` for their key."""
     inline_approval: bool = False
+    """Also ask the host's own user with a form (elicitation) while a call waits; never for sessions with a token."""
 
 
 class SourcesPolicy(_Strict):
+    """`[sources]` of a policy file."""
+
     disabled: list[str] = Field(default_factory=list)
+    """Source ids that expose nothing: their tools are not listed, a call of one is `source_disabled`."""
 
 
 class PolicyConfig(_Strict):
     """`policies/*.toml`, all files merged into one."""
 
     modes: dict[str, str] = Field(default_factory=dict)
+    """The organisation's modes (`[modes]`) by policy key (`source:action` or `source:*`): `allow`,
+    `require_approval` or `deny`; any other value denies."""
     rules: list[PolicyRule] = Field(default_factory=list)
     """Conditional organisation modes (`[[rules]]`), tried before `modes` for their key."""
     profiles: dict[str, Profile] = Field(default_factory=dict)
+    """Named profiles (`[profiles.<name>]`)."""
     sources: SourcesPolicy = Field(default_factory=SourcesPolicy)
+    """Which sources are disabled (`[sources]`)."""
 
 
 class ConfigIssue(BaseModel):

@@ -42,9 +42,13 @@ class Input(_Strict):
     """`[[inputs]]`: one argument of the action, compiled into its tool's JSON Schema."""
 
     name: str = Field(pattern=IDENTIFIER.pattern)
+    """The argument's name (letters, digits, `_`; not starting with a digit), referred to as `${args.<name>}`."""
     type: InputType
+    """Its JSON type: `string`, `integer`, `number` or `boolean`."""
     required: bool = True
+    """Whether a call must give it."""
     description: str = Field(min_length=1)
+    """What it is, for the agent (in the tool's input schema)."""
     default: str | int | float | bool | None = None
     """Used when the argument is not given (optional inputs only)."""
 
@@ -71,6 +75,7 @@ class RequiredConnector(_Strict):
     """`[[requires.connectors]]`: a source the action calls, optionally pinned, and the actions it may call there."""
 
     id: str = Field(pattern=r"^[a-z0-9_-]+$")
+    """The source id: a connector's, a provider's or another configured source's."""
     version: str | None = Field(default=None, min_length=1)
     """The server version the action was written against (its MCP server info); any other makes it unavailable."""
     hash: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
@@ -80,16 +85,23 @@ class RequiredConnector(_Strict):
 
 
 class Requires(_Strict):
+    """`[requires]`: what the action needs to run."""
+
     connectors: list[RequiredConnector] = Field(default_factory=list)
+    """Every source a step calls (`[[requires.connectors]]`); a step on any other source is a validation error."""
 
 
 class Step(_Strict):
     """`[[execute]]`: one action of another source, its inputs interpolated from the arguments and earlier steps."""
 
     id: str = Field(pattern=IDENTIFIER.pattern)
+    """The step's name, unique in the file; later steps read its output as `${<id>.<field>}`."""
     source: str = Field(pattern=r"^[a-z0-9_-]+$")
+    """The source id of the action it calls (listed in `[[requires.connectors]]`)."""
     action: str = Field(min_length=1)
+    """The action's own name on that source (one of its `capabilities`)."""
     inputs: dict[str, Any] = Field(default_factory=dict)
+    """The action's arguments; strings may hold `${args.<input>}` and `${<step>.<field>}` references."""
 
     @property
     def key(self) -> str:
@@ -97,6 +109,8 @@ class Step(_Strict):
 
 
 class Approval(_Strict):
+    """`[approval]`: whether the action always waits for an approver."""
+
     required: bool = False
     """Always wait for an approver, even where policy would allow the action (policy may still deny it)."""
 
@@ -105,14 +119,21 @@ class FrontMatter(_Strict):
     """The `+++` TOML block of an action file."""
 
     name: str = Field(pattern=rf"^[a-z0-9][a-z0-9_-]{{0,{MAX_NAME - 1}}}$")
+    """The action's name: tool `actions__<name>`, policy key `actions:<name>` (lower case, at most 40 characters)."""
     version: str = Field(pattern=r"^\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
+    """The action's own semantic version (`1.0.0`)."""
     risk: RiskSetting
+    """`read`, `write` or `danger` (or a tier `R0`-`R4`); its steps may raise it, never lower it."""
     source: str | None = None
     """Where the file was copied from (provenance only, never consulted)."""
     inputs: list[Input] = Field(default_factory=list)
+    """The arguments (`[[inputs]]`), compiled into the tool's JSON Schema: no others are accepted."""
     requires: Requires = Field(default_factory=Requires)
+    """The sources it calls and the actions it may call there."""
     execute: list[Step] = Field(min_length=1)
+    """The steps (`[[execute]]`), run in order; the first failure stops the chain."""
     approval: Approval = Field(default_factory=Approval)
+    """Whether it always waits for an approver."""
 
     def outside_capabilities(self) -> list[tuple[int, Step]]:
         """The steps (with their index) whose action is not among the capabilities declared for their source."""

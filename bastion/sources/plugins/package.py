@@ -37,6 +37,8 @@ class _Strict(BaseModel):
 
 
 class Permissions(_Strict):
+    """`permissions`: what the package may have run for it and do with the workspace."""
+
     commands: list[str] = Field(default_factory=list)
     """The commands the package may have run for it: its verification commands, which Bastion runs (and nothing
     else: what a step runs itself cannot be confined to a list, so a package declaring more is refused)."""
@@ -45,36 +47,58 @@ class Permissions(_Strict):
 
 
 class Verification(_Strict):
+    """`verification`: the checks run after execute (and after a repair)."""
+
     required: bool = False
+    """Whether the package must be verified: a verify executable or at least one command."""
     commands: list[str] = Field(default_factory=list)
+    """Commands Bastion runs in the workspace after the verify executable, each split like a shell word list (never
+    run by a shell); each must be in `permissions.commands` and match `[plugins] allowed_commands`."""
 
 
 class Rollback(_Strict):
+    """`rollback`: whether the package can undo what execute did."""
+
     required: bool = False
+    """Whether a rollback executable must be there; an R2 action must set it."""
 
 
 class Scope(_Strict):
     """A package's scope, relative to the workspace; `pathArguments` names the arguments it is checked on."""
 
     allowed_files: list[str] = Field(default_factory=list, alias="allowedFiles")
+    """When given, a path argument must resolve to one of these files (or lie under an `allowedDirs` entry)."""
     allowed_dirs: list[str] = Field(default_factory=list, alias="allowedDirs")
+    """When given, a path argument must resolve under one of these directories (or to an `allowedFiles` entry)."""
     forbidden_files: list[str] = Field(default_factory=list, alias="forbiddenFiles")
+    """Paths no path argument may resolve to or under."""
     path_arguments: list[str] = Field(default_factory=list, alias="pathArguments")
+    """The arguments (properties of `inputSchema`, strings or lists of strings) that are paths to check."""
 
 
 class ActionFile(_Strict):
     """`action.json`, as the frozen plugin action contract has it (plus `title`, `description` and `scope`)."""
 
     name: str
+    """The package's name, equal to its directory's: tool `plugins__<name>`, policy key `plugins:<name>`."""
     title: str | None = None
+    """A title for hosts to show."""
     description: str | None = None
+    """What the action does, for the agent."""
     risk_tier: Literal["R0", "R1", "R2", "R3", "R4"] = Field(alias="riskTier")
+    """R0/R1 are read, R2 write, R3/R4 danger; R3 and R4 never run without an approver's decision."""
     input_schema: dict[str, Any] = Field(alias="inputSchema")
+    """The JSON Schema of the arguments, checked before anything is recorded."""
     output_schema: dict[str, Any] | None = Field(default=None, alias="outputSchema")
+    """The JSON Schema execute's output must fit; an output that does not is a failure (rolled back)."""
     permissions: Permissions = Field(default_factory=Permissions)
+    """The commands run for it, and its access to the workspace."""
     verification: Verification = Field(default_factory=Verification)
+    """How execute's work is checked."""
     rollback: Rollback = Field(default_factory=Rollback)
+    """Whether it can be undone."""
     scope: Scope = Field(default_factory=Scope)
+    """Which paths its path arguments may name, checked before the call is recorded and again before execute."""
 
     @field_validator("name")
     @classmethod
