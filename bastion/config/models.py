@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, get_args
+from typing import Annotated, Any, ClassVar, Final, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
@@ -17,6 +17,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
     SecretStr,
     ValidationInfo,
     field_validator,
@@ -24,8 +26,8 @@ from pydantic import (
 )
 
 from bastion.actions import DriftListing
-from bastion.models import PolicyRule
-from bastion.policies import RiskSetting
+from bastion.models import PolicyRule, Tier
+from bastion.policies import RiskSetting, tier_of
 
 _DNS_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _DNS_NAME = re.compile(rf"(?=.{{1,253}}$){_DNS_LABEL}(?:\.{_DNS_LABEL})*")
@@ -243,17 +245,38 @@ class ToolPin(_Strict):
     structural: str | None = None
 
 
-class ToolOverride(_Strict):
+class _KeepsTiers(_Strict):
+    """A model whose risks may be written as tiers (R0-R4): each field in `_TIERED` keeps the tier it was written as
+    (`tier(field)`), beside the risk it stands for."""
+
+    _TIERED: ClassVar[tuple[str, ...]] = ()
+    _tiers: dict[str, Tier] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_tiers(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._tiers = {name: tier for name in cls._TIERED if (tier := tier_of(data.get(name))) is not None}
+        return model
+
+    def tier(self, field_name: str) -> Tier | None:
+        return self._tiers.get(field_name)
+
+
+class ToolOverride(_KeepsTiers):
     """`[tools.<upstream name>]` in a connector file."""
 
+    _TIERED = ("risk",)
     risk: RiskSetting | None = None
     hidden: bool = False
     pin: ToolPin | None = None
 
 
-class ConnectorConfig(_Strict):
+class ConnectorConfig(_KeepsTiers):
     """`connectors/<id>.toml`: one downstream MCP server."""
 
+    _TIERED = ("default_risk",)
     id: str = Field(pattern=r"^[a-z0-9_-]+$")
     transport: Literal["stdio", "http", "sse"] = "stdio"
     command: str | None = None
@@ -312,6 +335,8 @@ class Profile(_Strict):
     """Mode values stay strings: an unknown value must fail safe to `deny` at resolution (`bastion.policies.modes`)."""
     rules: list[PolicyRule] = Field(default_factory=list)
     """Conditional modes (`[[profiles.<name>.rules]]`), tried before `modes` for their key."""
+    approvers: dict[str, int] = Field(default_factory=dict)
+    """`[profiles.<name>.approvers]`: as `[approvers]`, for this profile's sessions."""
     inline_approval: bool = False
 
 
@@ -325,6 +350,10 @@ class PolicyConfig(_Strict):
     modes: dict[str, str] = Field(default_factory=dict)
     rules: list[PolicyRule] = Field(default_factory=list)
     """Conditional organisation modes (`[[rules]]`), tried before `modes` for their key."""
+    approvers: dict[str, int] = Field(default_factory=dict)
+    """`[approvers]`: how many distinct approvers a held call needs, by policy key (`source:action`, `source:*`) or
+    risk tier (`R0`..`R4`); 2 is two-person approval. The most any entry for a call asks applies (default 1); 0 marks
+    a value that was invalid (bastion.config.approvers): its calls are denied."""
     profiles: dict[str, Profile] = Field(default_factory=dict)
     sources: SourcesPolicy = Field(default_factory=SourcesPolicy)
 
