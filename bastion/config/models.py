@@ -174,7 +174,9 @@ class LedgerSettings(_Strict):
         return url
 
 
-NotifiedEvent = Literal["approval_requested", "approval_decided", "invocation_finished", "drift_detected"]
+NotifiedEvent = Literal[
+    "approval_requested", "approval_recorded", "approval_decided", "invocation_finished", "drift_detected"
+]
 """The named events of bastion.pipeline.events, as webhooks may choose them."""
 
 
