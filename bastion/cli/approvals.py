@@ -277,7 +277,7 @@ def approvals_approve(
 ) -> None:
     """Approve a pending invocation: the waiting call runs it at once. Exit 1 if it is no longer pending.
 
-    A call that policy marks for two approvers ([approvers] = 2) runs on the approval of the second distinct
+    A call that policy marks for two approvers (approvers = 2) runs on the approval of the second distinct
     approver: the first is recorded ("1 of 2 approvals") and the call keeps waiting; it takes "once" only.
     A scope beyond "once" leaves a grant (see `bastion grants list`). Once the ledger has an owner or admin token,
     this needs one (--token or $BASTION_TOKEN).
