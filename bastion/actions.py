@@ -16,7 +16,7 @@ from mcp_types import methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from bastion.models import Risk
+from bastion.models import Risk, Tier
 
 NewActionPolicy = Literal["trust", "approve"]
 """What a source's action seen for the first time gets: pinned on first use, or held as drifted until accepted."""
@@ -169,6 +169,8 @@ class ActionSpec:
     """The prefix of its host name (`<namespace>__<action>`); "" mounts it unprefixed."""
     risk_source: str = "declared"
     """Where `risk` came from (see `bastion.models.RiskDecision`): `declared` unless the source derived it."""
+    tier: Tier | None = None
+    """The risk tier (R0-R4) the risk was configured or declared as, if it was one: for policy to match."""
     hidden: bool = False
     """Not listed and not callable by hosts (still pinned)."""
     pin: PinPolicy = PinPolicy()

@@ -24,11 +24,13 @@ EventKind = Literal[
     "unknown",
     "reconciled",
     "checked",
+    "approval_recorded",
     "scrubbed",
 ]
 """What an invocation's events say: a status it moved to, or `planned` (its intent, before anything runs),
-`reconciled` (an outcome found after the fact) or `checked` (a look-up whose evidence was refused: it moved
-nowhere)."""
+`reconciled` (an outcome found after the fact), `checked` (a look-up whose evidence was refused: it moved
+nowhere), `approval_recorded` (one approval of a call that needs more than one: it stays pending) or `scrubbed` (a
+leaked secret replaced in it and its events: bastion.ledger.scrubbing)."""
 
 RISKS: Final[tuple[Risk, ...]] = get_args(Risk)
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
@@ -49,7 +51,10 @@ RESERVED_SOURCE_IDS: Final[dict[str, str]] = {
 }
 """The source ids Bastion's own sources use, and what holds each: no connector or provider may take one."""
 
-RISK_ALIASES: Final[dict[str, Risk]] = {"R0": "read", "R1": "read", "R2": "write", "R3": "danger", "R4": "danger"}
+Tier = Literal["R0", "R1", "R2", "R3", "R4"]
+"""The risk tiers of an action API: finer than a risk, kept beside it for policy to match (`[approvers]`)."""
+TIERS: Final[tuple[Tier, ...]] = get_args(Tier)
+RISK_ALIASES: Final[dict[Tier, Risk]] = {"R0": "read", "R1": "read", "R2": "write", "R3": "danger", "R4": "danger"}
 """The risk tiers R0-R4 and the risk each stands for, accepted wherever a risk is configured."""
 
 
@@ -73,12 +78,14 @@ def policy_key(source_id: str, action_id: str) -> str:
 
 
 class ModeDecision(BaseModel):
-    """A resolved mode and the rule that produced it (`profile`, `org`, `inferred`, `drift`, `unknown_mode:<v>`)."""
+    """A resolved mode and the rule that produced it (`profile`, `org`, `inferred`, `drift`, `unknown_mode:<v>`),
+    and, for a call held for approval, how many distinct approvers must approve it (`[approvers]` of the policy)."""
 
     model_config = ConfigDict(frozen=True)
 
     mode: Mode
     source: str
+    approvers: int = 1
 
 
 class RiskDecision(BaseModel):
@@ -106,6 +113,8 @@ class PolicyRule(BaseModel):
     """A CEL condition over `args`, the call's arguments (compare paths as `normpath(args.path)`)."""
     mode: str
     """Kept as text, as in `[modes]`: a value that is not a mode resolves to deny."""
+    approvers: int | None = None
+    """How many distinct approvers a call this rule holds needs (2: two-person approval); None: as `[approvers]`."""
 
 
 class CallContext(BaseModel):
@@ -178,6 +187,35 @@ class InvocationEvent(BaseModel):
     kind: EventKind
     at: datetime
     detail: dict[str, Any] = Field(default_factory=dict)
+
+
+APPROVERS: Final = "approvers"
+"""The key of a `pending` event's detail that says how many distinct approvers the call needs (absent: one). The
+requirement lives in the chained history, where `bastion audit verify` checks the approvals against it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Quorum:
+    """Who has approved a held call that needs several approvers, and how many it needs (two-person approval)."""
+
+    required: int
+    by: tuple[str, ...] = ()
+    """The approvers whose approval is recorded so far (`approval_recorded` events), oldest first."""
+
+    @classmethod
+    def of(cls, events: Sequence[InvocationEvent]) -> Quorum:
+        """The quorum an invocation's events record: its `pending` event's requirement, and the approvals since."""
+        required = next((e.detail.get(APPROVERS) for e in events if e.kind == "pending"), None)
+        by = tuple(dict.fromkeys(str(e.detail.get("by")) for e in events if e.kind == "approval_recorded"))
+        return cls(required if isinstance(required, int) and not isinstance(required, bool) else 1, by)
+
+    @property
+    def summary(self) -> str | None:
+        """`1 of 2 approvals, by alice`, as every companion shows it; None for a call one approver decides."""
+        if self.required <= 1:
+            return None
+        by = f", by {', '.join(self.by)}" if self.by else ""
+        return f"{len(self.by)} of {self.required} approvals{by}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,11 @@ NOTE_CHECK: Final = Move("note a check", ("unknown", "executing"))
 """A provider's look-up whose evidence is no proof the call made it: the attempt is recorded (who, how, what was
 found and why it was refused), and the call stays unresolved."""
 
-MOVES: Final = (DECIDE, EXPIRE, CLAIM, FINISH, RECOVER, RECONCILE, NOTE_CHECK)
+RECORD_APPROVAL: Final = Move("record an approval", ("pending",))
+"""One approval of a call that needs more approvers than have approved it so far: recorded (who, signed), and the
+call stays pending until the last one needed approves it (DECIDE), someone denies it, or it expires."""
+
+MOVES: Final = (DECIDE, EXPIRE, CLAIM, FINISH, RECOVER, RECONCILE, NOTE_CHECK, RECORD_APPROVAL)
 
 ALLOWED: Final[dict[Status, frozenset[Status]]] = {
     start: frozenset(to for move in MOVES if start in move.from_ for to in move.targets(start))

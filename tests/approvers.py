@@ -80,13 +80,19 @@ class Bastion:
                 changed = anyio.Event()
 
 
-def config_for(directory: Path | None, modes: dict[str, str], rules: list[dict[str, str]] | None = None) -> Config:
+def config_for(
+    directory: Path | None,
+    modes: dict[str, str],
+    rules: list[dict[str, str]] | None = None,
+    approvers: dict[str, int] | None = None,
+    settings: Settings | None = None,
+) -> Config:
     """`directory` None: the embedded default's way, a configuration of no directory (its ledger in `tmp_path`)."""
     return Config(
         directory=directory,
-        settings=Settings(),
+        settings=settings or Settings(),
         connectors=[ConnectorConfig(id="fx", command="unused")],
-        policy=PolicyConfig.model_validate({"modes": modes, "rules": rules or []}),
+        policy=PolicyConfig.model_validate({"modes": modes, "rules": rules or [], "approvers": approvers or {}}),
         ledger_url=f"sqlite:///{directory}/ledger.db",
     )
 
@@ -98,6 +104,8 @@ async def live(
     *,
     rules: list[dict[str, str]] | None = None,
     embedded: bool = False,
+    approvers: dict[str, int] | None = None,
+    settings: Settings | None = None,
 ) -> AsyncIterator[Bastion]:
     """A running Bastion whose configuration directory holds the operator's policy file. Two of them on one
     `tmp_path` share the directory and the ledger (two instances). `embedded`: it runs as on the embedded default,
@@ -107,7 +115,11 @@ async def live(
     (directory / "policies" / "default.toml").write_text(OPERATOR_POLICY)
     fixture = FixtureServer()
     config = config_for(
-        None if embedded else directory, {"fx:echo": "require_approval"} if modes is None else modes, rules
+        None if embedded else directory,
+        {"fx:echo": "require_approval"} if modes is None else modes,
+        rules,
+        approvers,
+        settings,
     )
     async with await open_ledger(directory / "ledger.db", redactor=Redactor()) as ledger:
         gateway = Gateway(config, ledger, [McpConnector(config.connectors[0], target=lambda: fixture.server)])

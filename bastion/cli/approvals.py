@@ -7,6 +7,7 @@ and runs or refuses it. Of two racing decisions exactly one wins; the other exit
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Final
@@ -32,10 +33,10 @@ from bastion.cli.inspect import details_table
 from bastion.cli.remote import TOKEN_ENV_VAR, RemoteApi, TokenOption, UrlOption
 from bastion.cli.tables import Column, fitted_table
 from bastion.config import Config, config_hint
-from bastion.models import Invocation, Scope, utcnow
+from bastion.models import Invocation, Quorum, Scope, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.authority import MIN_ID_PREFIX
-from bastion.pipeline.documents import DEFAULT_LIMIT, expires_in, invocation_json, pending_json
+from bastion.pipeline.documents import DEFAULT_LIMIT, approvals_json, decided_json, expires_in, pending_json
 from bastion.pipeline.documents import pending_invocations as pending_invocations  # re-exported for `approvals watch`
 from bastion.pipeline.grants import SCOPE_LABELS, Grants
 
@@ -76,14 +77,22 @@ PENDING_COLUMNS: Final = (
     Column("principal", optional=True),
     Column("expires in", "word"),
     Column("drift", "word"),
+    Column("approvals", optional=True),
 )
 
 
 def pending_table(
-    pending: list[Invocation], now: datetime, *, width: int, selected: str | None = None, total: int | None = None
+    pending: list[Invocation],
+    now: datetime,
+    *,
+    width: int,
+    selected: str | None = None,
+    total: int | None = None,
+    approvals: Mapping[str, str] | None = None,
 ) -> Table:
     """The pending invocations as a table `width` columns wide; the `selected` one is highlighted. `total`: how
-    many are pending in all, when the table shows only some of them."""
+    many are pending in all, when the table shows only some of them. `approvals`: by invocation id, the approvals
+    of a call that needs several (`1 of 2 approvals, by alice`)."""
     rows = [
         (
             invocation.id,
@@ -93,12 +102,18 @@ def pending_table(
             invocation.principal or "",
             format_seconds(expires_in(invocation, now)),
             "drifted" if invocation.drift is not None else "",
+            (approvals or {}).get(invocation.id, ""),
         )
         for invocation in pending
     ]
     styles = ["reverse" if invocation.id == selected else None for invocation in pending]
     title = f"{len(pending) if total is None else total} pending"
     return fitted_table(PENDING_COLUMNS, rows, width=width, title=title, row_styles=styles)
+
+
+def summaries(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """By invocation id, the approvals of each pending call (as `pending_json` gives it) that needs several."""
+    return {str(row["id"]): str(row["approvals"]["summary"]) for row in rows if row.get("approvals")}
 
 
 def decide_commands(config: Config, invocation_id: str) -> dict[str, str]:
@@ -133,24 +148,21 @@ def approvals_list(
                 return await remote_api.pending(limit)
 
         rows = run_async(fetch)
-        pending = [Invocation.model_validate(row) for row in rows]
-        scopes = [row.get("scopes", ["once"]) for row in rows]
     else:
         config = load(config_dir, report=False)
         where = config_hint(config)
 
-        async def run() -> tuple[list[Invocation], list[tuple[Scope, ...]]]:
+        async def run() -> list[dict[str, Any]]:
             async with open_ledger(config) as ledger:
                 found = await pending_invocations(ledger.invocations, utcnow(), limit=limit)
-                grants = Grants.of(ledger.grants, config)
-                return found, [grants.offered(i) for i in found]
+                return await approvals_json(ledger.invocations, found, utcnow(), Grants.of(ledger.grants, config))
 
-        pending, scopes = run_async(run)
-    now = utcnow()
+        rows = run_async(run)
     if as_json:
-        emit_json([pending_json(i, now, offered) for i, offered in zip(pending, scopes, strict=True)])
+        emit_json(rows)
         return
-    out.print(pending_table(pending, now, width=out.width))
+    pending = [Invocation.model_validate(row) for row in rows]
+    out.print(pending_table(pending, utcnow(), width=out.width, approvals=summaries(rows)))
     if pending:
         out.print(f"decide with: bastion approvals show|approve|deny ID{where}", markup=False, highlight=False)
 
@@ -173,6 +185,7 @@ def approvals_show(
                 detail = await remote_api.invocation(invocation_id)
             invocation = Invocation.model_validate(detail)
             data = pending_json(invocation, utcnow(), detail.get("scopes", []))
+            data["approvals"] = detail.get("approvals")
             data["events"] = detail.get("events", [])
             flags = f" --url {shlex.quote(remote_api.base)}"
             target = shlex.quote(invocation.id)
@@ -193,9 +206,12 @@ def approvals_show(
     async def run() -> tuple[dict[str, Any], bool]:
         async with open_ledger(config) as ledger:
             invocation = await find_invocation(ledger, config, invocation_id)
-            offered = Grants.of(ledger.grants, config).offered(invocation) if invocation.status == "pending" else ()
-            data = pending_json(invocation, utcnow(), offered)
-            data["events"] = [e.model_dump(mode="json") for e in await ledger.invocations.events(invocation.id)]
+            events = await ledger.invocations.events(invocation.id)
+            quorum = Quorum.of(events)
+            grants = Grants.of(ledger.grants, config)
+            offered = grants.offered(invocation, approvers=quorum.required) if invocation.status == "pending" else ()
+            data = pending_json(invocation, utcnow(), offered, quorum)
+            data["events"] = [e.model_dump(mode="json") for e in events]
             data["commands"] = decide_commands(config, invocation.id) if invocation.status == "pending" else None
             return data, await ledger.tokens.has_approver_tokens()
 
@@ -211,10 +227,17 @@ def _show(data: dict[str, Any], as_json: bool, *, needs_token: bool = False) -> 
     seconds = data.pop("expires_in_seconds")
     data.pop("drifted")
     scopes = data.pop("scopes")
+    approvals = data.pop("approvals", None)
     out.print(details_table(data))
     if commands is None:
         out.print(f"not pending: this invocation is {data['status']}", highlight=False)
         return
+    if approvals:
+        out.print(
+            f"{approvals['summary']}: it runs once {approvals['required']} distinct approvers (not its caller) approve",
+            markup=False,
+            highlight=False,
+        )
     with_token = f" (with an owner or admin token: --token TOKEN or ${TOKEN_ENV_VAR})" if needs_token else ""
     out.print(f"expires in {format_seconds(seconds)}; decide with{with_token}:", markup=False, highlight=False)
     out.print(f"  {commands['approve']}", markup=False, highlight=False)
@@ -254,6 +277,8 @@ def approvals_approve(
 ) -> None:
     """Approve a pending invocation: the waiting call runs it at once. Exit 1 if it is no longer pending.
 
+    A call that policy marks for two approvers (approvers = 2) runs on the approval of the second distinct
+    approver: the first is recorded ("1 of 2 approvals") and the call keeps waiting; it takes "once" only.
     A scope beyond "once" leaves a grant (see `bastion grants list`). Once the ledger has an owner or admin token,
     this needs one (--token or $BASTION_TOKEN).
     """
@@ -309,19 +334,19 @@ def _decide(
     if api is not None:
         remote_api = api
 
-        async def remotely() -> tuple[Invocation, str]:
+        async def remotely() -> tuple[dict[str, Any], str]:
             async with remote_api:
                 answer = await remote_api.decide(invocation_id, approve=approve, note=note, scope=scope, when=when)
-                decided = Invocation.model_validate(answer)
-                detail = await remote_api.invocation(decided.id)
-            by = [e.get("detail", {}).get("by") for e in detail.get("events", []) if e.get("kind") == decided.status]
-            return decided, str(by[-1]) if by and by[-1] else "your token"
+                detail = await remote_api.invocation(str(answer["id"]))
+            kind = "approval_recorded" if answer["status"] == "pending" else answer["status"]
+            by = [e.get("detail", {}).get("by") for e in detail.get("events", []) if e.get("kind") == kind]
+            return answer, str(by[-1]) if by and by[-1] else "your token"
 
-        decided, principal = run_async(remotely)
+        answer, principal = run_async(remotely)
     else:
         config = load(config_dir, report=False)
 
-        async def run() -> tuple[Invocation, str]:
+        async def run() -> tuple[dict[str, Any], str]:
             async with open_ledger(config) as ledger:
                 approver = await local_approver(ledger, config, token)
                 decided = await authority.decide(
@@ -335,11 +360,21 @@ def _decide(
                     rule=when,
                     grants=Grants.of(ledger.grants, config),
                 )
-                return decided, approver.name
+                return await decided_json(ledger.invocations, decided), approver.name
 
-        decided, principal = run_async(run)
+        answer, principal = run_async(run)
     if as_json:
-        emit_json(invocation_json(decided))
+        emit_json(answer)
+        return
+    decided = Invocation.model_validate(answer)
+    if decided.status == "pending":  # an approval of a call that needs more than one, not the last
+        summary = answer["approvals"]["summary"]
+        out.print(
+            f"recorded your approval of {decided.id} ({decided.tool}) as {principal}: {summary}; it waits for "
+            "another approver",
+            markup=False,
+            highlight=False,
+        )
         return
     scoped = f", {SCOPE_LABELS[scope]} (see `bastion grants list`)" if approve and scope != "once" else ""
     out.print(f"{decided.status} {decided.id} ({decided.tool}) as {principal}{scoped}", markup=False, highlight=False)

@@ -15,12 +15,12 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import anyio
 from rich.console import Console, Group, RenderableType
@@ -37,7 +37,7 @@ from bastion.cli.app import (
     run_async,
     timestamp,
 )
-from bastion.cli.approvals import approvals_app, format_seconds, pending_invocations, pending_table
+from bastion.cli.approvals import approvals_app, format_seconds, pending_invocations, pending_table, summaries
 from bastion.cli.pins import diff_text
 from bastion.cli.remote import RemoteApi, TokenOption, UrlOption, remote_api
 from bastion.config import config_hint
@@ -45,7 +45,8 @@ from bastion.errors import BastionError, ChangesLost, ConfigError
 from bastion.ledger import OpenLedger
 from bastion.models import Invocation, Principal, utcnow
 from bastion.pipeline import authority
-from bastion.pipeline.documents import DEFAULT_LIMIT, expires_in
+from bastion.pipeline.documents import DEFAULT_LIMIT, approvals_json, expires_in
+from bastion.pipeline.grants import Grants
 
 if sys.platform != "win32":
     import termios
@@ -187,14 +188,18 @@ class WatchView:
     hint: str = ""
     """What a printed `bastion ...` hint appends to reach the same ledger (` --config DIR`, ` --url URL`)."""
     pending: list[Invocation] = field(default_factory=list)
+    approvals: dict[str, str] = field(default_factory=dict)
+    """By invocation id: `1 of 2 approvals, by alice`, for a call that needs several approvers."""
     selected: str | None = None
     status: str = ""
     prompt: Prompt | None = None
     _index: int = field(default=0, init=False, repr=False)
 
-    def update(self, pending: list[Invocation]) -> None:
-        """Take a fresh list; the selection follows its invocation, or stays at its row when it left."""
+    def update(self, pending: list[Invocation], approvals: Mapping[str, str] | None = None) -> None:
+        """Take a fresh list (and, by id, the approvals so far of the calls that need several); the selection follows
+        its invocation, or stays at its row when it left."""
         self.pending = pending
+        self.approvals = dict(approvals or {})
         ids = [i.id for i in pending]
         if self.selected in ids:
             self._index = ids.index(self.selected)
@@ -264,7 +269,9 @@ class WatchView:
         rows = max(3, (height - 12) // 3)
         first = max(0, min(self._index - rows // 2, len(self.pending) - rows))
         shown = self.pending[first : first + rows]
-        table = pending_table(shown, now, width=width, selected=self.selected, total=len(self.pending))
+        table = pending_table(
+            shown, now, width=width, selected=self.selected, total=len(self.pending), approvals=self.approvals
+        )
         if len(shown) < len(self.pending):
             table.caption = f"{first + 1}-{first + len(shown)} of {len(self.pending)}"
         selected = self.pending[self._index]
@@ -327,7 +334,9 @@ class Feed(Protocol):
     actor: str
     """Who the decisions are recorded as, for the status line."""
 
-    async def pending(self) -> list[Invocation]: ...
+    async def pending(self) -> list[dict[str, Any]]:
+        """The pending invocations as approvers see them (`bastion.pipeline.documents.pending_json`)."""
+        ...
 
     async def decide(self, invocation_id: str, *, approve: bool, note: str | None) -> Invocation: ...
 
@@ -358,8 +367,11 @@ class LedgerFeed:
         self.actor = principal.name
         self._approver = approver
 
-    async def pending(self) -> list[Invocation]:
-        return await pending_invocations(self.ledger.invocations, utcnow())
+    async def pending(self) -> list[dict[str, Any]]:
+        found = await pending_invocations(self.ledger.invocations, utcnow())
+        return await approvals_json(
+            self.ledger.invocations, found, utcnow(), Grants(self.ledger.grants, always_days=None)
+        )
 
     async def decide(self, invocation_id: str, *, approve: bool, note: str | None) -> Invocation:
         if self._approver is not None:
@@ -392,8 +404,8 @@ class ApiFeed:
         self.hint = f" --url {shlex.quote(api.base)}"
         self.actor = "your token"
 
-    async def pending(self) -> list[Invocation]:
-        return [Invocation.model_validate(row) for row in await self.api.pending(DEFAULT_LIMIT)]
+    async def pending(self) -> list[dict[str, Any]]:
+        return await self.api.pending(DEFAULT_LIMIT)
 
     async def decide(self, invocation_id: str, *, approve: bool, note: str | None) -> Invocation:
         return Invocation.model_validate(await self.api.decide(invocation_id, approve=approve, note=note))
@@ -410,7 +422,7 @@ class ApiFeed:
 async def watch_approvals(feed: Feed, fd: int, console: Console) -> None:
     """Run the live view until `q`, Ctrl-D or the end of input; a failure to fetch is shown, then retried."""
     view = WatchView(where=feed.where, hint=feed.hint)
-    view.update(await feed.pending())  # a wrong URL or token fails here, before the screen is taken
+    view.update(*_rows(await feed.pending()))  # a wrong URL or token fails here, before the screen is taken
     wake = Wakeup()
     async with anyio.create_task_group() as tg:
 
@@ -430,7 +442,7 @@ async def watch_approvals(feed: Feed, fd: int, console: Console) -> None:
             tg.start_soon(keys_then_quit)
             while True:
                 try:
-                    view.update(await feed.pending())
+                    view.update(*_rows(await feed.pending()))
                 except BastionError as exc:
                     view.status = f"{exc.error_class}: {exc.message} (retrying)"
                 now = utcnow()
@@ -440,12 +452,19 @@ async def watch_approvals(feed: Feed, fd: int, console: Console) -> None:
                     await wake.wait()
 
 
+def _rows(rows: list[dict[str, Any]]) -> tuple[list[Invocation], dict[str, str]]:
+    """The pending invocations of `rows`, and the approvals so far of those that need several."""
+    return [Invocation.model_validate(row) for row in rows], summaries(rows)
+
+
 async def _carry_out(feed: Feed, decision: Decision) -> str:
     """Send a confirmed decision; the status line it leaves (the error class when refused)."""
     try:
         decided = await feed.decide(decision.invocation.id, approve=decision.approve, note=decision.note)
     except BastionError as exc:
         return f"{exc.error_class}: {exc.message}"
+    if decided.status == "pending":  # one approval of a call that needs several: it waits for another approver
+        return f"approval recorded for {decided.id} ({decided.tool}) as {feed.actor}; it waits for another approver"
     return f"{decided.status} {decided.id} ({decided.tool}) as {feed.actor}"
 
 

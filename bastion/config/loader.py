@@ -20,6 +20,7 @@ from typing import Annotated, Any, Final, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+from bastion.config.approvers import ApproverCounts, approver_problems
 from bastion.config.conditions import rule_problems
 from bastion.config.models import (
     Config,
@@ -390,6 +391,7 @@ class _Loader:
     def policy(self) -> PolicyConfig:
         modes: dict[str, _Placed] = {}
         profile_modes: dict[str, dict[str, _Placed]] = {}
+        counts = ApproverCounts()
         inline: dict[str, _Placed] = {}
         disabled: list[str] = []
         rules: list[PolicyRule] = []
@@ -404,8 +406,11 @@ class _Loader:
                 self.unreadable_policies.append(f"{self.name(path)}:{self.issues[reported].line}")  # its first problem
                 continue
             _stringify_modes(file.data)
+            problems = list(approver_problems(file.data, _POLICY_KEY, file.index.line_of))  # before it is validated
             policy = self.validate_salvaging(file, PolicyConfig, "this entry is ignored")
             self.merge_modes(modes, policy.modes, file, ("modes",))
+            for line, message in [*problems, *counts.add(policy, file.path, file.index.line_of)]:
+                self.report(file.path, line, message)
             rules.extend(self.check_rules(policy.rules, file, ("rules",)))
             for name, profile in policy.profiles.items():
                 self.merge_modes(profile_modes.setdefault(name, {}), profile.modes, file, ("profiles", name, "modes"))
@@ -418,13 +423,15 @@ class _Loader:
         return PolicyConfig(
             modes={key: placed.value for key, placed in modes.items()},
             rules=rules,
+            approvers=counts.of(None),
             profiles={
                 name: Profile(
                     modes={key: placed.value for key, placed in profile_modes.get(name, {}).items()},
                     rules=profile_rules.get(name, []),
+                    approvers=counts.of(name),
                     inline_approval=name in inline and inline[name].value == "true",
                 )
-                for name in {**profile_modes, **profile_rules}
+                for name in {**profile_modes, **profile_rules, **counts.profiles}
             },
             sources=SourcesPolicy(disabled=disabled),
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, get_args
+from typing import Annotated, Any, ClassVar, Final, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
@@ -17,6 +17,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
     SecretStr,
     ValidationInfo,
     field_validator,
@@ -24,8 +26,8 @@ from pydantic import (
 )
 
 from bastion.actions import DriftListing
-from bastion.models import PolicyRule
-from bastion.policies import RiskSetting
+from bastion.models import PolicyRule, Tier
+from bastion.policies import RiskSetting, tier_of
 
 _DNS_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _DNS_NAME = re.compile(rf"(?=.{{1,253}}$){_DNS_LABEL}(?:\.{_DNS_LABEL})*")
@@ -192,7 +194,9 @@ class LedgerSettings(_Strict):
         return url
 
 
-NotifiedEvent = Literal["approval_requested", "approval_decided", "invocation_finished", "drift_detected"]
+NotifiedEvent = Literal[
+    "approval_requested", "approval_recorded", "approval_decided", "invocation_finished", "drift_detected"
+]
 """The named events of bastion.pipeline.events, as webhooks may choose them."""
 
 
@@ -267,9 +271,29 @@ class ToolPin(_Strict):
     """The hash of its structure (names and schemas, without descriptions); None: not checked."""
 
 
-class ToolOverride(_Strict):
+class _KeepsTiers(_Strict):
+    """A model whose risks may be written as tiers (R0-R4): each field in `_TIERED` keeps the tier it was written as
+    (`tier(field)`), beside the risk it stands for."""
+
+    _TIERED: ClassVar[tuple[str, ...]] = ()
+    _tiers: dict[str, Tier] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_tiers(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._tiers = {name: tier for name in cls._TIERED if (tier := tier_of(data.get(name))) is not None}
+        return model
+
+    def tier(self, field_name: str) -> Tier | None:
+        return self._tiers.get(field_name)
+
+
+class ToolOverride(_KeepsTiers):
     """`[tools.<upstream name>]` in a connector file."""
 
+    _TIERED = ("risk",)
     risk: RiskSetting | None = None
     """The tool's risk (`read`, `write`, `danger`, or a tier `R0`-`R4`), over its annotations and `default_risk`."""
     hidden: bool = False
@@ -278,9 +302,10 @@ class ToolOverride(_Strict):
     """Trust exactly this definition (`[tools.<name>.pin]`), instead of the one first seen."""
 
 
-class ConnectorConfig(_Strict):
+class ConnectorConfig(_KeepsTiers):
     """`connectors/<id>.toml`: one downstream MCP server."""
 
+    _TIERED = ("default_risk",)
     id: str = Field(pattern=r"^[a-z0-9_-]+$")
     """The source id: policy keys `<id>:<tool>`. Default: the file's name without `.toml`."""
     transport: Literal["stdio", "http", "sse"] = "stdio"
@@ -356,6 +381,8 @@ class Profile(_Strict):
     """Mode values stay strings: an unknown value must fail safe to `deny` at resolution (`bastion.policies.modes`)."""
     rules: list[PolicyRule] = Field(default_factory=list)
     """Conditional modes (`[[profiles.<name>.rules]]`), tried before `modes` for their key."""
+    approvers: dict[str, int] = Field(default_factory=dict)
+    """`[profiles.<name>.approvers]`: as `[approvers]`, for this profile's sessions."""
     inline_approval: bool = False
     """Also ask the host's own user with a form (elicitation) while a call waits; never for sessions with a token."""
 
@@ -375,6 +402,10 @@ class PolicyConfig(_Strict):
     `require_approval` or `deny`; any other value denies."""
     rules: list[PolicyRule] = Field(default_factory=list)
     """Conditional organisation modes (`[[rules]]`), tried before `modes` for their key."""
+    approvers: dict[str, int] = Field(default_factory=dict)
+    """`[approvers]`: how many distinct approvers a held call needs, by policy key (`source:action`, `source:*`) or
+    risk tier (`R0`..`R4`); 2 is two-person approval. The most any entry for a call asks applies (default 1); 0 marks
+    a value that was invalid (bastion.config.approvers): its calls are denied."""
     profiles: dict[str, Profile] = Field(default_factory=dict)
     """Named profiles (`[profiles.<name>]`)."""
     sources: SourcesPolicy = Field(default_factory=SourcesPolicy)

@@ -13,7 +13,14 @@ from typing import Any, Final
 
 from bastion.ledger.backend import INVOCATION_COLUMNS
 from bastion.ledger.chain import GENESIS, ReadOrphans, ReadRecords, StoredRecord, verify_chain, verify_records
-from bastion.ledger.decisions import GRANT_SOURCE, GrantUse, HeldDecision, granted
+from bastion.ledger.decisions import (
+    GRANT_SOURCE,
+    EarlierApproval,
+    GrantUse,
+    HeldDecision,
+    granted,
+    required_approvers,
+)
 from bastion.ledger.kept import KEPT, Kept, orphans_sql, record_sql, records_sql
 from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Exported, Grant, Invocation
 
@@ -48,13 +55,16 @@ ORPHANS: Final = """
     ORDER BY invocation_id LIMIT 100
 """
 _DECISIONS: Final = """
-    SELECT invocations.id, invocations.args_hash, invocations.fingerprint, events.detail, events.at, events.state
+    SELECT invocations.id, invocations.args_hash, invocations.fingerprint, events.detail, events.at, events.state,
+           held.detail
     FROM events JOIN invocations ON invocations.id = events.invocation_id
+    JOIN events AS held ON held.invocation_id = events.invocation_id AND held.kind = 'pending'
     WHERE events.kind = 'approved' AND invocations.id > {p}
-      AND EXISTS (
-          SELECT 1 FROM events AS held WHERE held.invocation_id = events.invocation_id AND held.kind = 'pending'
-      )
     ORDER BY invocations.id LIMIT {p}
+"""
+_EARLIER_APPROVALS: Final = """
+    SELECT invocation_id, detail, at, state FROM events
+    WHERE kind = 'approval_recorded' AND invocation_id IN ({ids}) ORDER BY invocation_id, seq
 """
 _GRANT_USES: Final = f"""
     SELECT id, policy_key, session_id, principal, created_at, substr(mode_source, {len(GRANT_SOURCE) + 1})
@@ -84,6 +94,7 @@ class AuditReads:
     ) -> None:
         """`position`: the column of an invocation event's chain position; `from_row`: an invocation from its row."""
         self._db = db
+        self._placeholder = placeholder
         self._moment = moment
         self._grants_by_id = grants_by_id
         self._from_row = from_row
@@ -191,6 +202,14 @@ class AuditReads:
         as stored now (bastion.ledger.decisions)."""
         rows = await self._db.fetchall(self._decisions_sql, (after, limit))
         grants = await self.grants_named(row[3] for row in rows)
+        several = [row[0] for row in rows if required_approvers(row[6]) > 1]
+        earlier: dict[str, list[EarlierApproval]] = {}
+        if several:
+            sql = _EARLIER_APPROVALS.format(ids=", ".join([self._placeholder] * len(several)))
+            for invocation_id, detail, at, state in await self._db.fetchall(sql, tuple(several)):
+                earlier.setdefault(invocation_id, []).append(
+                    EarlierApproval(detail, self._moment(at), state is not None)
+                )
         return [
             HeldDecision(
                 row[0],
@@ -200,6 +219,8 @@ class AuditReads:
                 self._moment(row[4]),
                 row[5] is not None,
                 grants.get(granted(row[3]) or ""),
+                required_approvers(row[6]),
+                tuple(earlier.get(row[0], ())),
             )
             for row in rows
         ]

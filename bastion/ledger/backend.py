@@ -138,9 +138,11 @@ class InvocationBackend(Protocol):
         event: EventKind,
         detail: Scrubbed,
         fields: Mapping[str, Any],
+        at: datetime | None = None,
     ) -> Invocation | None:
         """Move to `to` only from one of `from_statuses`, set `fields` (`result` Scrubbed, `error_message`
-        scrubbed) and append the event; None when the condition did not hold."""
+        scrubbed) and append the event (stamped `at`, default now: a signed event's time is the one signed); None
+        when the condition did not hold."""
         ...
 
     async def decide(

@@ -4,9 +4,12 @@ look approved, nor widen a grant, without the key.
 
 A decision's signature covers, as one JSON array: the invocation, the decision, who decided, the keyed hash of the
 call's arguments, the fingerprint of the action's pinned definition, the scope, the time, and the grant it leaves
-(its id, action, scope, session, principal, condition and expiry). `verify_decisions` checks that every approval of a
-held call carries a valid signature by a trusted key over the row it approved and the grant row it made, and that
-every call a grant let through is one the grant covers: its action, its session or caller, inside its lifetime.
+(its id, action, scope, session, principal, condition and expiry), and, for a call that needs more than one approver,
+how many it needs. Each approval of such a call is an event of its own (`approval_recorded`, then `approved` for the
+last one), signed the same way. `verify_decisions` checks that every approval of a held call carries a valid signature
+by a trusted key over the row it approved and the grant row it made, that a call its `pending` event says needs
+several approvers carries that many signed approvals by distinct approvers, and that every call a grant let through
+is one the grant covers: its action, its session or caller, inside its lifetime.
 Decisions recorded before decisions were signed (their event from before records were chained) are counted, not
 checked.
 """
@@ -22,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bastion.ledger.anchors import public_text, signature_of, verify_signature
 from bastion.ledger.chain import PAGE, stored_time
-from bastion.models import AuditReport, ChainBreak, Grant
+from bastion.models import APPROVERS, AuditReport, ChainBreak, Grant
 
 SIGNED: Final = "signed"
 """The key of a decision event's detail that holds its signature: {"key": public key, "signature": base64}."""
@@ -40,19 +43,42 @@ def decision_text(
     scope: str,
     at: datetime,
     grant: Grant | None,
+    approvers: int = 1,
 ) -> bytes:
-    """The exact bytes a decision's signature covers."""
+    """The exact bytes a decision's signature covers. `approvers`: how many the call needs; covered when more than
+    one, so lowering the requirement its `pending` event records breaks the signatures of its approvals."""
     fields: list[Any] = ["bastion decision v1", invocation_id, decision, by, args_hash, fingerprint, scope]
     fields.append(stored_time(at))
     if grant is not None:
         expires = stored_time(grant.expires_at) if grant.expires_at is not None else None
         fields += [grant.id, grant.policy_key, grant.scope, grant.session_id, grant.principal, grant.rule, expires]
+    if approvers > 1:
+        fields += [APPROVERS, approvers]
     return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def required_approvers(pending_detail: str | None) -> int:
+    """How many distinct approvers a held call needs, as its `pending` event's detail (JSON text) records it: one
+    unless it says more."""
+    try:
+        detail = json.loads(pending_detail or "{}")
+    except ValueError:
+        return 1
+    count = detail.get(APPROVERS) if isinstance(detail, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 1 else 1
 
 
 def sign_decision(key: Ed25519PrivateKey, text: bytes) -> dict[str, str]:
     """What a decision event's detail carries under `SIGNED`."""
     return {"key": public_text(key), "signature": signature_of(key, text)}
+
+
+class EarlierApproval(NamedTuple):
+    """An approval recorded before the one that approved a call needing several (its `approval_recorded` event)."""
+
+    detail: str
+    at: datetime
+    chained: bool
 
 
 class HeldDecision(NamedTuple):
@@ -68,6 +94,10 @@ class HeldDecision(NamedTuple):
     """Its event was recorded since records were chained (it carries a state): it must be signed."""
     grant: Grant | None
     """The grant row its detail names, as stored now."""
+    required: int = 1
+    """How many distinct approvers its `pending` event says the call needs."""
+    earlier: tuple[EarlierApproval, ...] = ()
+    """The approvals recorded before this one (a call needing several), oldest first."""
 
 
 class GrantUse(NamedTuple):
@@ -132,8 +162,31 @@ async def verify_decisions(
 
 
 def _decision_fault(held: HeldDecision, trusted: Collection[str]) -> str | None:
+    fault = _approval_fault(held, "approved", held.detail, held.at, trusted)
+    if fault is not None or held.required == 1:
+        return fault
+    by: list[str] = []
+    for number, earlier in enumerate(held.earlier, start=1):
+        if not earlier.chained:
+            return f"needs {held.required} approvers, and its approval {number} was recorded outside the chain"
+        fault = _approval_fault(held, "approval_recorded", earlier.detail, earlier.at, trusted)
+        if fault is not None:
+            return f"(its approval {number}) {fault}"
+        by.append(str(json.loads(earlier.detail).get("by")))
+    by.append(str(json.loads(held.detail).get("by")))
+    distinct = sorted(set(by))
+    if len(distinct) < held.required:
+        return (
+            f"needs {held.required} distinct approvers, and carries signed approvals by {', '.join(distinct)} only: "
+            "an approval was forged or copied"
+        )
+    return None
+
+
+def _approval_fault(held: HeldDecision, kind: str, stored: str, at: datetime, trusted: Collection[str]) -> str | None:
+    """What is wrong with one signed approval (`kind`: its event's) of the held call, if anything."""
     try:
-        detail = json.loads(held.detail)
+        detail = json.loads(stored)
     except ValueError:
         detail = None
     if not isinstance(detail, dict) or not isinstance(detail.get(SIGNED), dict):
@@ -144,19 +197,23 @@ def _decision_fault(held: HeldDecision, trusted: Collection[str]) -> str | None:
     scope = str(detail.get("scope", "once"))
     text = decision_text(
         held.invocation_id,
-        "approved",
+        kind,
         detail.get("by"),
         held.args_hash,
         held.fingerprint,
         scope,
-        held.at,
+        at,
         held.grant if grant_id is not None else None,
+        held.required,
     )
     signature = detail[SIGNED]
     fault = verify_signature(text, signature.get("key"), signature.get("signature"), trusted)
     if fault is None:
         return None
-    return f"does not hold: {fault} (its call's arguments, pinned definition or grant were changed, or it was forged)"
+    return (
+        f"does not hold: {fault} (its call's arguments, pinned definition, grant or number of approvers needed were "
+        "changed, or it was forged)"
+    )
 
 
 def _use_fault(use: GrantUse) -> str | None:

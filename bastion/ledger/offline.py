@@ -27,7 +27,15 @@ from bastion.errors import ConfigError
 from bastion.ledger.anchors import Anchor, parse_public, public_text, read_anchors, signature_fault
 from bastion.ledger.backend import INVOCATION_COLUMNS
 from bastion.ledger.chain import StoredRecord, stored_time, verify_chain, verify_records
-from bastion.ledger.decisions import GRANT_SOURCE, GrantUse, HeldDecision, granted, verify_decisions
+from bastion.ledger.decisions import (
+    GRANT_SOURCE,
+    EarlierApproval,
+    GrantUse,
+    HeldDecision,
+    granted,
+    required_approvers,
+    verify_decisions,
+)
 from bastion.ledger.scrubbing import accepted
 from bastion.models import AuditReport, ChainBreak, ChainedEvent, Exported, Grant
 
@@ -129,7 +137,13 @@ def _records(lines: Sequence[_Line]) -> dict[str, StoredRecord]:
 
 def _held(lines: Sequence[_Line], records: Mapping[str, StoredRecord]) -> list[HeldDecision]:
     """The approvals of held calls in the export, by invocation id."""
-    pending = {line.event.invocation_id for line in lines if line.event.kind == "pending"}
+    pending = {line.event.invocation_id: line.event.detail for line in lines if line.event.kind == "pending"}
+    earlier: dict[str, list[EarlierApproval]] = {}
+    for line in sorted(lines, key=lambda line: line.event.seq):
+        event = line.event
+        if event.kind == "approval_recorded" and event.invocation_id is not None:
+            approval = EarlierApproval(event.detail, event.at, event.state is not None)
+            earlier.setdefault(event.invocation_id, []).append(approval)
     held = []
     for line in lines:
         event = line.event
@@ -145,6 +159,8 @@ def _held(lines: Sequence[_Line], records: Mapping[str, StoredRecord]) -> list[H
                 event.at,
                 event.state is not None,
                 line.grant if line.grant is not None and line.grant.id == granted(event.detail) else None,
+                required_approvers(pending[event.invocation_id]),
+                tuple(earlier.get(event.invocation_id, ())),
             )
         )
     return sorted(held, key=lambda decision: decision.invocation_id)

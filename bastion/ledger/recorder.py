@@ -151,22 +151,21 @@ class Recorder:
         note: str | None,
         now: datetime,
         grant: Grant | None = None,
+        approvers: int = 1,
     ) -> Invocation:
         """An approver's decision on a pending invocation: `approved` or `denied` (the note is the reason), with
         who decided in the event, the approval's scope (`once`, or its `grant`'s, whose id the event names), and,
-        with a signing key, its signature (bastion.ledger.decisions). Raises NotFound, ApprovalExpired (pending but
-        past expires_at: it is marked expired), or Conflict (no longer pending; the message names its status)."""
+        with a signing key, its signature (bastion.ledger.decisions; covering `approvers`, how many the call needs).
+        Raises NotFound, ApprovalExpired (pending but past expires_at: it is marked expired), or Conflict (no longer
+        pending; the message names its status)."""
         denied_by = f"denied by {principal or 'an approver'}"
         detail: dict[str, Any] = {"by": principal, "note" if approve else "reason": note}
         if approve:
             detail["scope"] = "once" if grant is None else grant.scope
             if grant is not None:
                 detail["grant"] = grant.id
-        stored = self._detail(detail)
-        if self._signing_key_path is not None:
-            if self._signing_key is None:  # created by the first decision, not by every process that opens the ledger
-                self._signing_key = load_or_create_signing_key(self._signing_key_path)
-            stored = await self._signed(invocation_id, approve, stored, now, grant, self._signing_key)
+        kind: EventKind = "approved" if approve else "denied"
+        stored = await self._signed(invocation_id, kind, self._detail(detail), now, grant, approvers)
         return await self._backend.decide(
             invocation_id,
             approve=approve,
@@ -174,6 +173,24 @@ class Recorder:
             error_message=None if approve else self._text(denied_by if note is None else f"{denied_by}: {note}"),
             now=now,
             grant=grant,
+        )
+
+    async def record_approval(
+        self, invocation_id: str, *, principal: str, note: str | None, now: datetime, approvers: int
+    ) -> Invocation | None:
+        """One approval of a pending call that needs `approvers` distinct approvers, not the last one: an
+        `approval_recorded` event (who, the note, signed as a decision is), the call left pending. None when it is no
+        longer pending."""
+        detail = self._detail({"by": principal, "note": note, "scope": "once"})
+        stored = await self._signed(invocation_id, "approval_recorded", detail, now, None, approvers)
+        return await self._backend.transition(
+            invocation_id,
+            from_statuses=states.RECORD_APPROVAL.from_,
+            to=states.RECORD_APPROVAL.start,
+            event="approval_recorded",
+            detail=stored,
+            fields={},
+            at=now,
         )
 
     async def expire_due(self, now: datetime) -> builtins.list[Invocation]:
@@ -192,29 +209,35 @@ class Recorder:
     async def _signed(
         self,
         invocation_id: str,
-        approve: bool,
+        kind: EventKind,
         stored: Scrubbed,
         now: datetime,
         grant: Grant | None,
-        key: Ed25519PrivateKey,
+        approvers: int,
     ) -> Scrubbed:
-        """The decision's detail as stored, with its signature over what it decides: who, as stored (scrubbed), and
-        the call's arguments hash and pinned definition, which do not change while it is pending."""
+        """The decision's detail as stored, with (given a signing key) its signature over what it decides: who, as
+        stored (scrubbed), and the call's arguments hash and pinned definition, which do not change while it is
+        pending."""
+        if self._signing_key_path is None:
+            return stored
+        if self._signing_key is None:  # created by the first decision, not by every process that opens the ledger
+            self._signing_key = load_or_create_signing_key(self._signing_key_path)
         invocation = await self._backend.get(invocation_id)
         if invocation is None:
             return stored  # the decision will be refused: NotFound
         detail = json.loads(stored.json)
         text = decision_text(
             invocation_id,
-            "approved" if approve else "denied",
+            kind,
             detail.get("by"),
             invocation.args_hash,
             invocation.fingerprint,
             str(detail.get("scope", "once")),
             now,
             grant,
+            approvers,
         )
-        detail[SIGNED] = sign_decision(key, text)
+        detail[SIGNED] = sign_decision(self._signing_key, text)
         return Scrubbed(json.dumps(detail, ensure_ascii=False, separators=(",", ":")))
 
     # -- reads -----------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from bastion import states
 from bastion.actions import Found
 from bastion.errors import (
     AmbiguousId,
+    ApprovalExpired,
     Conflict,
     ConnectorUnavailable,
     Forbidden,
@@ -22,7 +23,7 @@ from bastion.errors import (
     NotFound,
     UpstreamError,
 )
-from bastion.models import PLUGIN_SOURCE_ID, Invocation, InvocationEvent, Pin, Principal, Scope, Status
+from bastion.models import PLUGIN_SOURCE_ID, Invocation, InvocationEvent, Pin, Principal, Quorum, Scope, Status
 from bastion.pipeline.grants import Grants
 from bastion.pipeline.seams import InvocationStore, Ledger
 from bastion.sources.seam import ActionSource, LookupSource
@@ -84,10 +85,14 @@ async def decide(
     rule: str | None = None,
     grants: Grants | None = None,
 ) -> Invocation:
-    """An approver's decision (by id or unique prefix), refused for agents and for the principal that made the
-    call. An approval scoped beyond "once" (optionally narrowed by `rule`, a condition on the arguments) leaves a
-    grant, checked against what `grants` offers for this call before anything is decided and stored with the
-    decision."""
+    """An approver's decision (by id or unique prefix), refused for agents and for whoever may not decide this call
+    (`_refusal`). An approval scoped beyond "once" (optionally narrowed by `rule`, a condition on the arguments)
+    leaves a grant, checked against what `grants` offers for this call before anything is decided and stored with
+    the decision.
+
+    A call that needs several approvers (its `pending` event says how many: two-person approval) is approved only
+    by the last one needed: each approval before it is recorded (`approval_recorded`, signed) and leaves the call
+    pending, with its expiry unchanged. A denial from any approver ends it."""
     if (scope != "once" or rule is not None) and (grants is None or not approve):
         raise InvalidArguments(
             f'the scope "{scope}" and a grant\'s condition apply to an approval made where grants are kept (the '
@@ -102,18 +107,72 @@ async def decide(
     invocation = await ledger.invocations.get(invocation_id)
     if invocation is None:
         raise NotFound(f"no invocation {invocation_id!r}", invocation_id=invocation_id)
-    if invocation.principal is not None and invocation.principal == principal.name:
-        raise Forbidden(
-            f"{principal.name} made this call and may not decide it; ask another approver",
-            invocation_id=invocation_id,
-        )
+    quorum = Quorum.of(await ledger.invocations.events(invocation_id))
+    refusal = _refusal(invocation, principal, quorum, approve=approve)
+    if refusal is not None:
+        raise refusal
     grant = None
     if grants is not None and approve:
-        grants.check(invocation, scope, rule)  # before the decision: an approval never holds without its grant
+        grants.check(invocation, scope, rule, approvers=quorum.required)  # before the decision: never without it
         grant = grants.make(invocation, cast(Scope, scope), rule, by=principal.name, now=now)
+    if approve and invocation.status == "pending" and len(quorum.by) + 1 < quorum.required:
+        return await _record_approval(ledger, invocation, principal=principal, note=note, now=now, quorum=quorum)
     return await ledger.invocations.decide(
-        invocation_id, approve=approve, principal=principal.name, note=note, now=now, grant=grant
+        invocation_id,
+        approve=approve,
+        principal=principal.name,
+        note=note,
+        now=now,
+        grant=grant,
+        approvers=quorum.required,
     )
+
+
+def _refusal(invocation: Invocation, principal: Principal, quorum: Quorum, *, approve: bool) -> Forbidden | None:
+    """Why `principal` (an approver) may not decide `invocation`: nobody decides a call they made, and an approver
+    whose approval of a call that needs several is recorded may not approve it again (a deny is theirs to give)."""
+    if invocation.principal is not None and invocation.principal == principal.name:
+        return Forbidden(
+            f"{principal.name} made this call and may not decide it; ask another approver",
+            invocation_id=invocation.id,
+        )
+    if approve and principal.name in quorum.by and invocation.status == "pending":
+        return Forbidden(
+            f"{principal.name} has already approved invocation {invocation.id} ({quorum.summary}); it needs the "
+            f"approval of {quorum.required - len(quorum.by)} more distinct approver(s), not the same one twice",
+            invocation_id=invocation.id,
+        )
+    return None
+
+
+async def _record_approval(
+    ledger: Ledger, invocation: Invocation, *, principal: Principal, note: str | None, now: datetime, quorum: Quorum
+) -> Invocation:
+    """Record an approval of a call that needs more than one (not the last): it stays pending. Past its expiry it is
+    marked expired (ApprovalExpired), as a decision would; no longer pending, Conflict names its status. Two
+    approvers recording at once may together complete the quorum: whoever then sees it complete approves the call."""
+    if invocation.expires_at is not None and now >= invocation.expires_at:
+        await ledger.invocations.expire_due(now)
+        raise ApprovalExpired(
+            f"invocation {invocation.id} expired at {invocation.expires_at} before a decision",
+            invocation_id=invocation.id,
+        )
+    recorded = await ledger.invocations.record_approval(
+        invocation.id, principal=principal.name, note=note, now=now, approvers=quorum.required
+    )
+    if recorded is None:
+        current = await ledger.invocations.get(invocation.id)
+        status = current.status if current is not None else "gone"
+        raise Conflict(f"invocation {invocation.id} is already {status}", invocation_id=invocation.id)
+    after = Quorum.of(await ledger.invocations.events(invocation.id))
+    if len(after.by) < after.required:
+        return recorded
+    try:  # another approver recorded theirs at the same moment: together they are enough
+        return await ledger.invocations.decide(
+            invocation.id, approve=True, principal=principal.name, note=note, now=now, approvers=after.required
+        )
+    except Conflict:
+        return await ledger.invocations.get(invocation.id) or recorded
 
 
 PENDING: Final = states.DECIDE.from_

@@ -190,7 +190,9 @@ class CallPath:
                 if await self.admit(entry, invocation, arguments, context, runs=decision.mode == "allow"):
                     progress = Progress(on_progress) if on_progress else None
                     return await self._run_counted(entry, invocation, arguments, progress, deliver=deliver)
-                return await self._hold(entry, invocation, arguments, on_progress, on_pending, defer)
+                return await self._hold(
+                    entry, invocation, arguments, on_progress, on_pending, defer, approvers=decision.approvers
+                )
             finally:
                 del self._callers[invocation.id]
 
@@ -321,8 +323,11 @@ class CallPath:
         on_progress: ProgressFn | None,
         on_pending: PendingFn | None,
         defer: bool,
+        *,
+        approvers: int,
     ) -> types.CallToolResult:
-        """require_approval: pending in the ledger, and the host's call blocks until it is decided."""
+        """require_approval: pending in the ledger (needing `approvers` distinct approvers), and the host's call
+        blocks until it is decided."""
         approvals = self.config.settings.approvals
         now = utcnow()
         held = invocation.model_copy(
@@ -337,6 +342,7 @@ class CallPath:
             limit=approvals.max_pending_per_session,
             on_pending=on_pending,
             defer=defer,
+            approvers=approvers,
         )
         try:
             return await self._wait_unless_stopping(held.id, holding)

@@ -9,25 +9,37 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from pydantic import BaseModel, Field
 
 from bastion.actions import Found, LookedUpOutcome
-from bastion.models import Grant, Invocation, InvocationEvent, Pin, PinObservation, Scope
+from bastion.models import Grant, Invocation, InvocationEvent, Pin, PinObservation, Quorum, Scope
 from bastion.pipeline.seams import InvocationStore
 from bastion.policies import diff_definitions
 
 DEFAULT_LIMIT: Final = 100
 
 
+class Approvals(BaseModel):
+    """The approvals of a call that needs several distinct approvers (two-person approval)."""
+
+    required: int
+    """How many distinct approvers must approve it."""
+    by: list[str]
+    """Who has approved it so far, oldest first (the last approval needed approves it: it is then not pending)."""
+    summary: str
+    """As companions show it: `1 of 2 approvals, by alice`."""
+
+
 class PendingInvocation(Invocation):
-    """An invocation waiting for an approver, with the seconds left to decide, whether it drifted, and the scopes
-    an approval of it may take here."""
+    """An invocation waiting for an approver, with the seconds left to decide, whether it drifted, the scopes
+    an approval of it may take here, and (a call that needs several approvers) its approvals so far."""
 
     expires_in_seconds: int | None
     drifted: bool
     scopes: list[Scope]
+    approvals: Approvals | None = None
 
 
 class GrantView(Grant):
@@ -37,11 +49,12 @@ class GrantView(Grant):
 
 
 class InvocationDetail(Invocation):
-    """One invocation with its event history, oldest event first, and (pending) the scopes an approval of it may
-    take here."""
+    """One invocation with its event history, oldest event first, (pending) the scopes an approval of it may
+    take here, and (a call that needs several approvers) its approvals."""
 
     events: list[InvocationEvent]
     scopes: list[Scope] = Field(default_factory=list)
+    approvals: Approvals | None = None
 
 
 class PinView(BaseModel):
@@ -108,6 +121,16 @@ def invocation_json(invocation: Invocation) -> dict[str, Any]:
     return invocation.model_dump(mode="json")
 
 
+async def decided_json(store: InvocationStore, decided: Invocation) -> dict[str, Any]:
+    """A decision's answer: the invocation, and for a call that needs several approvers its `approvals` (an approval
+    that was not the last leaves it pending: `1 of 2 approvals, by alice`)."""
+    quorum = Quorum.of(await store.events(decided.id))
+    found = invocation_json(decided)
+    if quorum.required > 1:
+        found["approvals"] = quorum_json(quorum)
+    return found
+
+
 def expires_in(invocation: Invocation, now: datetime) -> int | None:
     """Whole seconds until the invocation expires (None when it never does)."""
     if invocation.expires_at is None:
@@ -115,16 +138,43 @@ def expires_in(invocation: Invocation, now: datetime) -> int | None:
     return int((invocation.expires_at - now).total_seconds())
 
 
-def pending_json(invocation: Invocation, now: datetime, scopes: Sequence[Scope]) -> dict[str, Any]:
-    """An invocation as scripts see it, plus `expires_in_seconds`, `drifted` and the `scopes` it may be approved
-    with (see bastion.pipeline.grants)."""
+def quorum_json(quorum: Quorum) -> dict[str, Any]:
+    """The `approvals` of a call that needs several approvers, as scripts see them."""
+    return Approvals(required=quorum.required, by=list(quorum.by), summary=quorum.summary or "").model_dump()
+
+
+def pending_json(
+    invocation: Invocation, now: datetime, scopes: Sequence[Scope], quorum: Quorum | None = None
+) -> dict[str, Any]:
+    """An invocation as scripts see it, plus `expires_in_seconds`, `drifted`, the `scopes` it may be approved
+    with (see bastion.pipeline.grants) and, for a call that needs several approvers, its `approvals` so far."""
+    several = quorum is not None and quorum.required > 1
     view = PendingInvocation(
         **dict(invocation),
         expires_in_seconds=expires_in(invocation, now),
         drifted=invocation.drift is not None,
         scopes=list(scopes),
+        approvals=Approvals.model_validate(quorum_json(quorum)) if quorum is not None and several else None,
     )
     return view.model_dump(mode="json")
+
+
+class Offers(Protocol):
+    """What scopes an approval of a call may take here (bastion.pipeline.grants.Grants)."""
+
+    def offered(self, invocation: Invocation, *, approvers: int = 1) -> tuple[Scope, ...]: ...
+
+
+async def approvals_json(
+    store: InvocationStore, pending: Sequence[Invocation], now: datetime, offers: Offers
+) -> list[dict[str, Any]]:
+    """Pending invocations as approvers see them (`pending_json`): each with the scopes an approval may take and,
+    when it needs several approvers, who has approved it so far (read from its events)."""
+    found = []
+    for invocation in pending:
+        quorum = Quorum.of(await store.events(invocation.id))
+        found.append(pending_json(invocation, now, offers.offered(invocation, approvers=quorum.required), quorum))
+    return found
 
 
 def grant_json(grant: Grant, now: datetime) -> dict[str, Any]:
@@ -133,11 +183,15 @@ def grant_json(grant: Grant, now: datetime) -> dict[str, Any]:
 
 
 def invocation_detail_json(
-    invocation: Invocation, events: list[InvocationEvent], scopes: Sequence[Scope] = ()
+    invocation: Invocation, events: list[InvocationEvent], offers: Offers | None = None
 ) -> dict[str, Any]:
-    """An invocation with its `events`, as `bastion invocations show --json` prints it, and the `scopes` it may be
-    approved with (none unless pending)."""
-    return InvocationDetail(**dict(invocation), events=events, scopes=list(scopes)).model_dump(mode="json")
+    """An invocation with its `events`, as `bastion invocations show --json` prints it, the `scopes` it may be
+    approved with as `offers` offers them (none unless pending), and its `approvals` when it needs several."""
+    quorum = Quorum.of(events)
+    scopes = offers.offered(invocation, approvers=quorum.required) if offers and invocation.status == "pending" else ()
+    approvals = Approvals.model_validate(quorum_json(quorum)) if quorum.required > 1 else None
+    detail = InvocationDetail(**dict(invocation), events=events, scopes=list(scopes), approvals=approvals)
+    return detail.model_dump(mode="json")
 
 
 def drift_diff(pin: Pin) -> list[str] | None:

@@ -1,8 +1,10 @@
 """What approvers are told as it happens: the ledger's change feed read as named events.
 
-Four events are announced: `approval_requested` (a call waits for an approver), `approval_decided` (approved,
-denied or expired), `invocation_finished` (completed, failed or unknown) and `drift_detected` (a call was made to an
-action whose definition drifted from its pin). Each carries the id of the ledger event it comes from: ids increase
+Five events are announced: `approval_requested` (a call waits for an approver), `approval_recorded` (one approval of
+a call that needs several distinct approvers: it still waits), `approval_decided` (approved, denied or expired),
+`invocation_finished` (completed, failed or unknown) and `drift_detected` (a call was made to an action whose
+definition drifted from its pin). The events of a call that needs several approvers carry `approvals`: how many it
+needs and who has approved it so far. Each carries the id of the ledger event it comes from: ids increase
 ledger-wide, so a reader resumes after the last id it saw (SSE's `Last-Event-ID`) and misses nothing, whichever
 process made the change. The event stream, the inbox and the webhooks all read this one mapping.
 """
@@ -17,13 +19,16 @@ from typing import Any, Final, Literal
 import anyio
 
 from bastion.errors import ChangesLost
-from bastion.models import Change, Invocation, Principal
-from bastion.pipeline.documents import invocation_json
+from bastion.models import Change, Invocation, Principal, Quorum
+from bastion.pipeline.documents import invocation_json, quorum_json
 from bastion.pipeline.seams import Ledger
 
-EventName = Literal["approval_requested", "approval_decided", "invocation_finished", "drift_detected"]
+EventName = Literal[
+    "approval_requested", "approval_recorded", "approval_decided", "invocation_finished", "drift_detected"
+]
 EVENT_NAMES: Final[tuple[EventName, ...]] = (
     "approval_requested",
+    "approval_recorded",
     "approval_decided",
     "invocation_finished",
     "drift_detected",
@@ -41,9 +46,14 @@ class Announcement:
     """The id of the ledger event it comes from: resume after it."""
     name: EventName
     invocation: Invocation
+    quorum: Quorum | None = None
+    """For a call that needs several approvers: how many, and who has approved it so far."""
 
     def json(self) -> dict[str, Any]:
-        return {"id": self.id, "event": self.name, "invocation": invocation_json(self.invocation)}
+        found: dict[str, Any] = {"id": self.id, "event": self.name, "invocation": invocation_json(self.invocation)}
+        if self.quorum is not None:
+            found["approvals"] = quorum_json(self.quorum)
+        return found
 
 
 def event_name(change: Change, invocation: Invocation) -> EventName | None:
@@ -56,6 +66,8 @@ def event_name(change: Change, invocation: Invocation) -> EventName | None:
         return "drift_detected" if invocation.drift is not None else None
     if kind == "pending":
         return "approval_requested"
+    if kind == "approval_recorded":
+        return "approval_recorded"
     if kind == "expired" or (kind in ("approved", "denied") and invocation.mode == "require_approval"):
         return "approval_decided"
     if kind in ("completed", "failed", "unknown"):
@@ -106,5 +118,9 @@ async def announcements(
             if invocation is None or not may_hear(principal, invocation):
                 continue
             name = event_name(change, invocation)
-            if name is not None:
-                yield Announcement(change.id, name, invocation)
+            if name is None:
+                continue
+            quorum = None
+            if name in ("approval_requested", "approval_recorded", "approval_decided"):
+                quorum = Quorum.of(await ledger.invocations.events(invocation.id))
+            yield Announcement(change.id, name, invocation, quorum if quorum and quorum.required > 1 else None)

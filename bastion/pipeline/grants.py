@@ -22,6 +22,11 @@ decide first, and a grant only lifts a `require_approval` that a key's plain mod
 "session" or "hour" grant also a profile's). No grant undoes a deny, and a call a rule on its arguments holds stays
 held. A call a grant lets through names it: mode source `grant:<id>`.
 
+A call that policy marks for two-person approval (`[approvers]`: several distinct approvers for each call) takes no
+standing grant: only "once" is offered, and no grant lifts its hold. A grant is one approver's word for later
+calls, the very thing two-person approval refuses; asking both approvers to agree on a scope would still let a
+later call through with nobody looking at it.
+
 A grant ends when its action's definition drifts from its pin (revoked by `drift`): what was approved was another
 definition, and accepting the drift does not silently bring it back.
 """
@@ -81,26 +86,27 @@ class Grants:
         days = None if config.directory is None else config.settings.approvals.always_grant_days
         return cls(store, always_days=days)
 
-    def offered(self, invocation: Invocation) -> tuple[Scope, ...]:
-        """The scopes an approval of `invocation` may take here, narrowest first."""
-        return tuple(scope for scope in SCOPES if self._unavailable(invocation, scope) is None)
+    def offered(self, invocation: Invocation, *, approvers: int = 1) -> tuple[Scope, ...]:
+        """The scopes an approval of `invocation` (which needs `approvers` distinct approvers) may take here,
+        narrowest first."""
+        return tuple(scope for scope in SCOPES if self._unavailable(invocation, scope, approvers) is None)
 
-    def check(self, invocation: Invocation, scope: str, rule: str | None) -> None:
+    def check(self, invocation: Invocation, scope: str, rule: str | None, *, approvers: int = 1) -> None:
         """Raise (InvalidArguments, or ConfigError for "always" on the embedded default) when an approval of
-        `invocation` with `scope` and `rule` cannot be given: checked before anything is decided, so a refused scope
-        leaves the call pending."""
+        `invocation` (which needs `approvers` distinct approvers) with `scope` and `rule` cannot be given: checked
+        before anything is decided, so a refused scope leaves the call pending."""
         if scope not in SCOPES:
             raise InvalidArguments(f"scope must be one of {', '.join(SCOPES)}, not {scope!r}")
-        unavailable = self._unavailable(invocation, scope)
+        unavailable = self._unavailable(invocation, scope, approvers)
         if unavailable is not None:
-            offered = _either(self.offered(invocation))
+            offered = _either(self.offered(invocation, approvers=approvers))
             if scope == "always" and self.always_days is None:
                 raise ConfigError(f"{unavailable}; approve {offered}")
             raise InvalidArguments(f"{unavailable}; approve {offered}")
         if rule is None:
             return
         if scope == "once":
-            standing = _either([s for s in self.offered(invocation) if s != "once"])
+            standing = _either([s for s in self.offered(invocation, approvers=approvers) if s != "once"])
             raise InvalidArguments(
                 f'a condition narrows a standing grant, and "once" approves this call only; drop the condition or '
                 f"choose {standing}"
@@ -212,8 +218,13 @@ class Grants:
         )
         return grants
 
-    def _unavailable(self, invocation: Invocation, scope: Scope) -> str | None:
+    def _unavailable(self, invocation: Invocation, scope: Scope, approvers: int) -> str | None:
         """Why an approval of `invocation` cannot take `scope` here; None when it can."""
+        if scope != "once" and approvers > 1:
+            return (
+                f"{invocation.policy_key} needs {approvers} distinct approvers for each call, and a standing grant "
+                "would let later calls through on one approver's word"
+            )
         if scope == "session" and not has_host_session(invocation.session_id):
             return (
                 f'the host that made {invocation.id} has no session (2026-07-28 hosts do not keep one), so "for this '

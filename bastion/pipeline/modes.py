@@ -55,9 +55,10 @@ class Modes:
             return ModeDecision(mode="deny", source="drift")
         trusted = self.pins.pinned_definition(entry.source_id, entry.action_id)
         if trusted is None:
-            return guard_drift(current, None)
+            return needing(guard_drift(current, None), current.approvers)
         pinned_risk = self.listings.sources[entry.source_id].risk_of(entry.action_id, trusted)
-        return guard_drift(current, self._resolve(entry, pinned_risk, context, arguments, grant))
+        pinned = self._resolve(entry, pinned_risk, context, arguments, grant)
+        return needing(guard_drift(current, pinned), max(current.approvers, pinned.approvers))
 
     async def granted(
         self,
@@ -71,7 +72,7 @@ class Modes:
         """`decision`, or, when it holds the call in a way a grant can lift and a standing grant covers the call,
         the mode with that grant (`allow`, mode source `grant:<id>`, unless an operator rule still says otherwise).
         Only a call that would wait for an approver asks the ledger."""
-        if decision.mode != "require_approval" or decision.source not in LIFTABLE:
+        if decision.mode != "require_approval" or decision.source not in LIFTABLE or decision.approvers > 1:
             return decision
         grant = await self.grants.covering(
             entry.key, session_id=context.session_id, principal=context.principal, arguments=arguments, now=utcnow()
@@ -104,6 +105,9 @@ class Modes:
             judge=judge,
             undecided="conditional" if arguments is None else "condition_failed",
             grant=grant,
+            profile_approvers=profile.approvers if profile else None,
+            org_approvers=policy.approvers,
+            tier=entry.action.spec.tier,
         )
 
     def compose(self, entry: CatalogEntry, context: CallContext, own: ModeDecision) -> ModeDecision:
@@ -122,4 +126,13 @@ class Modes:
             steps.append((step.key, self.of(step, context, drifted=drifted), drifted))
             if step.action.spec.approval_required:
                 held.append(step.key)
-        return compose_mode(own, approval_required=spec.approval_required, steps=steps, held_steps=held)
+        composed = compose_mode(own, approval_required=spec.approval_required, steps=steps, held_steps=held)
+        return needing(composed, max([own.approvers, *(step.approvers for _, step, _ in steps)]))
+
+
+def needing(decision: ModeDecision, approvers: int) -> ModeDecision:
+    """`decision`, needing at least `approvers` distinct approvers if it holds the call: a layer that tightens a mode
+    (drift, a composite's steps) keeps how many approvers the policy asked for."""
+    if decision.mode != "require_approval" or approvers <= decision.approvers:
+        return decision
+    return decision.model_copy(update={"approvers": approvers})

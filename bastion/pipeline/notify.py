@@ -225,6 +225,7 @@ class Notifier:
 
 _HEADLINES: Final = {
     "approval_requested": "waits for an approver",
+    "approval_recorded": "has an approval and waits for another",
     "approval_decided": "was decided",
     "invocation_finished": "finished",
     "drift_detected": "was called with a drifted definition",
@@ -237,7 +238,10 @@ def slack_text(event: dict[str, Any], link: str | None) -> str:
     tool = f"<{link}|{invocation['tool']}>" if link else f"`{invocation['tool']}`"
     status = invocation["status"]
     who = invocation.get("principal") or "an anonymous host"
-    return f"{tool} {_HEADLINES.get(event['event'], event['event'])} ({status}, {invocation['risk']}) · asked by {who}"
+    approvals = event.get("approvals")
+    progress = f" · {approvals['summary']}" if approvals else ""
+    headline = _HEADLINES.get(event["event"], event["event"])
+    return f"{tool} {headline} ({status}, {invocation['risk']}) · asked by {who}{progress}"
 
 
 ANCHOR_EVENT: Final = "audit_anchor"

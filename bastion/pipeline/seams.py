@@ -124,11 +124,21 @@ class InvocationStore(Protocol):
         note: str | None,
         now: datetime,
         grant: Grant | None = None,
+        approvers: int = 1,
     ) -> Invocation:
         """An approver's decision on a pending invocation: `approved` or `denied` (the note is the reason), and the
-        standing `grant` an approval leaves, stored with it (or not at all). Raises NotFound, ApprovalExpired
-        (pending but past expires_at: it is marked expired), or Conflict (no longer pending; the message names its
-        status). Only `bastion.pipeline.authority` calls it."""
+        standing `grant` an approval leaves, stored with it (or not at all). `approvers`: how many distinct approvers
+        the call needs (its signature covers it). Raises NotFound, ApprovalExpired (pending but past expires_at: it
+        is marked expired), or Conflict (no longer pending; the message names its status). Only
+        `bastion.pipeline.authority` calls it."""
+        ...
+
+    async def record_approval(
+        self, invocation_id: str, *, principal: str, note: str | None, now: datetime, approvers: int
+    ) -> Invocation | None:
+        """One approval of a pending call that needs `approvers` distinct approvers, not the last one: a signed
+        `approval_recorded` event, the call left pending. None when it is no longer pending. Only
+        `bastion.pipeline.authority` calls it."""
         ...
 
     async def expire_due(self, now: datetime) -> builtins.list[Invocation]:

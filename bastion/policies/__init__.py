@@ -34,7 +34,7 @@ from bastion.policies.naming import (
     sanitize,
     tool_name,
 )
-from bastion.policies.risk import RiskSetting, declared_risk, derive_risk, normalize_risk
+from bastion.policies.risk import RiskSetting, declared_risk, derive_risk, normalize_risk, tier_of
 
 __all__ = [
     "FINGERPRINT_FIELDS",
@@ -68,5 +68,6 @@ __all__ = [
     "stricter",
     "strictness",
     "structural_fingerprint",
+    "tier_of",
     "tool_name",
 ]

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TypeGuard
 
-from bastion.models import MODES, Grant, Mode, ModeDecision, PolicyRule, Risk, policy_key
+from bastion.models import MODES, Grant, Mode, ModeDecision, PolicyRule, Risk, Tier, policy_key
 
 MODE_STRICTNESS: Final[dict[Mode, int]] = {"allow": 0, "require_approval": 1, "deny": 2}
 """Higher is stricter; policy layers may only move a call up this order."""
@@ -58,6 +58,9 @@ def resolve_mode(
     judge: RuleJudge | None = None,
     undecided: str = "condition_failed",
     grant: Grant | None = None,
+    profile_approvers: Mapping[str, int] | None = None,
+    org_approvers: Mapping[str, int] | None = None,
+    tier: Tier | None = None,
 ) -> ModeDecision:
     """The mode of one action, first match wins: profile `source:action`, profile `source:*`, org (same keys),
     then inferred from risk. For each key, its rules (conditional modes) are tried first, in order: the first whose
@@ -75,6 +78,9 @@ def resolve_mode(
     unless any operator entry that matches the call says `deny` (a wildcard, a
     profile's, a rule whose condition holds or is undecided, a value that is not a mode), even one the first match
     shadows. No grant undoes a deny, and none lifts what a rule on the arguments holds.
+
+    A call held for approval carries how many distinct approvers it needs (`approvers`, see `required_approvers`);
+    no grant lifts a call that needs more than one.
     """
     keys = (policy_key(source_id, action_id), policy_key(source_id, "*"))
     candidates: list[tuple[str, str, PolicyRule | None]] = []
@@ -84,11 +90,36 @@ def resolve_mode(
             if key in modes:
                 candidates.append((source, modes[key], None))
     decision = _first_match(candidates, 0, risk, judge, undecided)
+    maps = (profile_approvers or {}, org_approvers or {})
+    approvers = required_approvers((*keys, *((tier,) if tier else ())), maps, candidates, judge)
+    if approvers < 1:  # a value that was not a number of approvers: never fewer than the operator meant
+        return ModeDecision(mode="deny", source=f"invalid_approvers:{keys[0]}")
+    if decision.mode == "require_approval" and approvers > 1:
+        return decision.model_copy(update={"approvers": approvers})
     if grant is None or decision.mode != "require_approval" or decision.source not in GRANT_LIFTS[grant.scope]:
         return decision
     if any(_may_deny(value, rule, judge) for _, value, rule in candidates):
         return decision
     return ModeDecision(mode="allow", source=f"grant:{grant.id}")
+
+
+def required_approvers(
+    keys: Sequence[str],
+    maps: Sequence[Mapping[str, int]],
+    candidates: Sequence[tuple[str, str, PolicyRule | None]],
+    judge: RuleJudge | None,
+) -> int:
+    """How many distinct approvers a held call needs: the most that any entry for it asks (`[approvers]` of the
+    profile or the organisation by its policy key, its source's `source:*` or its risk tier, and every rule of its
+    keys whose condition holds or is undecided), at least one. More approvers is stricter, so the most wins, as the
+    stricter mode does. 0 when an entry for it is invalid (see bastion.config.approvers): its calls are denied."""
+    counts = [count for approvers in maps for key in keys if (count := approvers.get(key)) is not None]
+    counts += [
+        rule.approvers
+        for _, _, rule in candidates
+        if rule is not None and rule.approvers is not None and (judge is None or judge(rule) is not False)
+    ]
+    return 0 if any(count < 1 for count in counts) else max([1, *counts])
 
 
 def _may_deny(value: str, rule: PolicyRule | None, judge: RuleJudge | None) -> bool:

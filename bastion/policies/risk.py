@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
-from bastion.models import RISK_ALIASES, RISKS, Risk, RiskDecision
+from bastion.models import RISK_ALIASES, RISKS, TIERS, Risk, RiskDecision, Tier
 
 _ACCEPTED = ", ".join([*RISKS, *RISK_ALIASES])
 
@@ -17,10 +17,19 @@ def normalize_risk(value: str) -> Risk:
     for risk in RISKS:
         if value.lower() == risk:
             return risk
-    alias = RISK_ALIASES.get(value.upper())
-    if alias is None:
+    tier = tier_of(value)
+    if tier is None:
         raise ValueError(f"unknown risk {value!r}: expected one of {_ACCEPTED}")
-    return alias
+    return RISK_ALIASES[tier]
+
+
+def tier_of(value: object) -> Tier | None:
+    """The risk tier a configured risk names (`R4`, `r3`), if it names one. A tier maps to one of the three risks
+    everywhere risk is used, and is kept beside it for policy to match (`[approvers]`): R3 and R4 are both
+    `danger`, yet a policy may ask two approvers of R4 only."""
+    if not isinstance(value, str):
+        return None
+    return next((tier for tier in TIERS if tier == value.upper()), None)
 
 
 def derive_risk(

@@ -37,12 +37,13 @@ from bastion.pipeline.documents import (
     InvocationDetail,
     PendingInvocation,
     PinView,
+    approvals_json,
     check_json,
+    decided_json,
     grant_json,
     invocation_detail_json,
     invocation_json,
     pending_invocations,
-    pending_json,
     pin_json,
 )
 from bastion.pipeline.grants import Grants
@@ -223,15 +224,14 @@ async def list_invocations(call: Call) -> dict[str, Any]:
 
 async def get_invocation(call: Call) -> dict[str, Any]:
     invocation = await visible_invocation(call.ledger, call.principal, call.path["invocation_id"])
-    scopes = call.grants.offered(invocation) if invocation.status == "pending" else ()
-    return invocation_detail_json(invocation, await call.ledger.invocations.events(invocation.id), scopes)
+    return invocation_detail_json(invocation, await call.ledger.invocations.events(invocation.id), call.grants)
 
 
 async def list_approvals(call: Call) -> dict[str, Any]:
     now = utcnow()
     own = _only_own(call.principal)
     pending = await pending_invocations(call.ledger.invocations, now, limit=call.query["limit"], principal=own)
-    return {"approvals": [pending_json(i, now, call.grants.offered(i)) for i in pending]}
+    return {"approvals": await approvals_json(call.ledger.invocations, pending, now, call.grants)}
 
 
 async def approve(call: Call) -> dict[str, Any]:
@@ -247,7 +247,7 @@ async def approve(call: Call) -> dict[str, Any]:
         rule=body.when,
         grants=call.grants,
     )
-    return invocation_json(decided)
+    return await decided_json(call.ledger.invocations, decided)
 
 
 async def deny(call: Call) -> dict[str, Any]:
@@ -255,7 +255,7 @@ async def deny(call: Call) -> dict[str, Any]:
     decided = await decide(
         call.ledger, call.path["invocation_id"], approve=False, principal=call.principal, note=reason, now=utcnow()
     )
-    return invocation_json(decided)
+    return await decided_json(call.ledger.invocations, decided)
 
 
 async def list_grants(call: Call) -> dict[str, Any]:

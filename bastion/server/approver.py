@@ -27,10 +27,11 @@ from bastion.models import SCOPES, Principal, utcnow
 from bastion.pipeline.authority import decide, visible_invocation
 from bastion.pipeline.documents import (
     DEFAULT_LIMIT,
+    approvals_json,
+    decided_json,
     grant_json,
     invocation_detail_json,
     pending_invocations,
-    pending_json,
 )
 from bastion.pipeline.gateway import Gateway
 from bastion.server.auth import principal_of
@@ -164,7 +165,7 @@ class ApproverEndpoint:
         now = utcnow()
         if name == "list_pending":
             pending = await pending_invocations(ledger.invocations, now, limit=DEFAULT_LIMIT)
-            return {"approvals": [pending_json(i, now, grants.offered(i)) for i in pending]}
+            return {"approvals": await approvals_json(ledger.invocations, pending, now, grants)}
         if name == "list_grants":
             return {"grants": [grant_json(grant, now) for grant in await grants.store.grants(standing_at=now)]}
         if name == "revoke_grant":
@@ -173,8 +174,7 @@ class ApproverEndpoint:
         invocation_id = _text(arguments, "invocation_id", required=True) or ""
         if name == "show_invocation":
             invocation = await visible_invocation(ledger, principal, invocation_id)
-            scopes = grants.offered(invocation) if invocation.status == "pending" else ()
-            return invocation_detail_json(invocation, await ledger.invocations.events(invocation.id), scopes)
+            return invocation_detail_json(invocation, await ledger.invocations.events(invocation.id), grants)
         if name == "approve":
             decided = await decide(
                 ledger,
@@ -187,12 +187,12 @@ class ApproverEndpoint:
                 rule=_text(arguments, "when"),
                 grants=grants,
             )
-            return decided.model_dump(mode="json")
+            return await decided_json(ledger.invocations, decided)
         if name == "deny":
             decided = await decide(
                 ledger, invocation_id, approve=False, principal=principal, note=_text(arguments, "reason"), now=now
             )
-            return decided.model_dump(mode="json")
+            return await decided_json(ledger.invocations, decided)
         raise InvalidArguments(f"no tool {name!r} here; the tools are {', '.join(t.name for t in TOOLS)}")
 
 

@@ -32,7 +32,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from bastion.errors import BastionError, CsrfRefused, Forbidden, InvalidArguments, NotFound, Unauthenticated
-from bastion.models import SCOPES, STATUSES, Invocation, Principal, Scope, utcnow
+from bastion.models import SCOPES, STATUSES, Invocation, Principal, Quorum, Scope, utcnow
 from bastion.pipeline.authority import decide, visible_invocation
 from bastion.pipeline.documents import DEFAULT_LIMIT, pending_invocations
 from bastion.pipeline.gateway import Gateway
@@ -223,8 +223,15 @@ class Inbox:
         # pending while the page loads or its stream connects is announced to it (at worst shown and announced).
         cursor = self.gateway.ledger.changes.cursor
         found = await pending_invocations(self.gateway.ledger.invocations, now, limit=DEFAULT_LIMIT)
+        quorums = {i.id: Quorum.of(await self.gateway.ledger.invocations.events(i.id)) for i in found}
         body = pages.pending_body(
-            found, now, session.csrf, session.told(), cursor=cursor, scopes_of=self.gateway.grants.offered
+            found,
+            now,
+            session.csrf,
+            session.told(),
+            cursor=cursor,
+            scopes_of=lambda i: self.gateway.grants.offered(i, approvers=quorums[i.id].required),
+            quorums=quorums,
         )
         return _html(pages.page("Pending", body, principal=principal, csrf=session.csrf))
 
@@ -235,7 +242,9 @@ class Inbox:
         now = utcnow()
         if found is None or found.status != "pending" or (found.expires_at is not None and found.expires_at <= now):
             return _refused(request, NotFound(f"no pending call {invocation_id!r}", invocation_id=invocation_id))
-        card = pages.pending_card(found, now, session.csrf, self.gateway.grants.offered(found))
+        quorum = Quorum.of(await self.gateway.ledger.invocations.events(found.id))
+        offered = self.gateway.grants.offered(found, approvers=quorum.required)
+        card = pages.pending_card(found, now, session.csrf, offered, quorum)
         return _html(card)
 
     async def grants(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
@@ -307,6 +316,9 @@ class Inbox:
         else:
             scoped = f" ({SCOPE_LABELS[scope]}: see Grants)" if scope != "once" else ""
             session.notice = Notice(f"{decided.tool} approved{scoped}.")
+            if decided.status == "pending":  # one approval of a call that needs several
+                summary = Quorum.of(await self.gateway.ledger.invocations.events(decided.id)).summary
+                session.notice = Notice(f"{decided.tool}: your approval is recorded ({summary}); it waits for another.")
         return _redirect(INBOX)
 
     async def deny(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:

@@ -7,14 +7,14 @@ from `/inbox/static/` only, so the pages' Content-Security-Policy forbids inline
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from html import escape
 from typing import Any, Final
 
 from bastion.errors import BastionError
-from bastion.models import STATUSES, Grant, Invocation, InvocationEvent, Principal, Scope
+from bastion.models import STATUSES, Grant, Invocation, InvocationEvent, Principal, Quorum, Scope
 from bastion.pipeline.documents import expires_in
 from bastion.pipeline.grants import SCOPE_LABELS
 
@@ -128,11 +128,15 @@ def pending_body(
     *,
     cursor: int,
     scopes_of: ScopesOf,
+    quorums: Mapping[str, Quorum] | None = None,
 ) -> str:
     """The pending calls as of ledger event `cursor`, which the page's live stream resumes after, each with the
     scopes an approval of it may take; the filters, the bulk deny form and the keyboard help (the script shows
     them)."""
-    cards = "".join(pending_card(invocation, now, csrf, scopes_of(invocation)) for invocation in pending)
+    cards = "".join(
+        pending_card(invocation, now, csrf, scopes_of(invocation), (quorums or {}).get(invocation.id))
+        for invocation in pending
+    )
     return (
         f"<h1>Pending calls (<span id=count>{len(pending)}</span>)</h1>{flash(notice)}"
         f'<div id=live class=live data-after="{cursor}">Connecting to live updates...</div>'
@@ -192,9 +196,12 @@ def _asker(invocation: Invocation) -> str:
     return invocation.principal or "anonymous"
 
 
-def pending_card(invocation: Invocation, now: datetime, csrf: str, offered: Sequence[Scope]) -> str:
-    """One pending call as an approver reads it at a glance (what will run, who asks, why it waits), its ids,
-    technical reason and whole arguments folded away, with its approve and deny forms."""
+def pending_card(
+    invocation: Invocation, now: datetime, csrf: str, offered: Sequence[Scope], quorum: Quorum | None = None
+) -> str:
+    """One pending call as an approver reads it at a glance (what will run, who asks, why it waits, and for a call
+    that needs several approvers who has approved it), its ids, technical reason and whole arguments folded away,
+    with its approve and deny forms."""
     i = invocation
     left = expires_in(i, now)
     countdown = (
@@ -212,6 +219,7 @@ def pending_card(invocation: Invocation, now: datetime, csrf: str, offered: Sequ
         f"<span class=action>{escape(i.action_id)}</span> <span class=target>on {escape(i.source_id)}</span> "
         f"<span class='badge risk-{escape(i.risk)}'>{escape(i.risk)}</span> {drift}</h2>"
         f"<p class=asks><strong>{escape(_asker(i))}</strong> asks · {countdown}</p>"
+        f"{_approvals(quorum)}"
         f"{_key_arguments(i.args)}"
         f"<p class=why>{escape(plain_why(i))}</p>"
         f"{_diff(i.drift)}"
@@ -232,6 +240,11 @@ def pending_card(invocation: Invocation, now: datetime, csrf: str, offered: Sequ
         "<button class=deny type=submit>Deny</button></form>"
         "</div></section>"
     )
+
+
+def _approvals(quorum: Quorum | None) -> str:
+    summary = quorum.summary if quorum is not None else None
+    return f"<p class=approvals><strong>{escape(summary)}</strong>: it needs another approver</p>" if summary else ""
 
 
 def _key_arguments(args: Any) -> str:

@@ -1,6 +1,7 @@
 """Decisions signed: every approval of a held call carries a signature over what it approved and the grant it left;
-verify finds an approval forged in the store, an approval whose call or grant was changed after it, and a call let
-through by a grant that does not cover it, even with every hash recomputed. Both on every backend."""
+verify finds an approval forged in the store, an approval whose call or grant was changed after it, a call let
+through by a grant that does not cover it, and a call needing two approvers that lacks two signed approvals by
+distinct approvers, even with every hash recomputed. Both on every backend."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 from bastion.ledger import OpenLedger
 from bastion.ledger.anchors import load_or_create_signing_key, signing_key_path_for, trusted_keys
 from bastion.ledger.verify import verify_signed
-from bastion.models import AuditReport
-from tests.ledger_contract.samples import BEFORE_EXPIRY, T0, add_pending, make_invocation
+from bastion.models import AuditReport, Principal
+from bastion.pipeline.authority import decide
+from tests.ledger_contract.samples import BEFORE_EXPIRY, EXPIRY, T0, add_pending, make_invocation
 from tests.ledger_contract.tampering import Store, insert_event_row, recompute, store_of
 from tests.ledger_contract.test_grants import make_grant
 
@@ -115,3 +117,69 @@ async def _approve_behind_the_back(store: Store, invocation_id: str) -> None:
     position, seq, at = last[0]
     detail = '{"by":"mallory","scope":"once"}'
     await insert_event_row(store, position + 1, invocation_id, seq + 1, "approved", at, detail, "", "")
+
+
+async def _approved_by_two(ledger: OpenLedger) -> str:
+    """inv-0001 held for two approvers, approved by alice (recorded, still pending), then bob (approved)."""
+    held = make_invocation(1, expires_at=EXPIRY)
+    await ledger.invocations.record(held, ["planned", "pending"], {"approvers": 2})
+    for name in ("alice", "bob"):
+        approver = Principal(name=name, role="admin")
+        await decide(ledger, held.id, approve=True, principal=approver, note=None, now=BEFORE_EXPIRY)
+    return held.id
+
+
+async def test_a_call_needing_two_approvers_carries_two_signed_approvals_by_distinct_approvers(
+    ledger: OpenLedger,
+) -> None:
+    held = await _approved_by_two(ledger)
+    assert [e.kind for e in await ledger.invocations.events(held)][-2:] == ["approval_recorded", "approved"]
+    report = await _verified(ledger)
+    assert report.broken is None
+    assert report.decisions == 1
+
+
+async def test_a_second_approval_forged_in_the_store_is_not_signed(ledger: OpenLedger) -> None:
+    held = make_invocation(1, expires_at=EXPIRY)
+    await ledger.invocations.record(held, ["planned", "pending"], {"approvers": 2})
+    alice = Principal(name="alice", role="admin")
+    await decide(ledger, held.id, approve=True, principal=alice, note=None, now=BEFORE_EXPIRY)
+    async with store_of(ledger) as store:
+        await _approve_behind_the_back(store, held.id)
+        await recompute(store)
+    assert (await ledger.audit.verify()).broken is None
+    report = await _verified(ledger)
+    assert report.broken is not None and report.broken.reason == "decision"
+    assert "is not signed" in report.broken.message
+
+
+async def test_a_first_approval_copied_as_the_second_does_not_hold(ledger: OpenLedger) -> None:
+    held = make_invocation(1, expires_at=EXPIRY)
+    await ledger.invocations.record(held, ["planned", "pending"], {"approvers": 2})
+    alice = Principal(name="alice", role="admin")
+    await decide(ledger, held.id, approve=True, principal=alice, note=None, now=BEFORE_EXPIRY)
+    async with store_of(ledger) as store:
+        (first,) = await store.run("SELECT detail FROM events WHERE kind = 'approval_recorded'")
+        await store.run("UPDATE invocations SET status = 'approved' WHERE id = ?", (held.id,))
+        last = await store.run(f"SELECT MAX({store.position}), MAX(seq), MAX(at) FROM events")
+        position, seq, at = last[0]
+        await insert_event_row(store, position + 1, held.id, seq + 1, "approved", at, first[0], "", "")
+        await recompute(store)
+    report = await _verified(ledger)
+    assert report.broken is not None and report.broken.reason == "decision"
+
+
+async def test_a_two_person_approval_missing_its_first_approval_breaks_it(ledger: OpenLedger) -> None:
+    held = await _approved_by_two(ledger)
+    report = await _tampered(
+        ledger, ("DELETE FROM events WHERE invocation_id = ? AND kind = 'approval_recorded'", (held,))
+    )
+    assert report.broken is not None and report.broken.reason == "decision"
+    assert "needs 2 distinct approvers" in report.broken.message
+
+
+async def test_a_requirement_lowered_in_the_store_breaks_the_signatures_of_the_approvals(ledger: OpenLedger) -> None:
+    held = await _approved_by_two(ledger)
+    lowered = ("UPDATE events SET detail = '{}' WHERE invocation_id = ? AND kind = 'pending'", (held,))
+    report = await _tampered(ledger, lowered)
+    assert report.broken is not None and report.broken.reason == "decision"

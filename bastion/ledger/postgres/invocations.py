@@ -224,6 +224,7 @@ class PostgresInvocations(PostgresInvocationReads):
         event: EventKind,
         detail: Scrubbed,
         fields: Mapping[str, Any],
+        at: datetime | None = None,
     ) -> Invocation | None:
         """Move an invocation to `to` if its status is one of `from_statuses`, set `fields` and append the
         event, in one statement. Returns the updated invocation, or None when the condition did not hold or the
@@ -234,7 +235,7 @@ class PostgresInvocations(PostgresInvocationReads):
         params: dict[str, Any] = {
             "id": invocation_id,
             "to": to,
-            "now": utcnow(),
+            "now": at or utcnow(),
             "from_statuses": builtins.list(from_statuses),
         }
         for name in TRANSITION_FIELDS:

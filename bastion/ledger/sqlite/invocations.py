@@ -223,6 +223,7 @@ class SqliteInvocations(SqliteInvocationReads):
         event: EventKind,
         detail: Scrubbed,
         fields: Mapping[str, Any],
+        at: datetime | None = None,
     ) -> Invocation | None:
         """Move an invocation to `to` if its status is one of `from_statuses`, set `fields` and append the
         event, all in one transaction. Returns the updated invocation, or None when the condition did not
@@ -230,7 +231,7 @@ class SqliteInvocations(SqliteInvocationReads):
         unknown = set(fields) - set(TRANSITION_FIELDS)
         if unknown:
             raise ValueError(f"transition cannot set {sorted(unknown)}; allowed: {', '.join(TRANSITION_FIELDS)}")
-        now = timestamp(utcnow())
+        now = timestamp(at or utcnow())
         params: dict[str, Any] = {
             "id": invocation_id,
             "to": to,

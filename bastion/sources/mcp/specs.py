@@ -14,7 +14,7 @@ import mcp_types as types
 
 from bastion.actions import ActionSpec, ExplicitPin, PinPolicy
 from bastion.config import ConnectorConfig
-from bastion.models import Risk, RiskDecision
+from bastion.models import Risk, RiskDecision, Tier
 from bastion.policies import derive_risk
 
 
@@ -36,6 +36,7 @@ def action_specs(config: ConnectorConfig, tools: Sequence[types.Tool]) -> list[A
                 tool=tool,
                 risk=risk.risk,
                 risk_source=risk.source,
+                tier=_tier(config, tool.name, risk.source),
                 namespace=config.effective_namespace,
                 hidden=bool(override and override.hidden),
                 pin=PinPolicy(
@@ -63,6 +64,15 @@ def risk_of(config: ConnectorConfig, action_id: str, definition: Mapping[str, An
         read_only_hint=annotations.get("readOnlyHint"),
         destructive_hint=annotations.get("destructiveHint"),
     ).risk
+
+
+def _tier(config: ConnectorConfig, action_id: str, risk_source: str) -> Tier | None:
+    """The tier the risk was configured as, when it came from the connector file (a per-tool `risk`, its
+    `default_risk`) and was written as one."""
+    override = config.tools.get(action_id)
+    if risk_source == "override" and override is not None:
+        return override.tier("risk")
+    return config.tier("default_risk") if risk_source == "default_risk" else None
 
 
 def _risk(

@@ -165,5 +165,10 @@ class PluginSource:
         scope = action.scope
         admit = partial(scope_violation, scope, self._limits.workspace) if scope.path_arguments else None
         return ActionSpec(
-            tool=tool, risk=package.risk, namespace=PLUGIN_SOURCE_ID, approval_required=danger, admit=admit
+            tool=tool,
+            risk=package.risk,
+            tier=package.action.risk_tier,
+            namespace=PLUGIN_SOURCE_ID,
+            approval_required=danger,
+            admit=admit,
         )
