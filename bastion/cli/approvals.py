@@ -9,35 +9,30 @@ from __future__ import annotations
 import shlex
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 from rich.table import Table
 
 from bastion.cli.app import (
+    TOKEN_ENV_VAR,
     ConfigOption,
     JsonOption,
+    TokenOption,
+    UrlOption,
     app,
     emit_json,
-    find_invocation,
-    load,
-    local_approver,
-    open_ledger,
     out,
-    remote_or_local,
-    run_async,
     timestamp,
 )
 from bastion.cli.inspect import details_table
-from bastion.cli.remote import TOKEN_ENV_VAR, RemoteApi, TokenOption, UrlOption
 from bastion.cli.tables import Column, fitted_table
-from bastion.config import Config, config_hint
-from bastion.models import Invocation, Scope, utcnow
-from bastion.pipeline import authority
-from bastion.pipeline.authority import MIN_ID_PREFIX
-from bastion.pipeline.documents import DEFAULT_LIMIT, expires_in, invocation_json, pending_json
-from bastion.pipeline.documents import pending_invocations as pending_invocations  # re-exported for `approvals watch`
-from bastion.pipeline.grants import SCOPE_LABELS, Grants
+from bastion.terms import DEFAULT_LIMIT, MIN_ID_PREFIX, Scope
+
+if TYPE_CHECKING:
+    from bastion.cli.remote import RemoteApi
+    from bastion.config import Config
+    from bastion.models import Invocation
 
 approvals_app = typer.Typer(
     help="Calls waiting for a human: list and inspect them, approve or deny, or watch them live.",
@@ -84,6 +79,8 @@ def pending_table(
 ) -> Table:
     """The pending invocations as a table `width` columns wide; the `selected` one is highlighted. `total`: how
     many are pending in all, when the table shows only some of them."""
+    from bastion.pipeline.documents import expires_in
+
     rows = [
         (
             invocation.id,
@@ -103,6 +100,8 @@ def pending_table(
 
 def decide_commands(config: Config, invocation_id: str) -> dict[str, str]:
     """The exact commands that approve or deny this invocation against the same configuration."""
+    from bastion.config import config_hint
+
     where = config_hint(config)
     target = shlex.quote(invocation_id)
     return {
@@ -123,6 +122,12 @@ def approvals_list(
     token: TokenOption = None,
 ) -> None:
     """List pending invocations, newest first: tool, session, who asked, time left, drift."""
+    from bastion.cli.compose import load, open_ledger, remote_or_local, run_async
+    from bastion.config import config_hint
+    from bastion.models import Invocation, utcnow
+    from bastion.pipeline.documents import pending_invocations, pending_json
+    from bastion.pipeline.grants import Grants
+
     api = remote_or_local(url, token)
     where = ""
     if api is not None:
@@ -164,6 +169,11 @@ def approvals_show(
     token: TokenOption = None,
 ) -> None:
     """Show one invocation: redacted args, events, the drift diff, and the commands that decide it."""
+    from bastion.cli.compose import find_invocation, load, open_ledger, remote_or_local, run_async
+    from bastion.models import Invocation, utcnow
+    from bastion.pipeline.documents import pending_json
+    from bastion.pipeline.grants import Grants
+
     api = remote_or_local(url, token)
     if api is not None:
         remote_api = api
@@ -257,6 +267,8 @@ def approvals_approve(
     A scope beyond "once" leaves a grant (see `bastion grants list`). Once the ledger has an owner or admin token,
     this needs one (--token or $BASTION_TOKEN).
     """
+    from bastion.cli.compose import remote_or_local
+
     _decide(
         config_dir,
         invocation_id,
@@ -283,6 +295,8 @@ def approvals_deny(
 
     Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN).
     """
+    from bastion.cli.compose import remote_or_local
+
     _decide(
         config_dir,
         invocation_id,
@@ -306,6 +320,12 @@ def _decide(
     scope: Scope = "once",
     when: str | None = None,
 ) -> None:
+    from bastion.cli.compose import load, local_approver, open_ledger, run_async
+    from bastion.models import Invocation, utcnow
+    from bastion.pipeline import authority
+    from bastion.pipeline.documents import invocation_json
+    from bastion.pipeline.grants import SCOPE_LABELS, Grants
+
     if api is not None:
         remote_api = api
 
@@ -343,3 +363,15 @@ def _decide(
         return
     scoped = f", {SCOPE_LABELS[scope]} (see `bastion grants list`)" if approve and scope != "once" else ""
     out.print(f"{decided.status} {decided.id} ({decided.tool}) as {principal}{scoped}", markup=False, highlight=False)
+
+
+@approvals_app.command("watch")
+def approvals_watch(config_dir: ConfigOption = None, url: UrlOption = None, token: TokenOption = None) -> None:
+    """A live view of pending calls and the selected one in detail; approve or deny each with confirmation.
+
+    Once the ledger has an owner or admin token, watching it locally needs one (--token or $BASTION_TOKEN).
+    With --url it watches a remote Bastion, redrawing on each event of its stream (/api/events).
+    """
+    from bastion.cli.watch import watch_in_terminal
+
+    watch_in_terminal(config_dir, url, token)

@@ -6,30 +6,17 @@ approvers: once the ledger has an owner or admin token, the local commands need 
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
-from bastion.cli.app import (
-    ConfigOption,
-    JsonOption,
-    app,
-    emit_json,
-    load,
-    local_approver,
-    open_ledger,
-    out,
-    remote_or_local,
-    run_async,
-    timestamp,
-)
-from bastion.cli.remote import TokenOption, UrlOption
+from bastion.cli.app import ConfigOption, JsonOption, TokenOption, UrlOption, app, emit_json, out, timestamp
 from bastion.cli.tables import Column, fitted_table
-from bastion.config import config_hint
 from bastion.errors import Forbidden, NotFound
-from bastion.models import Grant, Principal, utcnow
-from bastion.pipeline.documents import DEFAULT_LIMIT, GrantView, grant_json
-from bastion.pipeline.grants import SCOPE_LABELS
+from bastion.terms import DEFAULT_LIMIT
+
+if TYPE_CHECKING:
+    from bastion.models import Grant, Principal
 
 grants_app = typer.Typer(
     help='Standing grants (what approvals "for this session", "for an hour" or "always" let through): list, revoke.',
@@ -70,6 +57,12 @@ def grants_list(
 ) -> None:
     """List standing grants, newest first: id, action, scope, whose calls it covers, its condition, who made it,
     until when."""
+    from bastion.cli.compose import load, local_approver, open_ledger, remote_or_local, run_async
+    from bastion.config import config_hint
+    from bastion.models import utcnow
+    from bastion.pipeline.documents import GrantView, grant_json
+    from bastion.pipeline.grants import SCOPE_LABELS
+
     api = remote_or_local(url, token)
     if api is not None:
         remote = api
@@ -125,6 +118,12 @@ def grants_revoke(
 ) -> None:
     """Revoke a standing grant: the next call it covered waits for an approver again, on every instance sharing the
     ledger. Exit 1 when no grant of that id stands."""
+    from bastion.cli.compose import load, local_approver, open_ledger, remote_or_local, run_async
+    from bastion.config import config_hint
+    from bastion.models import utcnow
+    from bastion.pipeline.documents import GrantView, grant_json
+    from bastion.pipeline.grants import SCOPE_LABELS
+
     api = remote_or_local(url, token)
     now = utcnow()
     if api is not None:

@@ -10,30 +10,19 @@ approver.
 from __future__ import annotations
 
 import shlex
-from typing import Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
-from bastion.cli.app import (
-    ConfigOption,
-    Exit,
-    JsonOption,
-    app,
-    emit_json,
-    load,
-    local_approver,
-    open_ledger,
-    out,
-    run_async,
-    timestamp,
-)
-from bastion.cli.remote import TokenOption
+from bastion.cli.app import ConfigOption, Exit, JsonOption, TokenOption, app, emit_json, out, timestamp
 from bastion.cli.tables import Column, fitted_table
-from bastion.config import Config, config_hint, validate_profile
 from bastion.errors import ConfigError, Conflict, Forbidden, NotFound
-from bastion.ledger import OpenLedger
-from bastion.ledger.tokens import validate_token_name
-from bastion.models import ROLES, Role, TokenInfo, utcnow
+from bastion.terms import ROLES, Role
+
+if TYPE_CHECKING:
+    from bastion.config import Config
+    from bastion.ledger import OpenLedger
+    from bastion.models import TokenInfo
 
 tokens_app = typer.Typer(help="Bearer tokens for the HTTP surface: create, list, revoke.", no_args_is_help=True)
 app.add_typer(tokens_app, name="tokens")
@@ -70,6 +59,11 @@ def tokens_create(
     Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN). The first token
     changes what hosts over HTTP need: from then on they connect with an agent token (it says how).
     """
+    from bastion.cli.compose import load, open_ledger, run_async
+    from bastion.config import config_hint, validate_profile
+    from bastion.ledger.tokens import validate_token_name
+    from bastion.models import TokenInfo, utcnow
+
     try:
         validate_token_name(name)
     except ValueError as exc:
@@ -138,6 +132,8 @@ def first_token_notice(role: Role) -> list[str]:
 @tokens_app.command("list")
 def tokens_list(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
     """List tokens, active and revoked, newest first: name, role, profile, created, revoked. Never secrets."""
+    from bastion.cli.compose import load, open_ledger, run_async
+
     config = load(config_dir, report=False)
 
     async def run() -> list[TokenInfo]:
@@ -174,6 +170,10 @@ def tokens_revoke(
 
     Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN).
     """
+    from bastion.cli.compose import load, open_ledger, run_async
+    from bastion.config import config_hint
+    from bastion.models import utcnow
+
     config = load(config_dir, report=False)
     now = utcnow()
 
@@ -198,6 +198,8 @@ def tokens_revoke(
 async def _approver_only(ledger: OpenLedger, config: Config, token: str | None) -> None:
     """Tokens are made and revoked by approvers: the local owner while the ledger has no owner or admin token,
     then only the holder of one (else an agent with a shell could make itself an approver)."""
+    from bastion.cli.compose import local_approver
+
     approver = await local_approver(ledger, config, token)
     if not approver.may_decide:
         raise Forbidden(

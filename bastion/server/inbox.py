@@ -30,7 +30,7 @@ from starlette.routing import BaseRoute, Route
 from bastion.errors import BastionError, CsrfRefused, Forbidden, InvalidArguments, Unauthenticated
 from bastion.models import SCOPES, STATUSES, Principal, Scope, utcnow
 from bastion.pipeline.authority import decide, visible_invocation
-from bastion.pipeline.documents import DEFAULT_LIMIT, pending_invocations
+from bastion.pipeline.documents import pending_invocations
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.grants import SCOPE_LABELS
 from bastion.server import inbox_pages as pages
@@ -38,6 +38,7 @@ from bastion.server.auth import principal_of
 from bastion.server.errors import http_response
 from bastion.server.events import event_stream, resume_point
 from bastion.server.limits import StreamSlots
+from bastion.terms import DEFAULT_LIMIT
 
 INBOX: Final = pages.INBOX
 SESSION_COOKIE: Final = "bastion_inbox"
