@@ -19,6 +19,7 @@ import typer
 import typer.core
 import typer.main
 from mcp import Client
+from typer.testing import CliRunner
 
 from bastion import __version__
 from bastion.cli import app
@@ -382,6 +383,25 @@ def test_flags_render_as_flags_in_help(tmp_path: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     assert "--ended" in shown.stdout and "--limit" in shown.stdout and "<int>" in shown.stdout
     assert "<bool>" not in shown.stdout, "a flag takes no value"
+
+
+HELP_COLUMNS = 80
+
+
+def test_every_help_fits_80_columns_whole_and_shows_its_flags_as_flags() -> None:
+    """Each command's `--help` on a terminal 80 columns wide: no line wider, no word cut short (rich ends a word too
+    long for its column with an ellipsis), and no flag shown as if it took a value."""
+    runner = CliRunner()
+    for path, command in _commands(typer.main.get_command(app), ("bastion",), None):
+        shown = runner.invoke(app, [*path.split()[1:], "--help"], env={"COLUMNS": str(HELP_COLUMNS)})
+        assert shown.exit_code == 0, (path, shown.output)
+        lines = shown.output.splitlines()
+        assert [line for line in lines if len(line) > HELP_COLUMNS] == [], path
+        assert [line for line in lines if "\u2026" in line] == [], path
+        flags = [opt for param in command.params if getattr(param, "is_flag", False) for opt in param.opts]
+        for line in lines:
+            if any(f" {flag} " in line for flag in flags):
+                assert "<" not in line.split("\u2502")[1], f"{path}: a flag takes no value: {line}"
 
 
 @pytest.mark.parametrize("flag", ["--version", "-V"])

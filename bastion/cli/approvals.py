@@ -253,8 +253,9 @@ def approvals_approve(
     when: Annotated[
         str | None,
         typer.Option(
+            # The example breaks at its spaces: help 80 columns wide cuts a longer word short.
             help="With a scope beyond once: only later calls whose arguments meet this CEL condition, e.g. "
-            "\"normpath(args.path).startsWith('/srv/public/')\".",
+            "\"normpath(args.path) == '/srv/public/notes.md'\".",
         ),
     ] = None,
     config_dir: ConfigOption = None,
