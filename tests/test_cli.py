@@ -37,7 +37,7 @@ def test_init_writes_a_starter_that_doctor_accepts_and_never_overwrites(tmp_path
     first = run_cli("init", str(target), env=env)
     assert first.returncode == 0, first.stderr
     assert (target / "bastion.toml").exists()
-    (hinted,) = re.findall(r"next: (bastion doctor [^\n]+?)  then", first.stdout)
+    (hinted,) = re.findall(r"next: (\S*bastion doctor [^\n]+?)  then", first.stdout)
     doctor = run_cli(*shlex.split(hinted)[1:], env=env)  # the hint, copied: quoted, it names the directory
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     doctor = run_cli("doctor", "--config", str(target), env=env)
@@ -46,6 +46,21 @@ def test_init_writes_a_starter_that_doctor_accepts_and_never_overwrites(tmp_path
     again = run_cli("init", str(target), env=env)
     assert again.returncode == 2
     assert "bastion.toml" in again.stderr
+
+
+@pytest.mark.parametrize("on_path", [False, True])
+def test_a_printed_hint_runs_as_copied_whether_or_not_bastion_is_on_the_path(tmp_path: Path, on_path: bool) -> None:
+    """After `make run` the `bastion` script is in .venv/bin, not on PATH: a hint then names it by its path."""
+    script = Path(sys.executable).parent / "bastion"
+    others = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and Path(d) != script.parent]
+    path = os.pathsep.join([str(script.parent), *others] if on_path else others)
+    env = bastion_env(tmp_path / "home", PATH=path)
+    shown = run_cli("init", str(tmp_path / "starter"), env=env)
+    assert shown.returncode == 0, shown.stderr
+    (hinted,) = re.findall(r"next: (.+? doctor [^\n]+?)  then", shown.stdout)
+    assert shlex.split(hinted)[0] == ("bastion" if on_path else str(script))
+    doctor = subprocess.run(shlex.split(hinted), env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
 
 
 def test_usage_errors_exit_2_and_name_the_fix(tmp_path: Path) -> None:

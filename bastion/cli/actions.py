@@ -14,6 +14,7 @@ import typer
 from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, out
 from bastion.cli.tables import Column, fitted_table
 from bastion.errors import BastionError, NotFound
+from bastion.program import bastion_command
 
 if TYPE_CHECKING:
     from bastion.config import Config
@@ -161,7 +162,7 @@ def _known(config: Config, name: str) -> Manifest:
     found = next((m for m in manifests if m.name == name), None)
     if found is None:
         known = ", ".join(sorted(m.name for m in manifests)) or "none loaded"
-        raise Exit.of(NotFound(f"no manifest action {name!r} (known: {known}); see `bastion actions list`"))
+        raise Exit.of(NotFound(f"no manifest action {name!r} (known: {known}); see `{bastion_command()} actions list`"))
     return found
 
 

@@ -27,6 +27,7 @@ from bastion.cli.app import (
 )
 from bastion.cli.inspect import details_table
 from bastion.cli.tables import Column, fitted_table
+from bastion.program import bastion_command
 from bastion.terms import DEFAULT_LIMIT, MIN_ID_PREFIX, Scope
 
 if TYPE_CHECKING:
@@ -105,8 +106,8 @@ def decide_commands(config: Config, invocation_id: str) -> dict[str, str]:
     where = config_hint(config)
     target = shlex.quote(invocation_id)
     return {
-        "approve": f"bastion approvals approve {target}{where}",
-        "deny": f"bastion approvals deny {target}{where} --reason TEXT",
+        "approve": f"{bastion_command()} approvals approve {target}{where}",
+        "deny": f"{bastion_command()} approvals deny {target}{where} --reason TEXT",
     }
 
 
@@ -157,7 +158,9 @@ def approvals_list(
         return
     out.print(pending_table(pending, now, width=out.width))
     if pending:
-        out.print(f"decide with: bastion approvals show|approve|deny ID{where}", markup=False, highlight=False)
+        out.print(
+            f"decide with: {bastion_command()} approvals show|approve|deny ID{where}", markup=False, highlight=False
+        )
 
 
 @approvals_app.command("show")
@@ -188,8 +191,8 @@ def approvals_show(
             target = shlex.quote(invocation.id)
             data["commands"] = (
                 {
-                    "approve": f"bastion approvals approve {target}{flags}",
-                    "deny": f"bastion approvals deny {target}{flags} --reason TEXT",
+                    "approve": f"{bastion_command()} approvals approve {target}{flags}",
+                    "deny": f"{bastion_command()} approvals deny {target}{flags} --reason TEXT",
                 }
                 if invocation.status == "pending"
                 else None

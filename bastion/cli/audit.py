@@ -18,6 +18,7 @@ import typer
 from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, out
 from bastion.cli.inspect import invocations_app
 from bastion.errors import BastionError, ConfigError, ConnectorUnavailable
+from bastion.program import bastion_command
 from bastion.terms import MIN_ID_PREFIX
 
 if TYPE_CHECKING:
@@ -266,7 +267,9 @@ def audit_verify(
     config = load(config_dir, report=False)
     anchors_file = anchors if anchors is not None else config.anchor_file
     if anchors is not None and not anchors.exists():
-        raise Exit(f"error: {anchors}: no such anchors file; give the file `bastion audit anchor` appends to", 2)
+        raise Exit(
+            f"error: {anchors}: no such anchors file; give the file `{bastion_command()} audit anchor` appends to", 2
+        )
 
     async def run() -> AuditReport:
         async with open_ledger(config) as ledger:
@@ -275,7 +278,7 @@ def audit_verify(
             if signed and not trusted:
                 raise ConfigError(
                     f"{anchors_file}: anchors need the public key that signed them: give --public-key (as "
-                    "`bastion audit key` prints it where the ledger is kept)"
+                    f"`{bastion_command()} audit key` prints it where the ledger is kept)"
                 )
             return await verify_signed(ledger.audit, signed, trusted)
 
@@ -312,7 +315,7 @@ def verified_line(report: AuditReport) -> str:
     if report.anchors:
         parts.append(f"{report.anchors} signed anchors held")
     elif not report.trusted_keys:
-        parts.append("no signing key to check anchors or the checkpoint with (see `bastion audit key`)")
+        parts.append(f"no signing key to check anchors or the checkpoint with (see `{bastion_command()} audit key`)")
     if report.head_position is not None:
         parts.append(f"head: position {report.head_position} {report.head_hash}")
     return "; ".join(parts)

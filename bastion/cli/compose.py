@@ -29,6 +29,7 @@ from bastion.ledger import OpenLedger, Redactor
 from bastion.models import Invocation, Principal
 from bastion.pipeline.authority import local_owner, resolve_invocation_id
 from bastion.pipeline.gateway import Gateway
+from bastion.program import bastion_command
 from bastion.sources.mcp import McpConnector
 from bastion.sources.registry import Sources
 
@@ -87,7 +88,7 @@ async def local_approver(ledger: OpenLedger, config: Config, token: str | None) 
         if principal is None:
             raise Unauthenticated(
                 f"the token given (--token or ${TOKEN_ENV_VAR}) is not an active token of {config.ledger_display}; "
-                f"check it, or see `bastion tokens list{config_hint(config)}`"
+                f"check it, or see `{bastion_command()} tokens list{config_hint(config)}`"
             )
         return principal
     if await ledger.tokens.has_approver_tokens():

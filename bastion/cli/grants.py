@@ -13,6 +13,7 @@ import typer
 from bastion.cli.app import ConfigOption, JsonOption, TokenOption, UrlOption, app, emit_json, out, timestamp
 from bastion.cli.tables import Column, fitted_table
 from bastion.errors import Forbidden, NotFound
+from bastion.program import bastion_command
 from bastion.terms import DEFAULT_LIMIT
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def grants_list(
     title = f"{len(found)} grants ({standing} standing)" if ended else f"{len(found)} standing grants"
     out.print(fitted_table(GRANT_COLUMNS, rows, width=out.width, title=title))
     if standing:
-        out.print(f"revoke one with: bastion grants revoke ID{where}", markup=False, highlight=False)
+        out.print(f"revoke one with: {bastion_command()} grants revoke ID{where}", markup=False, highlight=False)
 
 
 @grants_app.command("revoke")
@@ -145,7 +146,7 @@ def grants_revoke(
                     return await ledger.grants.revoke(grant_id, by=approver.name, now=now)
                 except NotFound as exc:
                     raise NotFound(
-                        f"no standing grant {grant_id!r}; see `bastion grants list{config_hint(config)}`"
+                        f"no standing grant {grant_id!r}; see `{bastion_command()} grants list{config_hint(config)}`"
                     ) from exc
 
         revoked = run_async(run)

@@ -15,6 +15,7 @@ from bastion import __version__
 from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, out, timestamp
 from bastion.cli.tables import Column, fitted_table
 from bastion.errors import ConfigError, ConnectorUnavailable, NotFound
+from bastion.program import bastion_command
 from bastion.terms import MIN_ID_PREFIX, STATUSES, Status
 
 if TYPE_CHECKING:
@@ -293,8 +294,11 @@ def init(directory: Annotated[Path, typer.Argument(help="Where to write a starte
     for path in written:
         out.print(f"wrote {path}", markup=False, highlight=False)
     where = shlex.quote(str(directory.resolve()))
+    bastion = bastion_command()
     out.print(
-        f"next: bastion doctor --config {where}  then  bastion serve --config {where}", markup=False, highlight=False
+        f"next: {bastion} doctor --config {where}  then  {bastion} serve --config {where}",
+        markup=False,
+        highlight=False,
     )
 
 

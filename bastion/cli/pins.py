@@ -13,6 +13,7 @@ from rich.text import Text
 from bastion.cli.app import ConfigOption, Exit, JsonOption, TokenOption, app, emit_json, out, timestamp
 from bastion.cli.tables import Column, fitted_table
 from bastion.errors import Conflict, NotFound
+from bastion.program import bastion_command
 
 if TYPE_CHECKING:
     from bastion.models import Pin
@@ -84,7 +85,7 @@ def pins_list(
         seen = timestamp(pin.drift.seen_at)
         out.print(f"\ndrift of {pin.key}, seen {seen} (pinned -> current):", markup=False, highlight=False)
         out.print(diff_text(diff), end="")
-        out.print(f"accept it with: bastion pins accept {pin.key}{where}", markup=False, highlight=False)
+        out.print(f"accept it with: {bastion_command()} pins accept {pin.key}{where}", markup=False, highlight=False)
 
 
 @pins_app.command("accept")
@@ -111,7 +112,7 @@ def pins_accept(
         async with open_ledger(config) as ledger:
             approver = await local_approver(ledger, config, token)
             if action_id is None and not await ledger.pins.pins(source_id):
-                listing = f"bastion pins list{config_hint(config)}"
+                listing = f"{bastion_command()} pins list{config_hint(config)}"
                 raise NotFound(f"no pins of source {source_id!r} in {config.ledger_display}; see `{listing}`")
             accepted = await accept_pins(ledger, principal=approver, source_id=source_id, action_id=action_id)
             if key is not None and not accepted:

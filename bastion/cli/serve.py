@@ -13,6 +13,7 @@ import typer
 from bastion import __version__
 from bastion.cli.app import ConfigOption, Exit, app, err
 from bastion.errors import ConfigError
+from bastion.program import bastion_command
 
 if TYPE_CHECKING:
     from bastion.config import Config
@@ -168,7 +169,7 @@ def _print_connect_help(
     if tokens:
         err.print(
             "  tokens are configured: hosts need an agent token "
-            f"(bastion tokens create NAME --role agent{config_hint(config)})",
+            f"({bastion_command()} tokens create NAME --role agent{config_hint(config)})",
             markup=False,
             highlight=False,
         )

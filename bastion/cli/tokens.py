@@ -17,6 +17,7 @@ import typer
 from bastion.cli.app import ConfigOption, Exit, JsonOption, TokenOption, app, emit_json, out, timestamp
 from bastion.cli.tables import Column, fitted_table
 from bastion.errors import ConfigError, Conflict, Forbidden, NotFound
+from bastion.program import bastion_command
 from bastion.terms import ROLES, Role
 
 if TYPE_CHECKING:
@@ -86,8 +87,8 @@ def tokens_create(
                 return await ledger.tokens.create_token(name, role=role, profile=profile, now=now), first
             except Conflict as exc:
                 raise Conflict(
-                    f"a token named {name!r} is already active; revoke it first "
-                    f"(`bastion tokens revoke {shlex.quote(name)}{config_hint(config)}`) or pick another name"
+                    f"a token named {name!r} is already active; revoke it first (`{bastion_command()} tokens revoke "
+                    f"{shlex.quote(name)}{config_hint(config)}`) or pick another name"
                 ) from exc
 
     secret, first = run_async(run)
@@ -114,7 +115,7 @@ def first_token_notice(role: Role) -> list[str]:
     which = (
         "this token (or another agent token)"
         if role == "agent"
-        else "an agent token (`bastion tokens create NAME --role agent`), never this one"
+        else f"an agent token (`{bastion_command()} tokens create NAME --role agent`), never this one"
     )
     url = "http://127.0.0.1:8765/mcp"
     return [
@@ -183,7 +184,7 @@ def tokens_revoke(
             try:
                 return await ledger.tokens.revoke_token(name, now=now)
             except NotFound as exc:
-                listing = f"bastion tokens list{config_hint(config)}"
+                listing = f"{bastion_command()} tokens list{config_hint(config)}"
                 raise NotFound(f"no active token named {name!r}; see `{listing}`") from exc
 
     token = run_async(run)

@@ -41,6 +41,7 @@ from bastion.ledger import OpenLedger
 from bastion.models import Invocation, Principal, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.documents import expires_in, pending_invocations
+from bastion.program import bastion_command
 from bastion.terms import DEFAULT_LIMIT
 
 if sys.platform != "win32":
@@ -452,8 +453,8 @@ def watch_in_terminal(config_dir: Path | None, url: str | None, token: str | Non
         where = f" --url {shlex.quote(api.base)}" if api is not None else config_hint(load(config_dir, report=False))
         raise Exit(
             "error: approvals watch needs a terminal to read keys from (stdin is not a TTY); run it in a "
-            f"terminal, or decide from scripts with `bastion approvals approve ID{where}` / "
-            f"`bastion approvals deny ID{where}`",
+            f"terminal, or decide from scripts with `{bastion_command()} approvals approve ID{where}` / "
+            f"`{bastion_command()} approvals deny ID{where}`",
             2,
         )
     fd = sys.stdin.fileno()
