@@ -1,5 +1,5 @@
-"""The `bastion` command's entry point: `--version` answers without importing the command line (the server, the
-ledger and the sources behind it take a second or more to import); everything else is `bastion.cli.main`."""
+"""The `bastion` command's entry point: `--version` answers without importing the command line (typer and rich,
+a few hundred milliseconds); everything else is `bastion.cli.main`."""
 
 from __future__ import annotations
 

@@ -9,9 +9,15 @@ from typing import Any, Final, Literal, NamedTuple, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bastion.terms import ROLES as ROLES
+from bastion.terms import SCOPES as SCOPES
+from bastion.terms import STATUSES as STATUSES
+from bastion.terms import Role as Role
+from bastion.terms import Scope as Scope
+from bastion.terms import Status as Status
+
 Risk = Literal["read", "write", "danger"]
 Mode = Literal["allow", "require_approval", "deny"]
-Status = Literal["pending", "approved", "executing", "completed", "denied", "failed", "expired", "unknown"]
 EventKind = Literal[
     "planned",
     "pending",
@@ -34,7 +40,6 @@ leaked secret replaced in it and its events: bastion.ledger.scrubbing)."""
 
 RISKS: Final[tuple[Risk, ...]] = get_args(Risk)
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
-STATUSES: Final[tuple[Status, ...]] = get_args(Status)
 
 MANIFEST_SOURCE_ID: Final = "actions"
 """The source id (and namespace) of the manifest actions of `actions/*.md`: policy keys `actions:<name>`, tools
@@ -305,8 +310,6 @@ class RecoveryReport(BaseModel):
     """How many `pending` invocations are kept, with their expiry, still decidable."""
 
 
-Role = Literal["owner", "admin", "agent"]
-ROLES: Final[tuple[Role, ...]] = get_args(Role)
 APPROVER_ROLES: Final[frozenset[Role]] = frozenset({"owner", "admin"})
 
 
@@ -324,10 +327,6 @@ class Principal(BaseModel):
         return self.role in APPROVER_ROLES
 
 
-Scope = Literal["once", "session", "hour", "always"]
-"""How far an approval reaches: this call only, later calls of its action in the same host session, by the same
-caller for an hour, or by anyone until the grant ends (see bastion.pipeline.grants)."""
-SCOPES: Final[tuple[Scope, ...]] = get_args(Scope)
 GrantScope = Literal["session", "hour", "always"]
 """The scopes that leave a standing grant behind."""
 

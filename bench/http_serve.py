@@ -72,7 +72,7 @@ async def demo_app() -> AsyncIterator[tuple[ASGIApp, Callable[[], None]]]:
 
 @asynccontextmanager
 async def bastion_app(config_dir: Path) -> AsyncIterator[tuple[ASGIApp, Callable[[], None]]]:
-    from bastion.cli.app import load, open_gateway
+    from bastion.cli.compose import load, open_gateway
     from bastion.cli.logs import LOG_LEVEL_ENV_VAR, configure_logging, parse_level
     from bastion.server.http import allowed_hosts_for, build_app
     from bastion.server.mcp import HostServer

@@ -25,7 +25,7 @@ from typing import Any, Final
 import anyio
 import orjson
 
-from bastion.cli.app import UVLOOP
+from bastion.cli.compose import UVLOOP
 from bastion.jsontext import compact
 from bastion.ledger.backend import EMPTY_DETAIL, Scrubbed
 from bastion.ledger.sqlite import SqliteBackend

@@ -19,6 +19,7 @@ import typer
 import typer.core
 import typer.main
 from mcp import Client
+from typer.testing import CliRunner
 
 from bastion import __version__
 from bastion.cli import app
@@ -36,7 +37,7 @@ def test_init_writes_a_starter_that_doctor_accepts_and_never_overwrites(tmp_path
     first = run_cli("init", str(target), env=env)
     assert first.returncode == 0, first.stderr
     assert (target / "bastion.toml").exists()
-    (hinted,) = re.findall(r"next: (bastion doctor [^\n]+?)  then", first.stdout)
+    (hinted,) = re.findall(r"next: (\S*bastion doctor [^\n]+?)  then", first.stdout)
     doctor = run_cli(*shlex.split(hinted)[1:], env=env)  # the hint, copied: quoted, it names the directory
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     doctor = run_cli("doctor", "--config", str(target), env=env)
@@ -45,6 +46,21 @@ def test_init_writes_a_starter_that_doctor_accepts_and_never_overwrites(tmp_path
     again = run_cli("init", str(target), env=env)
     assert again.returncode == 2
     assert "bastion.toml" in again.stderr
+
+
+@pytest.mark.parametrize("on_path", [False, True])
+def test_a_printed_hint_runs_as_copied_whether_or_not_bastion_is_on_the_path(tmp_path: Path, on_path: bool) -> None:
+    """After `make run` the `bastion` script is in .venv/bin, not on PATH: a hint then names it by its path."""
+    script = Path(sys.executable).parent / "bastion"
+    others = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and Path(d) != script.parent]
+    path = os.pathsep.join([str(script.parent), *others] if on_path else others)
+    env = bastion_env(tmp_path / "home", PATH=path)
+    shown = run_cli("init", str(tmp_path / "starter"), env=env)
+    assert shown.returncode == 0, shown.stderr
+    (hinted,) = re.findall(r"next: (.+? doctor [^\n]+?)  then", shown.stdout)
+    assert shlex.split(hinted)[0] == ("bastion" if on_path else str(script))
+    doctor = subprocess.run(shlex.split(hinted), env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
 
 
 def test_usage_errors_exit_2_and_name_the_fix(tmp_path: Path) -> None:
@@ -382,6 +398,25 @@ def test_flags_render_as_flags_in_help(tmp_path: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     assert "--ended" in shown.stdout and "--limit" in shown.stdout and "<int>" in shown.stdout
     assert "<bool>" not in shown.stdout, "a flag takes no value"
+
+
+HELP_COLUMNS = 80
+
+
+def test_every_help_fits_80_columns_whole_and_shows_its_flags_as_flags() -> None:
+    """Each command's `--help` on a terminal 80 columns wide: no line wider, no word cut short (rich ends a word too
+    long for its column with an ellipsis), and no flag shown as if it took a value."""
+    runner = CliRunner()
+    for path, command in _commands(typer.main.get_command(app), ("bastion",), None):
+        shown = runner.invoke(app, [*path.split()[1:], "--help"], env={"COLUMNS": str(HELP_COLUMNS)})
+        assert shown.exit_code == 0, (path, shown.output)
+        lines = shown.output.splitlines()
+        assert [line for line in lines if len(line) > HELP_COLUMNS] == [], path
+        assert [line for line in lines if "\u2026" in line] == [], path
+        flags = [opt for param in command.params if getattr(param, "is_flag", False) for opt in param.opts]
+        for line in lines:
+            if any(f" {flag} " in line for flag in flags):
+                assert "<" not in line.split("\u2502")[1], f"{path}: a flag takes no value: {line}"
 
 
 @pytest.mark.parametrize("flag", ["--version", "-V"])

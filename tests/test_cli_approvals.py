@@ -15,6 +15,7 @@ import anyio
 import pytest
 from anyio.abc import Process
 
+from bastion import program
 from bastion.ledger import OpenLedger, Redactor
 from bastion.ledger import open_ledger as ledger_at
 from bastion.models import EventKind, Invocation, InvocationEvent, Role, utcnow
@@ -152,8 +153,9 @@ def test_show_gives_args_events_drift_and_the_commands_that_decide(tmp_path: Pat
     assert data["drift"] == DRIFT
     assert data["drifted"] is True
     assert set(data["commands"]) == {"approve", "deny"}
-    assert data["commands"]["approve"].startswith("bastion approvals approve inv-0001 --config ")
-    assert data["commands"]["deny"].startswith("bastion approvals deny inv-0001 --config ")
+    # The commands run as copied: `bastion` is named by its path when that name on PATH is not this Bastion.
+    assert data["commands"]["approve"].startswith(f"{program.bastion_command()} approvals approve inv-0001 --config ")
+    assert data["commands"]["deny"].startswith(f"{program.bastion_command()} approvals deny inv-0001 --config ")
 
     table = cli(config, env, "approvals", "show", "inv-0001")
     assert table.returncode == 0, table.stderr

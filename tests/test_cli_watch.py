@@ -21,7 +21,7 @@ import anyio
 import pytest
 from rich.console import Console
 
-from bastion.cli.app import local_approver
+from bastion.cli.compose import local_approver
 from bastion.cli.watch import QUIT, Decision, KeyReader, LedgerFeed, WatchView
 from bastion.config import load_config
 from bastion.errors import Unauthenticated

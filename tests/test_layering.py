@@ -13,6 +13,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "bastion"
 # each other: the kinds of source and the ledger are independent; policies are pure functions below both.
 LAYERS: dict[str, int] = {
     "bastion": 0,  # the package root (__init__: version only)
+    "bastion.program": 0,  # how a person runs this Bastion from their shell, for hints
+    "bastion.terms": 0,  # the words and numbers people type: Literals and constants, no imports
     "bastion.models": 1,
     "bastion.errors": 1,
     "bastion.states": 2,  # the invocation's state machine: the moves a record may make
@@ -65,6 +67,8 @@ LAYERS: dict[str, int] = {
 
 # Third-party imports allowed per group, beyond the standard library (None = anything).
 THIRD_PARTY: dict[str, set[str] | None] = {
+    "bastion.terms": set(),
+    "bastion.program": set(),
     "bastion.models": {"pydantic"},
     "bastion.actions": {"mcp_types", "pydantic"},
     "bastion.tracing": {"opentelemetry"},  # the API only: the SDK and the exporter are set up by the server

@@ -1,9 +1,14 @@
 """`bastion`: the command line. It parses arguments, asks the composition root (`bastion.assembly`) and prints.
 
-`app` holds the typer application and what commands share; each other module registers one command
-group on it when imported: `serve`, `inspect` (catalog, connectors, invocations, init), `audit` (+ `invocations
-reconcile`), `anchors` (`audit key`, `audit anchor`), `doctor`, `approvals` (+ `watch`), `grants`, `pins`,
-`tokens` and `actions`. Exit statuses: 0 success, 1 a refused operation, 2 a usage or config error.
+`app` holds the typer application and what commands share to declare themselves; each other module registers one
+command group on it when imported: `serve`, `inspect` (catalog, connectors, invocations, init), `audit` (+
+`invocations reconcile`), `anchors` (`audit key`, `audit anchor`), `doctor`, `approvals` (+ `watch`, which runs in
+`watch`), `grants`, `pins`, `tokens` and `actions`. Exit statuses: 0 success, 1 a refused operation, 2 a usage or
+config error.
+
+Importing them is cheap, so `bastion --help` answers at once: a command imports what it runs on (`compose`: the
+configuration, the ledger, the gateway; the server, the pipeline, the sources) inside its body.
+tests/test_cli_imports.py holds every module to it.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import sys
 
 # Each module registers its commands on `app` when imported; this order is the order of `bastion --help`.
 # isort: off
-from bastion.cli import serve, inspect, audit, anchors, doctor, approvals, watch, grants, pins, tokens, actions
+from bastion.cli import serve, inspect, audit, anchors, doctor, approvals, grants, pins, tokens, actions
 
 # isort: on
 import typer
@@ -23,7 +28,7 @@ from bastion.cli.logs import LOG_LEVEL_ENV_VAR, configure_logging, parse_level
 
 __all__ = ["app", "main"]
 
-COMMAND_GROUPS = (serve, inspect, audit, anchors, doctor, approvals, watch, grants, pins, tokens, actions)
+COMMAND_GROUPS = (serve, inspect, audit, anchors, doctor, approvals, grants, pins, tokens, actions)
 PROG_NAME = "bastion"
 
 

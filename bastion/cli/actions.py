@@ -7,29 +7,20 @@ hidden from `tools/list` and refused on call.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
-from bastion.cli.app import (
-    ConfigOption,
-    Exit,
-    JsonOption,
-    app,
-    emit_json,
-    load,
-    open_gateway,
-    out,
-    run_async,
-)
+from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, out
 from bastion.cli.tables import Column, fitted_table
-from bastion.config import Config
 from bastion.errors import BastionError, NotFound
-from bastion.models import MANIFEST_SOURCE_ID, CallContext
-from bastion.pipeline.gateway import Gateway
-from bastion.sources.manifests import Manifest
-from bastion.sources.manifests.source import ManifestSource, ManifestView
-from bastion.sources.registry import action_state, load_sources
+from bastion.program import bastion_command
+
+if TYPE_CHECKING:
+    from bastion.config import Config
+    from bastion.pipeline.gateway import Gateway
+    from bastion.sources.manifests import Manifest
+    from bastion.sources.manifests.source import ManifestView
 
 actions_app = typer.Typer(
     help="Manifest actions (actions/*.md): list, show, enable and disable them.", no_args_is_help=True
@@ -57,6 +48,8 @@ ACTION_COLUMNS: Final = (
 def actions_list(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Start the connectors once and show every manifest action: enabled, disabled or unavailable (and why), its
     risk (never below its steps') and mode."""
+    from bastion.cli.compose import load, run_async
+
     config = load(config_dir)
     actions = run_async(_described, config, not as_json)
     if as_json:
@@ -83,6 +76,8 @@ def actions_show(
 ) -> None:
     """Show one manifest action: its description and documentation, inputs, the connectors it requires (each with
     the version and content hash it runs now, to pin), its steps, and why it is unavailable if it is."""
+    from bastion.cli.compose import load, run_async
+
     config = load(config_dir)
     _known(config, name)
     (action,) = [a for a in run_async(_described, config, not as_json) if a["name"] == name]
@@ -137,6 +132,9 @@ def actions_disable(
 
 
 def _set_enabled(config_dir: ConfigOption, name: str, enabled: bool, as_json: bool) -> None:
+    from bastion.cli.compose import load
+    from bastion.sources.registry import action_state
+
     config = load(config_dir, report=False)
     _known(config, name)
     state = action_state(config)
@@ -158,15 +156,21 @@ def _set_enabled(config_dir: ConfigOption, name: str, enabled: bool, as_json: bo
 
 def _known(config: Config, name: str) -> Manifest:
     """The loaded manifest called `name`; NotFound (exit 1) naming the ones there are."""
+    from bastion.sources.registry import load_sources
+
     manifests = load_sources(config).manifests
     found = next((m for m in manifests if m.name == name), None)
     if found is None:
         known = ", ".join(sorted(m.name for m in manifests)) or "none loaded"
-        raise Exit.of(NotFound(f"no manifest action {name!r} (known: {known}); see `bastion actions list`"))
+        raise Exit.of(NotFound(f"no manifest action {name!r} (known: {known}); see `{bastion_command()} actions list`"))
     return found
 
 
 async def _described(config: Config, progress: bool) -> list[dict[str, Any]]:
+    from bastion.cli.compose import open_gateway
+    from bastion.models import MANIFEST_SOURCE_ID
+    from bastion.sources.manifests.source import ManifestSource
+
     async with open_gateway(config, progress=progress) as gateway:
         source = gateway.steps.source(MANIFEST_SOURCE_ID)
         views = source.views() if isinstance(source, ManifestSource) else []
@@ -175,6 +179,8 @@ async def _described(config: Config, progress: bool) -> list[dict[str, Any]]:
 
 def _describe(gateway: Gateway, view: ManifestView) -> dict[str, Any]:
     """One manifest action as `--json` prints it."""
+    from bastion.models import MANIFEST_SOURCE_ID, CallContext
+
     manifest, front = view.manifest, view.manifest.front
     entry = gateway.catalog.by_action.get((MANIFEST_SOURCE_ID, view.name)) if view.listed else None
     decision = gateway.mode_of(entry, CallContext(session_id="cli")) if entry is not None else None

@@ -6,35 +6,24 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Final
+from typing import TYPE_CHECKING, Annotated, Final
 
-import anyio
 import typer
 
-from bastion import assembly
-from bastion.cli.app import ConfigOption, Exit, JsonOption, emit_json, load, open_ledger, out, run_async
+from bastion.cli.app import ConfigOption, Exit, JsonOption, emit_json, out
 from bastion.cli.audit import audit_app
-from bastion.config import Config, anchor_url
-from bastion.errors import ConfigError
-from bastion.ledger import OpenLedger
-from bastion.ledger.anchors import (
-    Anchor,
-    anchor_head,
-    anchor_line,
-    append_anchor,
-    last_anchor,
-    load_or_create_signing_key,
-    public_text,
-    signing_key_path_for,
-)
-from bastion.models import AuditReport, utcnow
-from bastion.pipeline.notify import shown_url
+
+if TYPE_CHECKING:
+    from bastion.config import Config
+    from bastion.ledger import OpenLedger
 
 STDOUT: Final = "-"
 
 
 def signing_key_path(ledger: OpenLedger) -> Path:
     """Where the ledger's signing key is kept: beside its key of argument hashes."""
+    from bastion.ledger.anchors import signing_key_path_for
+
     return signing_key_path_for(ledger.key_path)
 
 
@@ -43,6 +32,11 @@ def audit_key(config_dir: ConfigOption = None, as_json: JsonOption = False) -> N
     """Print the public key that signs this ledger's anchors and prune checkpoints (the key is created beside the
     ledger's key on first use). Publish it where those who verify the ledger look: `bastion audit verify
     --public-key` trusts it on another machine."""
+    import anyio
+
+    from bastion.cli.compose import load, open_ledger, run_async
+    from bastion.ledger.anchors import load_or_create_signing_key, public_text
+
     config = load(config_dir, report=False)
 
     async def run() -> tuple[str, Path]:
@@ -78,6 +72,22 @@ def audit_anchor(
     last anchor in the file (or the whole ledger) is verified first: a broken history is never signed (exit 1).
     An anchor the URL does not take is kept in the ledger's outbox and sent first at the next anchoring (exit 1).
     `bastion serve` anchors on its own while \\[ledger] anchor_file or anchor_url is set."""
+    import anyio
+
+    from bastion import assembly
+    from bastion.cli.compose import load, open_ledger, run_async
+    from bastion.errors import ConfigError
+    from bastion.ledger.anchors import (
+        Anchor,
+        anchor_head,
+        anchor_line,
+        append_anchor,
+        last_anchor,
+        load_or_create_signing_key,
+    )
+    from bastion.models import AuditReport, utcnow
+    from bastion.pipeline.notify import shown_url
+
     config = load(config_dir, report=False)
     target = _target(config, to)
     if target.url is not None:
@@ -146,6 +156,8 @@ class _Target:
 def _target(config: Config, to: str | None) -> _Target:
     """The place given (`-`: stdout; a URL, checked as `[ledger] anchor_url` is; else a file), or the configured
     ones."""
+    from bastion.config import anchor_url
+
     if to == STDOUT:
         return _Target(None, None)
     if to is None:

@@ -10,35 +10,31 @@ import shlex
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 from rich.table import Table
 
 from bastion.cli.app import (
+    TOKEN_ENV_VAR,
     ConfigOption,
     JsonOption,
+    TokenOption,
+    UrlOption,
     app,
     emit_json,
-    find_invocation,
-    load,
-    local_approver,
-    open_ledger,
     out,
-    remote_or_local,
-    run_async,
     timestamp,
 )
 from bastion.cli.inspect import details_table
-from bastion.cli.remote import TOKEN_ENV_VAR, RemoteApi, TokenOption, UrlOption
 from bastion.cli.tables import Column, fitted_table
-from bastion.config import Config, config_hint
-from bastion.models import Invocation, Quorum, Scope, utcnow
-from bastion.pipeline import authority
-from bastion.pipeline.authority import MIN_ID_PREFIX
-from bastion.pipeline.documents import DEFAULT_LIMIT, approvals_json, decided_json, expires_in, pending_json
-from bastion.pipeline.documents import pending_invocations as pending_invocations  # re-exported for `approvals watch`
-from bastion.pipeline.grants import SCOPE_LABELS, Grants
+from bastion.program import bastion_command
+from bastion.terms import DEFAULT_LIMIT, MIN_ID_PREFIX, Scope
+
+if TYPE_CHECKING:
+    from bastion.cli.remote import RemoteApi
+    from bastion.config import Config
+    from bastion.models import Invocation
 
 approvals_app = typer.Typer(
     help="Calls waiting for a human: list and inspect them, approve or deny, or watch them live.",
@@ -93,6 +89,8 @@ def pending_table(
     """The pending invocations as a table `width` columns wide; the `selected` one is highlighted. `total`: how
     many are pending in all, when the table shows only some of them. `approvals`: by invocation id, the approvals
     of a call that needs several (`1 of 2 approvals, by alice`)."""
+    from bastion.pipeline.documents import expires_in
+
     rows = [
         (
             invocation.id,
@@ -118,11 +116,13 @@ def summaries(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
 
 def decide_commands(config: Config, invocation_id: str) -> dict[str, str]:
     """The exact commands that approve or deny this invocation against the same configuration."""
+    from bastion.config import config_hint
+
     where = config_hint(config)
     target = shlex.quote(invocation_id)
     return {
-        "approve": f"bastion approvals approve {target}{where}",
-        "deny": f"bastion approvals deny {target}{where} --reason TEXT",
+        "approve": f"{bastion_command()} approvals approve {target}{where}",
+        "deny": f"{bastion_command()} approvals deny {target}{where} --reason TEXT",
     }
 
 
@@ -138,6 +138,12 @@ def approvals_list(
     token: TokenOption = None,
 ) -> None:
     """List pending invocations, newest first: tool, session, who asked, time left, drift."""
+    from bastion.cli.compose import load, open_ledger, remote_or_local, run_async
+    from bastion.config import config_hint
+    from bastion.models import Invocation, utcnow
+    from bastion.pipeline.documents import approvals_json, pending_invocations
+    from bastion.pipeline.grants import Grants
+
     api = remote_or_local(url, token)
     where = ""
     if api is not None:
@@ -164,7 +170,9 @@ def approvals_list(
     pending = [Invocation.model_validate(row) for row in rows]
     out.print(pending_table(pending, utcnow(), width=out.width, approvals=summaries(rows)))
     if pending:
-        out.print(f"decide with: bastion approvals show|approve|deny ID{where}", markup=False, highlight=False)
+        out.print(
+            f"decide with: {bastion_command()} approvals show|approve|deny ID{where}", markup=False, highlight=False
+        )
 
 
 @approvals_app.command("show")
@@ -176,6 +184,11 @@ def approvals_show(
     token: TokenOption = None,
 ) -> None:
     """Show one invocation: redacted args, events, the drift diff, and the commands that decide it."""
+    from bastion.cli.compose import find_invocation, load, open_ledger, remote_or_local, run_async
+    from bastion.models import Invocation, Quorum, utcnow
+    from bastion.pipeline.documents import pending_json
+    from bastion.pipeline.grants import Grants
+
     api = remote_or_local(url, token)
     if api is not None:
         remote_api = api
@@ -191,8 +204,8 @@ def approvals_show(
             target = shlex.quote(invocation.id)
             data["commands"] = (
                 {
-                    "approve": f"bastion approvals approve {target}{flags}",
-                    "deny": f"bastion approvals deny {target}{flags} --reason TEXT",
+                    "approve": f"{bastion_command()} approvals approve {target}{flags}",
+                    "deny": f"{bastion_command()} approvals deny {target}{flags} --reason TEXT",
                 }
                 if invocation.status == "pending"
                 else None
@@ -266,8 +279,9 @@ def approvals_approve(
     when: Annotated[
         str | None,
         typer.Option(
+            # The example breaks at its spaces: help 80 columns wide cuts a longer word short.
             help="With a scope beyond once: only later calls whose arguments meet this CEL condition, e.g. "
-            "\"normpath(args.path).startsWith('/srv/public/')\".",
+            "\"normpath(args.path) == '/srv/public/notes.md'\".",
         ),
     ] = None,
     config_dir: ConfigOption = None,
@@ -282,6 +296,8 @@ def approvals_approve(
     A scope beyond "once" leaves a grant (see `bastion grants list`). Once the ledger has an owner or admin token,
     this needs one (--token or $BASTION_TOKEN).
     """
+    from bastion.cli.compose import remote_or_local
+
     _decide(
         config_dir,
         invocation_id,
@@ -308,6 +324,8 @@ def approvals_deny(
 
     Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN).
     """
+    from bastion.cli.compose import remote_or_local
+
     _decide(
         config_dir,
         invocation_id,
@@ -331,6 +349,12 @@ def _decide(
     scope: Scope = "once",
     when: str | None = None,
 ) -> None:
+    from bastion.cli.compose import load, local_approver, open_ledger, run_async
+    from bastion.models import Invocation, utcnow
+    from bastion.pipeline import authority
+    from bastion.pipeline.documents import decided_json
+    from bastion.pipeline.grants import SCOPE_LABELS, Grants
+
     if api is not None:
         remote_api = api
 
@@ -378,3 +402,15 @@ def _decide(
         return
     scoped = f", {SCOPE_LABELS[scope]} (see `bastion grants list`)" if approve and scope != "once" else ""
     out.print(f"{decided.status} {decided.id} ({decided.tool}) as {principal}{scoped}", markup=False, highlight=False)
+
+
+@approvals_app.command("watch")
+def approvals_watch(config_dir: ConfigOption = None, url: UrlOption = None, token: TokenOption = None) -> None:
+    """A live view of pending calls and the selected one in detail; approve or deny each with confirmation.
+
+    Once the ledger has an owner or admin token, watching it locally needs one (--token or $BASTION_TOKEN).
+    With --url it watches a remote Bastion, redrawing on each event of its stream (/api/events).
+    """
+    from bastion.cli.watch import watch_in_terminal
+
+    watch_in_terminal(config_dir, url, token)

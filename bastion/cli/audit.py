@@ -12,44 +12,22 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
-import anyio
 import typer
 
-from bastion.cli.app import (
-    ConfigOption,
-    Exit,
-    JsonOption,
-    app,
-    emit_json,
-    load,
-    local_approver,
-    open_ledger,
-    out,
-    run_async,
-)
+from bastion.cli.app import ConfigOption, Exit, JsonOption, TokenOption, app, emit_json, out
 from bastion.cli.inspect import invocations_app
-from bastion.cli.remote import TokenOption
-from bastion.config import Config
 from bastion.errors import BastionError, ConfigError, ConnectorUnavailable
-from bastion.ledger import scrubbing
-from bastion.ledger.anchors import (
-    load_or_create_signing_key,
-    read_anchors,
-    sign,
-    signing_key_path_for,
-    trusted_keys,
-)
-from bastion.ledger.offline import export_line
-from bastion.ledger.verify import verify_signed
-from bastion.models import AuditReport, Invocation, PruneReport, ScrubReport, utcnow
-from bastion.pipeline import authority
-from bastion.pipeline.authority import MIN_ID_PREFIX, SourceOf
-from bastion.pipeline.documents import check_json, invocation_json
-from bastion.sources.plugins import ACTION_FILE
-from bastion.sources.registry import load_sources, provider_of
-from bastion.sources.seam import ActionSource
+from bastion.program import bastion_command
+from bastion.terms import MIN_ID_PREFIX
+
+if TYPE_CHECKING:
+    from bastion.config import Config
+    from bastion.models import AuditReport, Invocation, PruneReport
+    from bastion.pipeline import authority
+    from bastion.pipeline.authority import SourceOf
+    from bastion.sources.seam import ActionSource
 
 audit_app = typer.Typer(
     help="The ledger's tamper-evident history: verify its hash chain, export it, prune it by age.",
@@ -102,6 +80,10 @@ def invocations_reconcile(
         raise Exit("error: give --outcome completed|failed (what you found), or --check to ask the provider", 2)
     if outcome is not None and outcome not in OUTCOMES:
         raise Exit(f"error: --outcome must be completed or failed, got {outcome!r}", 2)
+    from bastion.cli.compose import load, local_approver, open_ledger, run_async
+    from bastion.pipeline import authority
+    from bastion.pipeline.documents import invocation_json
+
     config = load(config_dir, report=False)
     if check:
         _reconcile_by_check(config, invocation_id, note=note, token=token, as_json=as_json)
@@ -123,6 +105,11 @@ def invocations_reconcile(
 def _reconcile_by_check(
     config: Config, invocation_id: str, *, note: str | None, token: str | None, as_json: bool
 ) -> None:
+    from bastion.cli.compose import local_approver, open_ledger, run_async
+    from bastion.models import utcnow
+    from bastion.pipeline import authority
+    from bastion.pipeline.documents import check_json
+
     async def run() -> authority.Checked:
         async with open_ledger(config) as ledger:
             approver = await local_approver(ledger, config, token)
@@ -187,6 +174,12 @@ def invocations_rollback(
     and with the state the call left. When it succeeds the call is recorded failed (its effect undone), with the
     rollback's report; when it fails the call stays unknown and this exits 1. Bastion never runs it by itself: an
     approver decides. Owners and admins only."""
+    from bastion.cli.compose import load, local_approver, open_ledger, run_async
+    from bastion.pipeline import authority
+    from bastion.pipeline.documents import invocation_json
+    from bastion.sources.plugins import ACTION_FILE
+    from bastion.sources.registry import load_sources
+
     config = load(config_dir, report=False)
     sources = load_sources(config)
     plugins = sources.plugins
@@ -217,6 +210,10 @@ async def _provider(config: Config, source_id: str | None, *, marker_key: bytes)
     """The configured provider `source_id`, running (its client open) while the block runs, as a `SourceOf`, with
     the ledger's `marker_key` to verify what it finds; no source for anything else (no other kind of source looks
     calls up)."""
+    import anyio
+
+    from bastion.sources.registry import provider_of
+
     provider = config.providers.get(source_id) if source_id is not None else None
     if source_id is None or provider is None:
         yield _none
@@ -265,10 +262,16 @@ def audit_verify(
     with trusted keys, the signed anchors, the checkpoint's signature and the signature of every approval of a held
     call; exit 1 at the first break, naming it. Without anchors a rewrite of the whole store, every hash recomputed,
     goes unseen: anchor the head outside the ledger (`bastion audit anchor`)."""
+    from bastion.cli.compose import load, open_ledger, run_async
+    from bastion.ledger.anchors import read_anchors, trusted_keys
+    from bastion.ledger.verify import verify_signed
+
     config = load(config_dir, report=False)
     anchors_file = anchors if anchors is not None else config.anchor_file
     if anchors is not None and not anchors.exists():
-        raise Exit(f"error: {anchors}: no such anchors file; give the file `bastion audit anchor` appends to", 2)
+        raise Exit(
+            f"error: {anchors}: no such anchors file; give the file `{bastion_command()} audit anchor` appends to", 2
+        )
 
     async def run() -> AuditReport:
         async with open_ledger(config) as ledger:
@@ -277,7 +280,7 @@ def audit_verify(
             if signed and not trusted:
                 raise ConfigError(
                     f"{anchors_file}: anchors need the public key that signed them: give --public-key (as "
-                    "`bastion audit key` prints it where the ledger is kept)"
+                    f"`{bastion_command()} audit key` prints it where the ledger is kept)"
                 )
             return await verify_signed(ledger.audit, signed, trusted)
 
@@ -314,7 +317,7 @@ def verified_line(report: AuditReport) -> str:
     if report.anchors:
         parts.append(f"{report.anchors} signed anchors held")
     elif not report.trusted_keys:
-        parts.append("no signing key to check anchors or the checkpoint with (see `bastion audit key`)")
+        parts.append(f"no signing key to check anchors or the checkpoint with (see `{bastion_command()} audit key`)")
     if report.head_position is not None:
         parts.append(f"head: position {report.head_position} {report.head_hash}")
     return "; ".join(parts)
@@ -337,6 +340,9 @@ def audit_export(
     invocation, redacted as stored. Resume a later export with --since set to the last line's `position`."""
     if format_ != "jsonl":
         raise Exit(f"error: unknown --format {format_!r}; use jsonl", 2)
+    from bastion.cli.compose import load, open_ledger, run_async
+    from bastion.ledger.offline import export_line
+
     config = load(config_dir, report=False)
 
     async def run() -> None:
@@ -374,6 +380,13 @@ def audit_scrub(
     webhook messages waiting) with \\[scrubbed], in one transaction. Each call touched gets a `scrubbed` event
     signed with the ledger's signing key, naming the events it changed, so `bastion audit verify` still holds. Owner
     and admin only. Rotate the secret too: a scrub removes what was stored, not what was seen."""
+    import anyio
+
+    from bastion.cli.compose import load, local_approver, open_ledger, run_async
+    from bastion.ledger import scrubbing
+    from bastion.ledger.anchors import load_or_create_signing_key, signing_key_path_for
+    from bastion.models import ScrubReport
+
     if (secret_env is None) == (not secret_stdin):
         raise Exit("error: give the secret with exactly one of --secret-env NAME or --secret-stdin", 2)
     secret = sys.stdin.readline().rstrip("\n") if secret_stdin else os.environ.get(secret_env or "", "")
@@ -423,6 +436,12 @@ def audit_prune(
     """Remove the oldest finished calls and their events, keeping a checkpoint (the last removed event's hash) so the
     rest still verifies. It stops at the first call still unresolved or too recent: the history stays a prefix cut.
     Export first if you must keep them."""
+    import anyio
+
+    from bastion.cli.compose import load, open_ledger, run_async
+    from bastion.ledger.anchors import load_or_create_signing_key, sign, signing_key_path_for
+    from bastion.models import utcnow
+
     # Without an age the configuration decides: its problems are shown (a retention_days it skipped among them).
     config = load(config_dir, report=older_than_days is None)
     if older_than_days is None:

@@ -17,35 +17,17 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anyio
 import typer
 
-from bastion.cli.app import (
-    ConfigOption,
-    Exit,
-    JsonOption,
-    app,
-    emit_json,
-    open_ledger,
-    out,
-)
-from bastion.config import (
-    SQLITE_PREFIX,
-    Config,
-    ConfigIssue,
-    ConnectorConfig,
-    find_config_dir,
-    load_config,
-    sqlite_path,
-)
+from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, out
 from bastion.errors import BastionError, ConfigError
-from bastion.ledger import guarantee_of
-from bastion.policies import NameRequest, assign_tool_names
-from bastion.sources.manifests import Manifest
-from bastion.sources.registry import action_state, load_sources, provider_of
-from bastion.sources.seam import ActionSource
+
+if TYPE_CHECKING:
+    from bastion.config import Config, ConfigIssue, ConnectorConfig
+    from bastion.sources.manifests import Manifest
+    from bastion.sources.seam import ActionSource
 
 
 @dataclass(frozen=True)
@@ -90,6 +72,9 @@ def examine(
 ) -> tuple[list[Check], list[ConfigIssue]]:
     """Every check on a loaded configuration and its action files (loaded as `manifests`, with `issues`), and every
     problem found (the loader's first, then the action files', then the commands')."""
+    from bastion.config import ConfigIssue
+    from bastion.sources.registry import action_state, provider_of
+
     where = str(config.directory) if config.directory else "embedded default configuration"
     problems = list(config.issues)
     checks = [Check("configuration", where, not problems, f"{len(problems)} problem(s)" if problems else "loaded")]
@@ -128,6 +113,10 @@ async def name_warnings(config: Config, sources: Sequence[ActionSource]) -> list
     """The host-name collisions the next start resolves, judged on the actions the ledger has seen (their pins) and
     the names it keeps for them (see `bastion.policies.assign_tool_names`): who is renamed, and why. Nothing when
     there is no ledger yet; a warning when it cannot be read."""
+    from bastion.cli.compose import open_ledger
+    from bastion.config import SQLITE_PREFIX, sqlite_path
+    from bastion.policies import NameRequest, assign_tool_names
+
     if config.ledger_url.startswith(SQLITE_PREFIX) and not sqlite_path(config.ledger_url).exists():
         return []
     disabled = set(config.policy.sources.disabled)
@@ -149,6 +138,12 @@ async def name_warnings(config: Config, sources: Sequence[ActionSource]) -> list
 def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Check the configuration, each stdio connector's command and each provider's credential (without calling
     anything), and declare the ledger's guarantee level; every problem with file:line, exit 2 if any."""
+    import anyio
+
+    from bastion.config import find_config_dir, load_config
+    from bastion.ledger import guarantee_of
+    from bastion.sources.registry import load_sources
+
     try:
         directory = find_config_dir(config_dir, env=os.environ, cwd=Path.cwd(), home=Path.home())
         config = load_config(directory)
@@ -189,6 +184,8 @@ def doctor(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None
 
 def report_json(config: Config, actions: int, checks: list[Check], problems: list[ConfigIssue]) -> dict[str, Any]:
     """`doctor --json`: whether all is well, what was checked, and every problem with file and line."""
+    from bastion.ledger import guarantee_of
+
     return {
         "ok": not problems,
         "config_dir": str(config.directory) if config.directory else None,

@@ -6,30 +6,18 @@ approvers: once the ledger has an owner or admin token, the local commands need 
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
-from bastion.cli.app import (
-    ConfigOption,
-    JsonOption,
-    app,
-    emit_json,
-    load,
-    local_approver,
-    open_ledger,
-    out,
-    remote_or_local,
-    run_async,
-    timestamp,
-)
-from bastion.cli.remote import TokenOption, UrlOption
+from bastion.cli.app import ConfigOption, JsonOption, TokenOption, UrlOption, app, emit_json, out, timestamp
 from bastion.cli.tables import Column, fitted_table
-from bastion.config import config_hint
 from bastion.errors import Forbidden, NotFound
-from bastion.models import Grant, Principal, utcnow
-from bastion.pipeline.documents import DEFAULT_LIMIT, GrantView, grant_json
-from bastion.pipeline.grants import SCOPE_LABELS
+from bastion.program import bastion_command
+from bastion.terms import DEFAULT_LIMIT
+
+if TYPE_CHECKING:
+    from bastion.models import Grant, Principal
 
 grants_app = typer.Typer(
     help='Standing grants (what approvals "for this session", "for an hour" or "always" let through): list, revoke.',
@@ -70,6 +58,12 @@ def grants_list(
 ) -> None:
     """List standing grants, newest first: id, action, scope, whose calls it covers, its condition, who made it,
     until when."""
+    from bastion.cli.compose import load, local_approver, open_ledger, remote_or_local, run_async
+    from bastion.config import config_hint
+    from bastion.models import utcnow
+    from bastion.pipeline.documents import GrantView, grant_json
+    from bastion.pipeline.grants import SCOPE_LABELS
+
     api = remote_or_local(url, token)
     if api is not None:
         remote = api
@@ -112,7 +106,7 @@ def grants_list(
     title = f"{len(found)} grants ({standing} standing)" if ended else f"{len(found)} standing grants"
     out.print(fitted_table(GRANT_COLUMNS, rows, width=out.width, title=title))
     if standing:
-        out.print(f"revoke one with: bastion grants revoke ID{where}", markup=False, highlight=False)
+        out.print(f"revoke one with: {bastion_command()} grants revoke ID{where}", markup=False, highlight=False)
 
 
 @grants_app.command("revoke")
@@ -125,6 +119,12 @@ def grants_revoke(
 ) -> None:
     """Revoke a standing grant: the next call it covered waits for an approver again, on every instance sharing the
     ledger. Exit 1 when no grant of that id stands."""
+    from bastion.cli.compose import load, local_approver, open_ledger, remote_or_local, run_async
+    from bastion.config import config_hint
+    from bastion.models import utcnow
+    from bastion.pipeline.documents import GrantView, grant_json
+    from bastion.pipeline.grants import SCOPE_LABELS
+
     api = remote_or_local(url, token)
     now = utcnow()
     if api is not None:
@@ -146,7 +146,7 @@ def grants_revoke(
                     return await ledger.grants.revoke(grant_id, by=approver.name, now=now)
                 except NotFound as exc:
                     raise NotFound(
-                        f"no standing grant {grant_id!r}; see `bastion grants list{config_hint(config)}`"
+                        f"no standing grant {grant_id!r}; see `{bastion_command()} grants list{config_hint(config)}`"
                     ) from exc
 
         revoked = run_async(run)

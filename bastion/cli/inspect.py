@@ -6,33 +6,20 @@ import json
 import shlex
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 from rich.table import Table
 
 from bastion import __version__
-from bastion.cli.app import (
-    ConfigOption,
-    Exit,
-    JsonOption,
-    app,
-    emit_json,
-    find_invocation,
-    load,
-    open_gateway,
-    open_ledger,
-    out,
-    run_async,
-    timestamp,
-)
+from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, out, timestamp
 from bastion.cli.tables import Column, fitted_table
-from bastion.config import init_config_dir
 from bastion.errors import ConfigError, ConnectorUnavailable, NotFound
-from bastion.models import STATUSES, CallContext, Invocation, Status, utcnow
-from bastion.pipeline import authority
-from bastion.pipeline.authority import MIN_ID_PREFIX
-from bastion.pipeline.documents import invocation_detail_json, invocation_json
+from bastion.program import bastion_command
+from bastion.terms import MIN_ID_PREFIX, STATUSES, Status
+
+if TYPE_CHECKING:
+    from bastion.models import Invocation
 
 connectors_app = typer.Typer(
     help="Sources: downstream MCP servers and providers (\\[providers.<id>]): status and checks.", no_args_is_help=True
@@ -74,6 +61,9 @@ INVOCATION_COLUMNS: Final = (
 @app.command()
 def catalog(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Show the merged catalog: tool, source, risk, mode, why, and drift (connects to every source once)."""
+    from bastion.cli.compose import load, open_gateway, run_async
+    from bastion.models import CallContext
+
     config = load(config_dir)
 
     async def run() -> list[dict[str, Any]]:
@@ -138,6 +128,8 @@ def connectors_check(
 
 
 def _show_connectors(config_dir: Path | None, only: str | None, as_json: bool) -> list[dict[str, Any]]:
+    from bastion.cli.compose import load, open_gateway, run_async
+
     config = load(config_dir)
     if only is not None:
         sources = {c.id for c in config.connectors} | set(config.providers)
@@ -197,6 +189,11 @@ def invocations_list(
         raise Exit(f"error: unknown status {status!r}; use one of {', '.join(STATUSES)}", 2)
     if unresolved and (status is not None or source is not None):
         raise Exit("error: --unresolved lists unknown and stale executing calls; leave out --status and --source", 2)
+    from bastion.cli.compose import load, open_ledger, run_async
+    from bastion.models import utcnow
+    from bastion.pipeline import authority
+    from bastion.pipeline.documents import invocation_json
+
     config = load(config_dir, report=False)
 
     async def run() -> list[Invocation]:
@@ -236,6 +233,9 @@ def invocations_show(
     as_json: JsonOption = False,
 ) -> None:
     """Show one invocation with its redacted args, result and event history (and a manifest action's steps)."""
+    from bastion.cli.compose import find_invocation, load, open_ledger, run_async
+    from bastion.pipeline.documents import invocation_detail_json
+
     config = load(config_dir, report=False)
 
     async def run() -> dict[str, Any]:
@@ -285,6 +285,8 @@ def details_table(data: dict[str, Any]) -> Table:
 @app.command()
 def init(directory: Annotated[Path, typer.Argument(help="Where to write a starter configuration.")]) -> None:
     """Write a starter configuration directory (refuses to overwrite anything)."""
+    from bastion.config import init_config_dir
+
     try:
         written = init_config_dir(directory)
     except ConfigError as exc:
@@ -292,8 +294,11 @@ def init(directory: Annotated[Path, typer.Argument(help="Where to write a starte
     for path in written:
         out.print(f"wrote {path}", markup=False, highlight=False)
     where = shlex.quote(str(directory.resolve()))
+    bastion = bastion_command()
     out.print(
-        f"next: bastion doctor --config {where}  then  bastion serve --config {where}", markup=False, highlight=False
+        f"next: {bastion} doctor --config {where}  then  {bastion} serve --config {where}",
+        markup=False,
+        highlight=False,
     )
 
 

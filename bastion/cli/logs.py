@@ -12,9 +12,10 @@ from __future__ import annotations
 import copy
 import logging
 import sys
-from typing import Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from bastion.ledger import Redactor
+if TYPE_CHECKING:
+    from bastion.ledger.redaction import Redactor
 
 LOG_LEVEL_ENV_VAR: Final = "BASTION_LOG_LEVEL"
 DEFAULT_LEVEL: Final = logging.WARNING
@@ -31,9 +32,23 @@ class RedactingFormatter(logging.Formatter):
     its value is not a string (`{'credentials': {...}}`); the finished line then goes through text redaction.
     """
 
-    def __init__(self, redactor: Redactor) -> None:
+    def __init__(self, redactor: Redactor | None = None) -> None:
         super().__init__(LOG_FORMAT)
-        self.redactor = redactor
+        self._redactor = redactor
+
+    @property
+    def redactor(self) -> Redactor:
+        """The redactor given (`use_redactor`), else one of the default secret keys, made at the first line logged:
+        the ledger package it comes from is not imported by commands that log nothing (`bastion --help`)."""
+        if self._redactor is None:
+            from bastion.ledger.redaction import Redactor
+
+            self._redactor = Redactor()
+        return self._redactor
+
+    @redactor.setter
+    def redactor(self, redactor: Redactor) -> None:
+        self._redactor = redactor
 
     def format(self, record: logging.LogRecord) -> str:
         if isinstance(record.msg, dict | list) or record.args:
@@ -64,7 +79,7 @@ def _is_bastions(name: str) -> bool:
     return name == BASTION_LOGGER or name.startswith(BASTION_LOGGER + ".")
 
 
-_formatter: Final = RedactingFormatter(Redactor())
+_formatter: Final = RedactingFormatter()
 
 
 def parse_level(value: str | None) -> int:

@@ -5,31 +5,18 @@ Drift never clears by itself: only an approver accepts a drifted definition, whi
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 from rich.text import Text
 
-from bastion.cli.app import (
-    ConfigOption,
-    Exit,
-    JsonOption,
-    app,
-    emit_json,
-    load,
-    local_approver,
-    open_ledger,
-    out,
-    run_async,
-    timestamp,
-)
-from bastion.cli.remote import TokenOption
+from bastion.cli.app import ConfigOption, Exit, JsonOption, TokenOption, app, emit_json, out, timestamp
 from bastion.cli.tables import Column, fitted_table
-from bastion.config import config_hint
 from bastion.errors import Conflict, NotFound
-from bastion.models import Pin
-from bastion.pipeline.authority import accept_pins
-from bastion.pipeline.documents import drift_diff, pin_json
+from bastion.program import bastion_command
+
+if TYPE_CHECKING:
+    from bastion.models import Pin
 
 pins_app = typer.Typer(
     help="Pinned tool definitions and their drift: list, accept a new definition.", no_args_is_help=True
@@ -64,6 +51,10 @@ def pins_list(
     as_json: JsonOption = False,
 ) -> None:
     """List pinned actions: who pinned them and when, their fingerprint, and any drift with its diff."""
+    from bastion.cli.compose import load, open_ledger, run_async
+    from bastion.config import config_hint
+    from bastion.pipeline.documents import drift_diff, pin_json
+
     config = load(config_dir, report=False)
 
     async def run() -> list[Pin]:
@@ -94,7 +85,7 @@ def pins_list(
         seen = timestamp(pin.drift.seen_at)
         out.print(f"\ndrift of {pin.key}, seen {seen} (pinned -> current):", markup=False, highlight=False)
         out.print(diff_text(diff), end="")
-        out.print(f"accept it with: bastion pins accept {pin.key}{where}", markup=False, highlight=False)
+        out.print(f"accept it with: {bastion_command()} pins accept {pin.key}{where}", markup=False, highlight=False)
 
 
 @pins_app.command("accept")
@@ -109,6 +100,11 @@ def pins_accept(
 
     Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN).
     """
+    from bastion.cli.compose import load, local_approver, open_ledger, run_async
+    from bastion.config import config_hint
+    from bastion.pipeline.authority import accept_pins
+    from bastion.pipeline.documents import pin_json
+
     source_id, action_id = _target(key, source)
     config = load(config_dir, report=False)
 
@@ -116,7 +112,7 @@ def pins_accept(
         async with open_ledger(config) as ledger:
             approver = await local_approver(ledger, config, token)
             if action_id is None and not await ledger.pins.pins(source_id):
-                listing = f"bastion pins list{config_hint(config)}"
+                listing = f"{bastion_command()} pins list{config_hint(config)}"
                 raise NotFound(f"no pins of source {source_id!r} in {config.ledger_display}; see `{listing}`")
             accepted = await accept_pins(ledger, principal=approver, source_id=source_id, action_id=action_id)
             if key is not None and not accepted:

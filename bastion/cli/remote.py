@@ -3,7 +3,8 @@
 `--url URL --token T` (or `$BASTION_URL`, `$BASTION_TOKEN`) switch `bastion approvals|grants ...` from the
 local ledger to this client. The API answers with the same JSON shapes the local commands print, and
 its error bodies carry the same error classes, which become the same exit statuses. A token without a URL
-is for the local ledger: once it has owner or admin tokens, local decisions need one (`cli.app.local_approver`).
+is for the local ledger: once it has owner or admin tokens, local decisions need one
+(`bastion.cli.compose.local_approver`).
 """
 
 from __future__ import annotations
@@ -11,15 +12,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
 import anyio
 import httpx2
-import typer
 
-from bastion.errors import (
-    ConfigError,
-)
+from bastion.cli.app import TOKEN_ENV_VAR, URL_ENV_VAR
+from bastion.errors import ConfigError
 from bastion.server.errors import from_http
 
 logger = logging.getLogger(__name__)
@@ -27,22 +26,6 @@ logger = logging.getLogger(__name__)
 RECONNECT_SECONDS: Final = 2.0
 """The pause before the event stream reconnects after it dropped."""
 _STREAM_TIMEOUT: Final = httpx2.Timeout(30.0, read=None)
-
-URL_ENV_VAR = "BASTION_URL"
-TOKEN_ENV_VAR = "BASTION_TOKEN"
-
-UrlOption = Annotated[
-    str | None,
-    typer.Option("--url", help=f"A remote Bastion's base URL, e.g. http://host:8765 (or ${URL_ENV_VAR})."),
-]
-TokenOption = Annotated[
-    str | None,
-    typer.Option(
-        "--token",
-        help=f"An owner or admin token (or ${TOKEN_ENV_VAR}): of the remote Bastion with --url; else of the local "
-        "ledger, where deciding needs one once any owner or admin token exists.",
-    ),
-]
 
 
 class RemoteApi:

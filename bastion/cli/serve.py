@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 from urllib.parse import urlsplit
 
 import typer
 
-from bastion import __version__, assembly
-from bastion.cli.app import ConfigOption, Exit, app, err, load, redactor_in_logs, run_async
-from bastion.config import Config, config_hint, host_name, is_loopback, validate_profile
+from bastion import __version__
+from bastion.cli.app import ConfigOption, Exit, app, err
 from bastion.errors import ConfigError
-from bastion.pipeline.gateway import Gateway
-from bastion.server.http import bind_listener, listener_problem
-from bastion.server.tracing import exporting_traces
+from bastion.program import bastion_command
+
+if TYPE_CHECKING:
+    from bastion.config import Config
+    from bastion.pipeline.gateway import Gateway
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,11 @@ def serve(
     With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set, a span of every call and
     downstream call is sent there over OTLP/HTTP (OTEL_SDK_DISABLED=true turns it off).
     """
+    from bastion import assembly
+    from bastion.cli.compose import load, redactor_in_logs, run_async
+    from bastion.config import validate_profile
+    from bastion.server.tracing import exporting_traces
+
     config = load(config_dir)
     if profile is not None:
         try:
@@ -106,6 +112,8 @@ def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 
 def _host_names(given: list[str]) -> list[str]:
+    from bastion.config import host_name
+
     try:
         return [host_name(name) for name in given]
     except ValueError as exc:
@@ -113,6 +121,8 @@ def _host_names(given: list[str]) -> list[str]:
 
 
 def _listen(host: str, port: int) -> socket.socket:
+    from bastion.server.http import bind_listener, listener_problem
+
     try:
         return bind_listener(host, port)
     except (OSError, OverflowError) as exc:
@@ -124,6 +134,8 @@ def _print_connect_help(
 ) -> None:
     """The banner: what is served so far and how to connect. It prints as soon as the port listens, often before
     the connectors have listed: those still starting are named, and a line follows once they have."""
+    from bastion.config import config_hint, is_loopback
+
     url = f"{base_url}/mcp"
     where = str(config.directory) if config.directory else "the embedded default (demo notes connector)"
     tools = len(gateway.tools)
@@ -156,7 +168,7 @@ def _print_connect_help(
     if tokens:
         err.print(
             "  tokens are configured: hosts need an agent token "
-            f"(bastion tokens create NAME --role agent{config_hint(config)})",
+            f"({bastion_command()} tokens create NAME --role agent{config_hint(config)})",
             markup=False,
             highlight=False,
         )

@@ -10,30 +10,20 @@ approver.
 from __future__ import annotations
 
 import shlex
-from typing import Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
-from bastion.cli.app import (
-    ConfigOption,
-    Exit,
-    JsonOption,
-    app,
-    emit_json,
-    load,
-    local_approver,
-    open_ledger,
-    out,
-    run_async,
-    timestamp,
-)
-from bastion.cli.remote import TokenOption
+from bastion.cli.app import ConfigOption, Exit, JsonOption, TokenOption, app, emit_json, out, timestamp
 from bastion.cli.tables import Column, fitted_table
-from bastion.config import Config, config_hint, validate_profile
 from bastion.errors import ConfigError, Conflict, Forbidden, NotFound
-from bastion.ledger import OpenLedger
-from bastion.ledger.tokens import validate_token_name
-from bastion.models import ROLES, Role, TokenInfo, utcnow
+from bastion.program import bastion_command
+from bastion.terms import ROLES, Role
+
+if TYPE_CHECKING:
+    from bastion.config import Config
+    from bastion.ledger import OpenLedger
+    from bastion.models import TokenInfo
 
 tokens_app = typer.Typer(help="Bearer tokens for the HTTP surface: create, list, revoke.", no_args_is_help=True)
 app.add_typer(tokens_app, name="tokens")
@@ -70,6 +60,11 @@ def tokens_create(
     Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN). The first token
     changes what hosts over HTTP need: from then on they connect with an agent token (it says how).
     """
+    from bastion.cli.compose import load, open_ledger, run_async
+    from bastion.config import config_hint, validate_profile
+    from bastion.ledger.tokens import validate_token_name
+    from bastion.models import TokenInfo, utcnow
+
     try:
         validate_token_name(name)
     except ValueError as exc:
@@ -92,8 +87,8 @@ def tokens_create(
                 return await ledger.tokens.create_token(name, role=role, profile=profile, now=now), first
             except Conflict as exc:
                 raise Conflict(
-                    f"a token named {name!r} is already active; revoke it first "
-                    f"(`bastion tokens revoke {shlex.quote(name)}{config_hint(config)}`) or pick another name"
+                    f"a token named {name!r} is already active; revoke it first (`{bastion_command()} tokens revoke "
+                    f"{shlex.quote(name)}{config_hint(config)}`) or pick another name"
                 ) from exc
 
     secret, first = run_async(run)
@@ -120,7 +115,7 @@ def first_token_notice(role: Role) -> list[str]:
     which = (
         "this token (or another agent token)"
         if role == "agent"
-        else "an agent token (`bastion tokens create NAME --role agent`), never this one"
+        else f"an agent token (`{bastion_command()} tokens create NAME --role agent`), never this one"
     )
     url = "http://127.0.0.1:8765/mcp"
     return [
@@ -138,6 +133,8 @@ def first_token_notice(role: Role) -> list[str]:
 @tokens_app.command("list")
 def tokens_list(config_dir: ConfigOption = None, as_json: JsonOption = False) -> None:
     """List tokens, active and revoked, newest first: name, role, profile, created, revoked. Never secrets."""
+    from bastion.cli.compose import load, open_ledger, run_async
+
     config = load(config_dir, report=False)
 
     async def run() -> list[TokenInfo]:
@@ -174,6 +171,10 @@ def tokens_revoke(
 
     Once the ledger has an owner or admin token, this needs one (--token or $BASTION_TOKEN).
     """
+    from bastion.cli.compose import load, open_ledger, run_async
+    from bastion.config import config_hint
+    from bastion.models import utcnow
+
     config = load(config_dir, report=False)
     now = utcnow()
 
@@ -183,7 +184,7 @@ def tokens_revoke(
             try:
                 return await ledger.tokens.revoke_token(name, now=now)
             except NotFound as exc:
-                listing = f"bastion tokens list{config_hint(config)}"
+                listing = f"{bastion_command()} tokens list{config_hint(config)}"
                 raise NotFound(f"no active token named {name!r}; see `{listing}`") from exc
 
     token = run_async(run)
@@ -198,6 +199,8 @@ def tokens_revoke(
 async def _approver_only(ledger: OpenLedger, config: Config, token: str | None) -> None:
     """Tokens are made and revoked by approvers: the local owner while the ledger has no owner or admin token,
     then only the holder of one (else an agent with a shell could make itself an approver)."""
+    from bastion.cli.compose import local_approver
+
     approver = await local_approver(ledger, config, token)
     if not approver.may_decide:
         raise Forbidden(

@@ -1,4 +1,5 @@
-"""`bastion approvals watch`: a live view of pending invocations, decided with key presses.
+"""`bastion approvals watch`: a live view of pending invocations, decided with key presses (the command is
+declared in `bastion.cli.approvals`, which imports this module when it runs).
 
 The view lists the pending calls and shows the selected one in detail: what it is, who asked, the time left,
 its redacted args and its drift diff. `a` asks for an optional note and `d` for an optional reason, then each asks
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
+from pathlib import Path
 from typing import Any, Final, Protocol
 
 import anyio
@@ -28,25 +30,20 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from bastion.cli.app import (
-    ConfigOption,
-    Exit,
-    load,
-    local_approver,
-    open_ledger,
-    run_async,
-    timestamp,
-)
-from bastion.cli.approvals import approvals_app, format_seconds, pending_invocations, pending_table, summaries
+from bastion.cli.app import Exit, timestamp
+from bastion.cli.approvals import format_seconds, pending_table, summaries
+from bastion.cli.compose import load, local_approver, open_ledger, remote_or_local, run_async
 from bastion.cli.pins import diff_text
-from bastion.cli.remote import RemoteApi, TokenOption, UrlOption, remote_api
+from bastion.cli.remote import RemoteApi
 from bastion.config import config_hint
-from bastion.errors import BastionError, ChangesLost, ConfigError
+from bastion.errors import BastionError, ChangesLost
 from bastion.ledger import OpenLedger
 from bastion.models import Invocation, Principal, utcnow
 from bastion.pipeline import authority
-from bastion.pipeline.documents import DEFAULT_LIMIT, approvals_json, expires_in
+from bastion.pipeline.documents import approvals_json, expires_in, pending_invocations
 from bastion.pipeline.grants import Grants
+from bastion.program import bastion_command
+from bastion.terms import DEFAULT_LIMIT
 
 if sys.platform != "win32":
     import termios
@@ -468,23 +465,15 @@ async def _carry_out(feed: Feed, decision: Decision) -> str:
     return f"{decided.status} {decided.id} ({decided.tool}) as {feed.actor}"
 
 
-@approvals_app.command("watch")
-def approvals_watch(config_dir: ConfigOption = None, url: UrlOption = None, token: TokenOption = None) -> None:
-    """A live view of pending calls and the selected one in detail; approve or deny each with confirmation.
-
-    Once the ledger has an owner or admin token, watching it locally needs one (--token or $BASTION_TOKEN).
-    With --url it watches a remote Bastion, redrawing on each event of its stream (/api/events).
-    """
-    try:
-        api = remote_api(url, token)
-    except ConfigError as exc:
-        raise Exit.of(exc) from exc
+def watch_in_terminal(config_dir: Path | None, url: str | None, token: str | None) -> None:
+    """`bastion approvals watch`: the live view on this terminal, of the local ledger or (`url`) a remote Bastion."""
+    api = remote_or_local(url, token)
     if sys.platform == "win32" or not sys.stdin.isatty():
         where = f" --url {shlex.quote(api.base)}" if api is not None else config_hint(load(config_dir, report=False))
         raise Exit(
             "error: approvals watch needs a terminal to read keys from (stdin is not a TTY); run it in a "
-            f"terminal, or decide from scripts with `bastion approvals approve ID{where}` / "
-            f"`bastion approvals deny ID{where}`",
+            f"terminal, or decide from scripts with `{bastion_command()} approvals approve ID{where}` / "
+            f"`{bastion_command()} approvals deny ID{where}`",
             2,
         )
     fd = sys.stdin.fileno()

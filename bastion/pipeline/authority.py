@@ -27,11 +27,10 @@ from bastion.models import PLUGIN_SOURCE_ID, Invocation, InvocationEvent, Pin, P
 from bastion.pipeline.grants import Grants
 from bastion.pipeline.seams import InvocationStore, Ledger
 from bastion.sources.seam import ActionSource, LookupSource
+from bastion.terms import MIN_ID_PREFIX
 
 logger = logging.getLogger(__name__)
 
-MIN_ID_PREFIX: Final = 6
-"""The fewest characters of an invocation id that name it (when no other id starts with them)."""
 _CANDIDATES_SHOWN: Final = 5
 
 

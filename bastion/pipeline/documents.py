@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -17,8 +17,7 @@ from bastion.actions import Found, LookedUpOutcome
 from bastion.models import Grant, Invocation, InvocationEvent, Pin, PinObservation, Quorum, Scope
 from bastion.pipeline.seams import InvocationStore
 from bastion.policies import diff_definitions
-
-DEFAULT_LIMIT: Final = 100
+from bastion.terms import DEFAULT_LIMIT
 
 
 class Approvals(BaseModel):

@@ -31,7 +31,6 @@ from bastion.pipeline.authority import (
     visible_invocation,
 )
 from bastion.pipeline.documents import (
-    DEFAULT_LIMIT,
     CheckReport,
     GrantView,
     InvocationDetail,
@@ -51,6 +50,7 @@ from bastion.pipeline.seams import Ledger
 from bastion.server.events import MAX_EVENT_ID, event_id
 from bastion.server.rest import Call, Operation, Query, describe, endpoint, routing_error
 from bastion.sources.seam import ActionSource
+from bastion.terms import DEFAULT_LIMIT
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ from bastion.errors import BastionError, Forbidden, InvalidArguments, Unauthenti
 from bastion.models import SCOPES, Principal, utcnow
 from bastion.pipeline.authority import decide, visible_invocation
 from bastion.pipeline.documents import (
-    DEFAULT_LIMIT,
     approvals_json,
     decided_json,
     grant_json,
@@ -36,6 +35,7 @@ from bastion.pipeline.documents import (
 from bastion.pipeline.gateway import Gateway
 from bastion.server.auth import principal_of
 from bastion.server.errors import http_response, tool_result
+from bastion.terms import DEFAULT_LIMIT
 
 logger = logging.getLogger(__name__)
 

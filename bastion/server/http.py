@@ -38,6 +38,7 @@ from bastion.errors import BastionError, ConfigError, HostNotAllowed, OriginNotA
 from bastion.ledger import guarantee_of
 from bastion.models import SourceStatus
 from bastion.pipeline.seams import TokenStore
+from bastion.program import bastion_command
 from bastion.server.api import build_api
 from bastion.server.approver import APPROVER_PATH, ApproverEndpoint
 from bastion.server.auth import BearerAuth
@@ -72,8 +73,8 @@ async def require_tokens_beyond_loopback(host: str, tokens: TokenStore, config_o
     if not is_loopback(host) and not await tokens.has_tokens():
         raise ConfigError(
             f"refusing to serve on {host} without tokens: anyone who can reach it could call tools and decide. "
-            f"Create one first with `bastion tokens create NAME --role admin{config_option}` (and agent tokens "
-            "for hosts), or bind to 127.0.0.1."
+            f"Create one first with `{bastion_command()} tokens create NAME --role admin{config_option}` (and agent "
+            "tokens for hosts), or bind to 127.0.0.1."
         )
 
 

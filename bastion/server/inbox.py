@@ -34,7 +34,7 @@ from starlette.routing import BaseRoute, Route
 from bastion.errors import BastionError, CsrfRefused, Forbidden, InvalidArguments, NotFound, Unauthenticated
 from bastion.models import SCOPES, STATUSES, Invocation, Principal, Quorum, Scope, utcnow
 from bastion.pipeline.authority import decide, visible_invocation
-from bastion.pipeline.documents import DEFAULT_LIMIT, pending_invocations
+from bastion.pipeline.documents import pending_invocations
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.grants import SCOPE_LABELS
 from bastion.server import inbox_pages as pages
@@ -43,6 +43,7 @@ from bastion.server.errors import http_response
 from bastion.server.events import event_stream, resume_point
 from bastion.server.inbox_pages import Notice, error_notice
 from bastion.server.limits import StreamSlots
+from bastion.terms import DEFAULT_LIMIT
 
 INBOX: Final = pages.INBOX
 SESSION_COOKIE: Final = "bastion_inbox"

@@ -17,6 +17,7 @@ from bastion.errors import BastionError
 from bastion.models import STATUSES, Grant, Invocation, InvocationEvent, Principal, Quorum, Scope
 from bastion.pipeline.documents import expires_in
 from bastion.pipeline.grants import SCOPE_LABELS
+from bastion.program import bastion_command
 
 INBOX: Final = "/inbox"
 ScopesOf = Callable[[Invocation], Sequence[Scope]]
@@ -101,7 +102,8 @@ def login_body(csrf: str, notice: Notice | None = None) -> str:
         "<label for=token>Owner or admin token</label>"
         "<input id=token name=token type=password autocomplete=off required>"
         "<button class=approve type=submit>Log in</button></form>"
-        f"<p class=empty>Create one with {shell_command('bastion tokens create NAME --role admin')}.</p></div>"
+        f"<p class=empty>Create one with {shell_command(f'{bastion_command()} tokens create NAME --role admin')}.</p>"
+        "</div>"
     )
 
 

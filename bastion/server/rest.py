@@ -19,11 +19,12 @@ from starlette.responses import JSONResponse, Response
 from bastion import __version__
 from bastion.errors import BastionError, InvalidArguments, Unauthenticated
 from bastion.models import Principal
-from bastion.pipeline.authority import MIN_ID_PREFIX, SourceOf
+from bastion.pipeline.authority import SourceOf
 from bastion.pipeline.grants import Grants
 from bastion.pipeline.seams import Ledger
 from bastion.server.auth import API_PREFIX, principal_of
 from bastion.server.errors import error_body, http_response
+from bastion.terms import MIN_ID_PREFIX
 
 logger = logging.getLogger(__name__)
 
