@@ -48,7 +48,9 @@ ORPHANS: Final = """
     ORDER BY invocation_id LIMIT 100
 """
 _DECISIONS: Final = """
-    SELECT invocations.id, invocations.args_hash, invocations.fingerprint, events.detail, events.at, events.state
+    SELECT invocations.id, invocations.args_hash, invocations.fingerprint, events.detail, events.at, events.state,
+           (SELECT held.detail FROM events AS held
+            WHERE held.invocation_id = events.invocation_id AND held.kind = 'pending' ORDER BY held.seq LIMIT 1)
     FROM events JOIN invocations ON invocations.id = events.invocation_id
     WHERE events.kind = 'approved' AND invocations.id > {p}
       AND EXISTS (
@@ -200,6 +202,7 @@ class AuditReads:
                 self._moment(row[4]),
                 row[5] is not None,
                 grants.get(granted(row[3]) or ""),
+                row[6],
             )
             for row in rows
         ]

@@ -129,7 +129,10 @@ def _records(lines: Sequence[_Line]) -> dict[str, StoredRecord]:
 
 def _held(lines: Sequence[_Line], records: Mapping[str, StoredRecord]) -> list[HeldDecision]:
     """The approvals of held calls in the export, by invocation id."""
-    pending = {line.event.invocation_id for line in lines if line.event.kind == "pending"}
+    pending: dict[str, str] = {}
+    for line in lines:
+        if line.event.kind == "pending" and line.event.invocation_id is not None:
+            pending.setdefault(line.event.invocation_id, line.event.detail)
     held = []
     for line in lines:
         event = line.event
@@ -145,6 +148,7 @@ def _held(lines: Sequence[_Line], records: Mapping[str, StoredRecord]) -> list[H
                 event.at,
                 event.state is not None,
                 line.grant if line.grant is not None and line.grant.id == granted(event.detail) else None,
+                pending[event.invocation_id],
             )
         )
     return sorted(held, key=lambda decision: decision.invocation_id)

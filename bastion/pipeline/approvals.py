@@ -39,7 +39,8 @@ from bastion.errors import (
     PendingLimit,
     UnknownOutcome,
 )
-from bastion.models import PLUGIN_SOURCE_ID, Invocation, utcnow
+from bastion.ledger.decisions import PREVIEW
+from bastion.models import PLUGIN_SOURCE_ID, Invocation, Preview, utcnow
 from bastion.pipeline.catalog import CatalogEntry
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.seams import ChangeFeed, InvocationStore
@@ -152,8 +153,10 @@ class HeldCalls:
         limit: int,
         on_pending: PendingFn | None = None,
         defer: bool = False,
+        preview: Preview | None = None,
     ) -> types.CallToolResult:
-        """Record the invocation as pending and block until it is decided, run, expired or refused.
+        """Record the invocation as pending (with its `preview`, if any, in the event's detail) and block until it
+        is decided, run, expired or refused.
 
         Raises PendingLimit (nothing recorded) when its session already has `limit` pending invocations.
         `on_pending` runs beside the wait (and is cancelled when it ends); `defer` returns at once by
@@ -162,9 +165,10 @@ class HeldCalls:
         held = Held(invocation, entry, arguments, Progress(on_progress) if on_progress else None)
         self._held[invocation.id] = held
         try:
-            pending = await self._store.record_pending(
-                invocation, ("planned", "pending"), {"expires_at": str(invocation.expires_at)}, limit=limit
-            )
+            detail: dict[str, Any] = {"expires_at": str(invocation.expires_at)}
+            if preview is not None:
+                detail[PREVIEW] = preview.model_dump(mode="json")
+            pending = await self._store.record_pending(invocation, ("planned", "pending"), detail, limit=limit)
         except BaseException:
             self._held.pop(invocation.id, None)
             raise

@@ -43,6 +43,7 @@ from bastion.pipeline.modes import Modes
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.outcomes import Outcomes
 from bastion.pipeline.pinning import Pins
+from bastion.pipeline.previews import preview_call
 from bastion.pipeline.seams import Deliver, Ledger, RateLimits
 from bastion.pipeline.traces import CallTraces
 from bastion.policies import covers_held_steps
@@ -329,6 +330,14 @@ class CallPath:
             update={"status": "pending", "expires_at": now + timedelta(seconds=approvals.expiry_seconds)}
         )
         logger.info("invocation %s (%s) waits for approval", held.id, entry.key)
+        # What the approver sees beside the arguments; bounded, so it can only delay the hold, never prevent it.
+        preview = await preview_call(
+            entry.action.spec,
+            held,
+            arguments,
+            timeout=approvals.preview_timeout_seconds,
+            max_bytes=min(approvals.preview_max_bytes, self.config.settings.ledger.max_result_bytes // 2),
+        )
         holding = self.held.hold(
             held,
             entry,
@@ -337,6 +346,7 @@ class CallPath:
             limit=approvals.max_pending_per_session,
             on_pending=on_pending,
             defer=defer,
+            preview=preview,
         )
         try:
             return await self._wait_unless_stopping(held.id, holding)
