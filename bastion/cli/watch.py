@@ -1,10 +1,10 @@
 """`bastion approvals watch`: a live view of pending invocations, decided with key presses.
 
 The view lists the pending calls and shows the selected one in detail: what it is, who asked, the time left,
-its redacted args and its drift diff. `a` asks for an optional note and `d` for an optional reason, then each asks
-for confirmation before anything is decided. Locally the view redraws whenever the ledger changes (in any
-process); with `--url` whenever the remote Bastion's event stream (`/api/events`) announces something; and once a
-second anyway, so the countdowns move.
+its redacted args, its drift diff and the preview of what it would do. `a` asks for an optional note and `d` for an
+optional reason, then each asks for confirmation before anything is decided. Locally the view redraws whenever the
+ledger changes (in any process); with `--url` whenever the remote Bastion's event stream (`/api/events`) announces
+something; and once a second anyway, so the countdowns move.
 Keys are read in cbreak mode; the terminal's mode is restored on every exit.
 """
 
@@ -43,9 +43,9 @@ from bastion.cli.remote import RemoteApi, TokenOption, UrlOption, remote_api
 from bastion.config import config_hint
 from bastion.errors import BastionError, ChangesLost, ConfigError
 from bastion.ledger import OpenLedger
-from bastion.models import Invocation, Principal, utcnow
+from bastion.models import Invocation, Preview, Principal, utcnow
 from bastion.pipeline import authority
-from bastion.pipeline.documents import DEFAULT_LIMIT, expires_in
+from bastion.pipeline.documents import DEFAULT_LIMIT, expires_in, previews_of
 
 if sys.platform != "win32":
     import termios
@@ -190,11 +190,15 @@ class WatchView:
     selected: str | None = None
     status: str = ""
     prompt: Prompt | None = None
+    previews: dict[str, Preview] = field(default_factory=dict)
+    """The preview each pending call was held with, by id."""
     _index: int = field(default=0, init=False, repr=False)
 
-    def update(self, pending: list[Invocation]) -> None:
-        """Take a fresh list; the selection follows its invocation, or stays at its row when it left."""
+    def update(self, pending: list[Invocation], previews: dict[str, Preview] | None = None) -> None:
+        """Take a fresh list (and its previews); the selection follows its invocation, or stays at its row when it
+        left."""
         self.pending = pending
+        self.previews = previews or {}
         ids = [i.id for i in pending]
         if self.selected in ids:
             self._index = ids.index(self.selected)
@@ -269,13 +273,15 @@ class WatchView:
             table.caption = f"{first + 1}-{first + len(shown)} of {len(self.pending)}"
         selected = self.pending[self._index]
         room = max(4, height - len(shown) - 13)
-        pane = detail_pane(selected, now, room, self.hint)
+        pane = detail_pane(selected, now, room, self.hint, self.previews.get(selected.id))
         return Group(*top, table, pane, Text(help_text, style="dim"))
 
 
-def detail_pane(invocation: Invocation, now: datetime, room: int, where: str = "") -> Table:
-    """The selected invocation in detail, its args and drift diff cut to about `room` lines; `where` is what
-    the hint to see the rest appends to reach the same ledger (` --config DIR`, or ` --url URL`)."""
+def detail_pane(
+    invocation: Invocation, now: datetime, room: int, where: str = "", preview: Preview | None = None
+) -> Table:
+    """The selected invocation in detail, its args, drift diff and preview cut to about `room` lines; `where` is
+    what the hint to see the rest appends to reach the same ledger (` --config DIR`, or ` --url URL`)."""
     grid = Table(show_header=False, box=None, pad_edge=False)
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
@@ -288,10 +294,21 @@ def detail_pane(invocation: Invocation, now: datetime, room: int, where: str = "
     more = f"bastion approvals show {invocation.id}{where}"
     args = json.dumps(invocation.args, indent=2, ensure_ascii=False).splitlines()
     drift = invocation.drift or []
-    args_room = max(2, room // 2) if drift else room
+    shown = preview.text.splitlines() if preview is not None else []
+    args_room = max(2, room // (1 + bool(drift) + bool(preview)))
     grid.add_row("args", Text("\n".join(_cut(args, args_room, more))))
     if drift:
-        grid.add_row("drift", diff_text(_cut(drift, max(2, room - args_room), more)))
+        grid.add_row("drift", diff_text(_cut(drift, max(2, args_room), more)))
+    if preview is not None:
+        grid.add_row("preview", Text(preview.summary, style="bold"))
+        if shown:
+            left = max(2, room - args_room * (1 + bool(drift)) - 1)
+            grid.add_row(
+                "",
+                diff_text(_cut(shown, left, more))
+                if preview.kind == "diff"
+                else Text("\n".join(_cut(shown, left, more))),
+            )
     return grid
 
 
@@ -329,6 +346,10 @@ class Feed(Protocol):
 
     async def pending(self) -> list[Invocation]: ...
 
+    async def previews(self, pending: list[Invocation]) -> dict[str, Preview]:
+        """The preview each of `pending` was held with, by id."""
+        ...
+
     async def decide(self, invocation_id: str, *, approve: bool, note: str | None) -> Invocation: ...
 
     async def follow(self, wake: Wakeup) -> None:
@@ -361,6 +382,9 @@ class LedgerFeed:
     async def pending(self) -> list[Invocation]:
         return await pending_invocations(self.ledger.invocations, utcnow())
 
+    async def previews(self, pending: list[Invocation]) -> dict[str, Preview]:
+        return await previews_of(self.ledger.invocations, pending)
+
     async def decide(self, invocation_id: str, *, approve: bool, note: str | None) -> Invocation:
         if self._approver is not None:
             self.principal = await self._approver()  # raises when this watch may no longer decide
@@ -391,9 +415,18 @@ class ApiFeed:
         self.where = api.base
         self.hint = f" --url {shlex.quote(api.base)}"
         self.actor = "your token"
+        self._previews: dict[str, Preview] = {}
 
     async def pending(self) -> list[Invocation]:
-        return [Invocation.model_validate(row) for row in await self.api.pending(DEFAULT_LIMIT)]
+        rows = await self.api.pending(DEFAULT_LIMIT)
+        self._previews = {
+            str(row["id"]): Preview.model_validate(row["preview"]) for row in rows if row.get("preview") is not None
+        }
+        return [Invocation.model_validate(row) for row in rows]
+
+    async def previews(self, pending: list[Invocation]) -> dict[str, Preview]:
+        """The previews the last `pending` answer carried."""
+        return self._previews
 
     async def decide(self, invocation_id: str, *, approve: bool, note: str | None) -> Invocation:
         return Invocation.model_validate(await self.api.decide(invocation_id, approve=approve, note=note))
@@ -430,7 +463,8 @@ async def watch_approvals(feed: Feed, fd: int, console: Console) -> None:
             tg.start_soon(keys_then_quit)
             while True:
                 try:
-                    view.update(await feed.pending())
+                    pending = await feed.pending()
+                    view.update(pending, await feed.previews(pending))
                 except BastionError as exc:
                     view.status = f"{exc.error_class}: {exc.message} (retrying)"
                 now = utcnow()

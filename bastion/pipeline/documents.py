@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from bastion.actions import Found, LookedUpOutcome
-from bastion.models import Grant, Invocation, InvocationEvent, Pin, PinObservation, Scope
+from bastion.ledger.decisions import PREVIEW
+from bastion.models import Grant, Invocation, InvocationEvent, Pin, PinObservation, Preview, Scope
 from bastion.pipeline.seams import InvocationStore
 from bastion.policies import diff_definitions
 
@@ -28,6 +29,9 @@ class PendingInvocation(Invocation):
     expires_in_seconds: int | None
     drifted: bool
     scopes: list[Scope]
+    preview: Preview | None = None
+    """What the call would do, as its source worked it out when it was held (redacted); None: its action offers
+    no preview."""
 
 
 class GrantView(Grant):
@@ -42,6 +46,8 @@ class InvocationDetail(Invocation):
 
     events: list[InvocationEvent]
     scopes: list[Scope] = Field(default_factory=list)
+    preview: Preview | None = None
+    """The preview an approver was shown when the call was held (None: none was made)."""
 
 
 class PinView(BaseModel):
@@ -115,14 +121,17 @@ def expires_in(invocation: Invocation, now: datetime) -> int | None:
     return int((invocation.expires_at - now).total_seconds())
 
 
-def pending_json(invocation: Invocation, now: datetime, scopes: Sequence[Scope]) -> dict[str, Any]:
-    """An invocation as scripts see it, plus `expires_in_seconds`, `drifted` and the `scopes` it may be approved
-    with (see bastion.pipeline.grants)."""
+def pending_json(
+    invocation: Invocation, now: datetime, scopes: Sequence[Scope], preview: Preview | None = None
+) -> dict[str, Any]:
+    """An invocation as scripts see it, plus `expires_in_seconds`, `drifted`, the `scopes` it may be approved
+    with (see bastion.pipeline.grants) and its `preview`."""
     view = PendingInvocation(
         **dict(invocation),
         expires_in_seconds=expires_in(invocation, now),
         drifted=invocation.drift is not None,
         scopes=list(scopes),
+        preview=preview,
     )
     return view.model_dump(mode="json")
 
@@ -135,9 +144,32 @@ def grant_json(grant: Grant, now: datetime) -> dict[str, Any]:
 def invocation_detail_json(
     invocation: Invocation, events: list[InvocationEvent], scopes: Sequence[Scope] = ()
 ) -> dict[str, Any]:
-    """An invocation with its `events`, as `bastion invocations show --json` prints it, and the `scopes` it may be
-    approved with (none unless pending)."""
-    return InvocationDetail(**dict(invocation), events=events, scopes=list(scopes)).model_dump(mode="json")
+    """An invocation with its `events`, as `bastion invocations show --json` prints it, the `scopes` it may be
+    approved with (none unless pending) and the `preview` it was held with."""
+    detail = InvocationDetail(**dict(invocation), events=events, scopes=list(scopes), preview=stored_preview(events))
+    return detail.model_dump(mode="json")
+
+
+def stored_preview(events: Sequence[InvocationEvent]) -> Preview | None:
+    """The preview a call was held with: the `preview` of its `pending` event's detail (None when it has none, or one
+    that is not a preview, e.g. cut short by the ledger's size limit)."""
+    for event in events:
+        if event.kind == "pending" and event.detail.get(PREVIEW) is not None:
+            try:
+                return Preview.model_validate(event.detail[PREVIEW])
+            except ValidationError:
+                return None
+    return None
+
+
+async def previews_of(store: InvocationStore, invocations: Sequence[Invocation]) -> dict[str, Preview]:
+    """The preview each of `invocations` was held with, by id (those held without one are left out)."""
+    found = {}
+    for invocation in invocations:
+        preview = stored_preview(await store.events(invocation.id))
+        if preview is not None:
+            found[invocation.id] = preview
+    return found
 
 
 def drift_diff(pin: Pin) -> list[str] | None:

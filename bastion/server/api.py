@@ -44,6 +44,7 @@ from bastion.pipeline.documents import (
     pending_invocations,
     pending_json,
     pin_json,
+    previews_of,
 )
 from bastion.pipeline.grants import Grants
 from bastion.pipeline.seams import Ledger
@@ -231,7 +232,8 @@ async def list_approvals(call: Call) -> dict[str, Any]:
     now = utcnow()
     own = _only_own(call.principal)
     pending = await pending_invocations(call.ledger.invocations, now, limit=call.query["limit"], principal=own)
-    return {"approvals": [pending_json(i, now, call.grants.offered(i)) for i in pending]}
+    previews = await previews_of(call.ledger.invocations, pending)
+    return {"approvals": [pending_json(i, now, call.grants.offered(i), previews.get(i.id)) for i in pending]}
 
 
 async def approve(call: Call) -> dict[str, Any]:

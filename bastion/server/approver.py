@@ -31,6 +31,7 @@ from bastion.pipeline.documents import (
     invocation_detail_json,
     pending_invocations,
     pending_json,
+    previews_of,
 )
 from bastion.pipeline.gateway import Gateway
 from bastion.server.auth import principal_of
@@ -54,7 +55,12 @@ def _tool(name: str, description: str, properties: dict[str, Any], required: lis
 
 TOOLS: Final = [
     _tool(
-        "list_pending", "The calls waiting for an approver, newest first, with redacted args and drift.", {}, [], True
+        "list_pending",
+        "The calls waiting for an approver, newest first, with redacted args, drift and the preview of what each "
+        "would do (a file's diff, the request it sends, a composite's steps, a plugin's dry run).",
+        {},
+        [],
+        True,
     ),
     _tool(
         "show_invocation", "One invocation with its event timeline.", {"invocation_id": _ID}, ["invocation_id"], True
@@ -164,7 +170,8 @@ class ApproverEndpoint:
         now = utcnow()
         if name == "list_pending":
             pending = await pending_invocations(ledger.invocations, now, limit=DEFAULT_LIMIT)
-            return {"approvals": [pending_json(i, now, grants.offered(i)) for i in pending]}
+            previews = await previews_of(ledger.invocations, pending)
+            return {"approvals": [pending_json(i, now, grants.offered(i), previews.get(i.id)) for i in pending]}
         if name == "list_grants":
             return {"grants": [grant_json(grant, now) for grant in await grants.store.grants(standing_at=now)]}
         if name == "revoke_grant":

@@ -34,7 +34,7 @@ from starlette.routing import BaseRoute, Route
 from bastion.errors import BastionError, CsrfRefused, Forbidden, InvalidArguments, NotFound, Unauthenticated
 from bastion.models import SCOPES, STATUSES, Invocation, Principal, Scope, utcnow
 from bastion.pipeline.authority import decide, visible_invocation
-from bastion.pipeline.documents import DEFAULT_LIMIT, pending_invocations
+from bastion.pipeline.documents import DEFAULT_LIMIT, pending_invocations, previews_of
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.grants import SCOPE_LABELS
 from bastion.server import inbox_pages as pages
@@ -223,8 +223,15 @@ class Inbox:
         # pending while the page loads or its stream connects is announced to it (at worst shown and announced).
         cursor = self.gateway.ledger.changes.cursor
         found = await pending_invocations(self.gateway.ledger.invocations, now, limit=DEFAULT_LIMIT)
+        previews = await previews_of(self.gateway.ledger.invocations, found)
         body = pages.pending_body(
-            found, now, session.csrf, session.told(), cursor=cursor, scopes_of=self.gateway.grants.offered
+            found,
+            now,
+            session.csrf,
+            session.told(),
+            cursor=cursor,
+            scopes_of=self.gateway.grants.offered,
+            previews=previews,
         )
         return _html(pages.page("Pending", body, principal=principal, csrf=session.csrf))
 
@@ -235,7 +242,8 @@ class Inbox:
         now = utcnow()
         if found is None or found.status != "pending" or (found.expires_at is not None and found.expires_at <= now):
             return _refused(request, NotFound(f"no pending call {invocation_id!r}", invocation_id=invocation_id))
-        card = pages.pending_card(found, now, session.csrf, self.gateway.grants.offered(found))
+        previews = await previews_of(self.gateway.ledger.invocations, [found])
+        card = pages.pending_card(found, now, session.csrf, self.gateway.grants.offered(found), previews.get(found.id))
         return _html(card)
 
     async def grants(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:
