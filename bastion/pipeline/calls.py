@@ -252,6 +252,15 @@ class CallPath:
             await self.admit(entry, invocation, arguments, context, runs=True, detail=detail)
             return invocation.id, await self.run_modelled(entry, invocation, arguments, None)
 
+    async def step_mode(self, parent: Invocation, entry: CatalogEntry, arguments: dict[str, Any]) -> ModeDecision:
+        """The mode a step of the composite invocation `parent` would get, as `call_step` resolves it (drift
+        included), for the composite's preview: nothing is recorded."""
+        drift = await self.pins.current_drift(entry.source_id, entry.action_id)
+        context = self._callers.get(parent.id) or CallContext(
+            session_id=parent.session_id, profile=parent.profile, principal=parent.principal
+        )
+        return self.modes.of(entry, context, drifted=drift is not None, arguments=arguments)
+
     async def admit(
         self,
         entry: CatalogEntry,
