@@ -7,8 +7,8 @@ kind of source plugs in without touching the pipeline.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import mcp_types as types
@@ -16,7 +16,7 @@ from mcp_types import methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from bastion.models import Risk, Tier
+from bastion.models import Invocation, Preview, Risk, Tier
 
 NewActionPolicy = Literal["trust", "approve"]
 """What a source's action seen for the first time gets: pinned on first use, or held as drifted until accepted."""
@@ -30,6 +30,10 @@ Reconciliation = Literal["manual", "lookup"]
 (`lookup`: it can find the call by its idempotency key or correlation marker)."""
 
 LookedUpOutcome = Literal["completed", "failed"]
+
+PreviewFn = Callable[[Invocation, dict[str, Any]], Awaitable[Preview]]
+"""Works out what a held call (its invocation, not yet recorded, and its raw arguments) would do, without doing it:
+reads only. Raises a BastionError when it cannot (the approver is then shown `no preview: <why>`)."""
 
 
 class Unshapeable(ValueError):
@@ -188,6 +192,11 @@ class ActionSpec:
     admit: Callable[[Mapping[str, Any]], str | None] | None = None
     """A check of a call's arguments made before anything is recorded or held (a plugin's argument scope): why the
     call is refused (it is recorded `denied`, `policy_denied`), or None to go on."""
+
+    preview: PreviewFn | None = field(default=None, compare=False)
+    """How a call held for an approver is previewed (a file's diff, the request a provider would send, a composite's
+    steps, a plugin's dry run); None: the action offers no preview. Made when the call is held, within
+    `[approvals] preview_timeout_seconds`."""
 
     @property
     def action_id(self) -> str:

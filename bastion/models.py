@@ -223,6 +223,27 @@ class Quorum:
         return f"{len(self.by)} of {self.required} approvals{by}"
 
 
+PreviewKind = Literal["diff", "request", "steps", "plan", "none"]
+"""What a preview shows: a file's `diff`, the HTTP `request` a provider would send, a composite's `steps`, a plugin's
+`plan` (its dry-run step), or `none` (the action offers previews, but this one could not be made)."""
+
+
+class Preview(BaseModel):
+    """What a held call would do, worked out without doing it, shown to approvers beside its arguments and recorded
+    (redacted) in the detail of its `pending` event; an approval's signature covers its digest."""
+
+    kind: PreviewKind
+    summary: str
+    """One line: what the preview is of (`write /srv/a.txt: 2 lines added, 1 removed`), or `no preview: <why>`."""
+    text: str = ""
+    """The preview itself, lines of text (a unified diff for `diff`), cut to the configured size with a note."""
+
+    @classmethod
+    def unavailable(cls, why: str) -> Preview:
+        """The preview of a call whose action offers previews, when this one could not be made."""
+        return cls(kind="none", summary=f"no preview: {why}")
+
+
 @dataclass(frozen=True, slots=True)
 class Change:
     """One event of the ledger as the change feed announces it: which invocation changed, and how."""

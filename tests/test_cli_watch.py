@@ -350,3 +350,27 @@ async def test_a_local_watch_asks_again_who_decides_before_each_decision(tmp_pat
             await feed.decide("inv-0002", approve=True, note=None)
         still = await ledger.invocations.get("inv-0002")
         assert still is not None and still.status == "pending"
+
+
+@pytest.mark.anyio
+async def test_watch_shows_the_preview_the_selected_call_was_held_with(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home", TERM="xterm-256color", BASTION_PRINCIPAL="alice@example.com")
+    config = make_config(tmp_path)
+    held = make_invocation(1)
+    preview = {
+        "kind": "diff",
+        "summary": "write_note todo: 1 line(s) added, 1 removed",
+        "text": "--- todo\n+++ todo\n@@ -1 +1 @@\n-buy milk\n+buy oat milk\n",
+    }
+    async with open_ledger(config) as ledger:
+        await ledger.invocations.record(held, ["planned", "pending"], {"preview": preview})
+
+    async with watching(["--config", str(config)], env) as (terminal, process):
+        with anyio.fail_after(WAIT):
+            await terminal.wait_for(held.id)
+            await terminal.wait_for("write_note todo: 1 line(s) added, 1 removed")
+            await terminal.wait_for("-buy milk")
+            await terminal.wait_for("+buy oat milk")
+            terminal.press(b"q")
+            status = await process.wait()
+        assert status == 0, terminal.screen

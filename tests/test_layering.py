@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.observer": 5,  # the hook observers of invocations register on
     "bastion.pipeline.traces": 5,  # the span of each call, kept while its invocation lives
     "bastion.pipeline.approvals": 6,
+    "bastion.pipeline.previews": 6,  # a held call's preview, bounded in time and size
     "bastion.pipeline.grants": 6,  # approvals' standing grants, kept in the ledger
     "bastion.pipeline.authority": 7,
     "bastion.pipeline.documents": 6,  # the JSON shapes the CLI prints and the API answers
@@ -99,6 +100,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.observer": set(),
     "bastion.pipeline.traces": set(),
     "bastion.pipeline.approvals": {"mcp_types", "anyio"},
+    "bastion.pipeline.previews": {"anyio"},
     "bastion.pipeline.authority": set(),
     "bastion.pipeline.grants": set(),
     "bastion.pipeline.documents": {"pydantic"},

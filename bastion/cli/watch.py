@@ -2,10 +2,10 @@
 declared in `bastion.cli.approvals`, which imports this module when it runs).
 
 The view lists the pending calls and shows the selected one in detail: what it is, who asked, the time left,
-its redacted args and its drift diff. `a` asks for an optional note and `d` for an optional reason, then each asks
-for confirmation before anything is decided. Locally the view redraws whenever the ledger changes (in any
-process); with `--url` whenever the remote Bastion's event stream (`/api/events`) announces something; and once a
-second anyway, so the countdowns move.
+its redacted args, its drift diff and the preview of what it would do. `a` asks for an optional note and `d` for an
+optional reason, then each asks for confirmation before anything is decided. Locally the view redraws whenever the
+ledger changes (in any process); with `--url` whenever the remote Bastion's event stream (`/api/events`) announces
+something; and once a second anyway, so the countdowns move.
 Keys are read in cbreak mode; the terminal's mode is restored on every exit.
 """
 
@@ -38,7 +38,7 @@ from bastion.cli.remote import RemoteApi
 from bastion.config import config_hint
 from bastion.errors import BastionError, ChangesLost
 from bastion.ledger import OpenLedger
-from bastion.models import Invocation, Principal, utcnow
+from bastion.models import Invocation, Preview, Principal, utcnow
 from bastion.pipeline import authority
 from bastion.pipeline.documents import approvals_json, expires_in, pending_invocations
 from bastion.pipeline.grants import Grants
@@ -190,13 +190,21 @@ class WatchView:
     selected: str | None = None
     status: str = ""
     prompt: Prompt | None = None
+    previews: dict[str, Preview] = field(default_factory=dict)
+    """The preview each pending call was held with, by id."""
     _index: int = field(default=0, init=False, repr=False)
 
-    def update(self, pending: list[Invocation], approvals: Mapping[str, str] | None = None) -> None:
-        """Take a fresh list (and, by id, the approvals so far of the calls that need several); the selection follows
-        its invocation, or stays at its row when it left."""
+    def update(
+        self,
+        pending: list[Invocation],
+        approvals: Mapping[str, str] | None = None,
+        previews: Mapping[str, Preview] | None = None,
+    ) -> None:
+        """Take a fresh list (and, by id, the approvals so far of the calls that need several, and the previews the
+        calls were held with); the selection follows its invocation, or stays at its row when it left."""
         self.pending = pending
         self.approvals = dict(approvals or {})
+        self.previews = dict(previews or {})
         ids = [i.id for i in pending]
         if self.selected in ids:
             self._index = ids.index(self.selected)
@@ -273,13 +281,15 @@ class WatchView:
             table.caption = f"{first + 1}-{first + len(shown)} of {len(self.pending)}"
         selected = self.pending[self._index]
         room = max(4, height - len(shown) - 13)
-        pane = detail_pane(selected, now, room, self.hint)
+        pane = detail_pane(selected, now, room, self.hint, self.previews.get(selected.id))
         return Group(*top, table, pane, Text(help_text, style="dim"))
 
 
-def detail_pane(invocation: Invocation, now: datetime, room: int, where: str = "") -> Table:
-    """The selected invocation in detail, its args and drift diff cut to about `room` lines; `where` is what
-    the hint to see the rest appends to reach the same ledger (` --config DIR`, or ` --url URL`)."""
+def detail_pane(
+    invocation: Invocation, now: datetime, room: int, where: str = "", preview: Preview | None = None
+) -> Table:
+    """The selected invocation in detail, its args, drift diff and preview cut to about `room` lines; `where` is
+    what the hint to see the rest appends to reach the same ledger (` --config DIR`, or ` --url URL`)."""
     grid = Table(show_header=False, box=None, pad_edge=False)
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
@@ -292,10 +302,21 @@ def detail_pane(invocation: Invocation, now: datetime, room: int, where: str = "
     more = f"bastion approvals show {invocation.id}{where}"
     args = json.dumps(invocation.args, indent=2, ensure_ascii=False).splitlines()
     drift = invocation.drift or []
-    args_room = max(2, room // 2) if drift else room
+    shown = preview.text.splitlines() if preview is not None else []
+    args_room = max(2, room // (1 + bool(drift) + bool(preview)))
     grid.add_row("args", Text("\n".join(_cut(args, args_room, more))))
     if drift:
-        grid.add_row("drift", diff_text(_cut(drift, max(2, room - args_room), more)))
+        grid.add_row("drift", diff_text(_cut(drift, max(2, args_room), more)))
+    if preview is not None:
+        grid.add_row("preview", Text(preview.summary, style="bold"))
+        if shown:
+            left = max(2, room - args_room * (1 + bool(drift)) - 1)
+            grid.add_row(
+                "",
+                diff_text(_cut(shown, left, more))
+                if preview.kind == "diff"
+                else Text("\n".join(_cut(shown, left, more))),
+            )
     return grid
 
 
@@ -449,9 +470,10 @@ async def watch_approvals(feed: Feed, fd: int, console: Console) -> None:
                     await wake.wait()
 
 
-def _rows(rows: list[dict[str, Any]]) -> tuple[list[Invocation], dict[str, str]]:
-    """The pending invocations of `rows`, and the approvals so far of those that need several."""
-    return [Invocation.model_validate(row) for row in rows], summaries(rows)
+def _rows(rows: list[dict[str, Any]]) -> tuple[list[Invocation], dict[str, str], dict[str, Preview]]:
+    """The pending invocations of `rows`, the approvals so far of those that need several, and their previews."""
+    previews = {str(row["id"]): Preview.model_validate(row["preview"]) for row in rows if row.get("preview")}
+    return [Invocation.model_validate(row) for row in rows], summaries(rows), previews
 
 
 async def _carry_out(feed: Feed, decision: Decision) -> str:

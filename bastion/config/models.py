@@ -135,6 +135,11 @@ class ApprovalSettings(_Strict):
     """What `tools/list` shows of a drifted tool until `pins accept` (a connector file may override it)."""
     always_grant_days: float = Field(default=90, gt=0)
     """How long an approval "always" lets later calls of its action through (bastion.pipeline.grants)."""
+    preview_timeout_seconds: float = Field(default=5, gt=0)
+    """How long a held call's preview may take (a file read, a dry run): past it the approver is shown `no preview`,
+    and the call is held all the same."""
+    preview_max_bytes: int = Field(default=8192, ge=256)
+    """How much of a preview is kept (UTF-8 bytes of its text); a longer one is cut at a line, with a note."""
 
 
 class LimitSettings(_Strict):
@@ -290,6 +295,28 @@ class _KeepsTiers(_Strict):
         return self._tiers.get(field_name)
 
 
+class ToolPreview(_Strict):
+    """`[tools.<upstream name>.preview]` in a connector file: how a held call of the tool is previewed, without
+    acting, through the same downstream. Either `dry_run` (the tool itself answers what it would do when this
+    argument is true), or `read` (a tool of the downstream that reads the file the call writes: the preview is the
+    diff from what it reads to the call's `content`)."""
+
+    dry_run: str | None = None
+    """The tool's own argument that makes it change nothing and answer what it would do (`dryRun`)."""
+    read: str | None = None
+    """The downstream's tool that reads the current file (`read_text_file`), called with `{<path>: <the path>}`."""
+    path: str = "path"
+    """The argument of the call (and of `read`) naming the file."""
+    content: str = "content"
+    """The argument of the call holding the file's new content."""
+
+    @model_validator(mode="after")
+    def _one_way(self) -> ToolPreview:
+        if (self.dry_run is None) == (self.read is None):
+            raise ValueError("set exactly one of dry_run (the tool's own dry-run argument) or read (a read tool)")
+        return self
+
+
 class ToolOverride(_KeepsTiers):
     """`[tools.<upstream name>]` in a connector file."""
 
@@ -300,6 +327,9 @@ class ToolOverride(_KeepsTiers):
     """Keep the tool out of the catalog: hosts do not see it, and a call of it is `not_found`."""
     pin: ToolPin | None = None
     """Trust exactly this definition (`[tools.<name>.pin]`), instead of the one first seen."""
+    preview: ToolPreview | Literal[False] | None = None
+    """How a held call is previewed; None: the built-in way, if any (the official filesystem server's `write_file`
+    and `edit_file`); false: no preview."""
 
 
 class ConnectorConfig(_KeepsTiers):

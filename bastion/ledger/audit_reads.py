@@ -221,6 +221,7 @@ class AuditReads:
                 grants.get(granted(row[3]) or ""),
                 required_approvers(row[6]),
                 tuple(earlier.get(row[0], ())),
+                row[6],
             )
             for row in rows
         ]

@@ -3,21 +3,24 @@ key (bastion.ledger.anchors) in the event that records it, so someone who can wr
 look approved, nor widen a grant, without the key.
 
 A decision's signature covers, as one JSON array: the invocation, the decision, who decided, the keyed hash of the
-call's arguments, the fingerprint of the action's pinned definition, the scope, the time, and the grant it leaves
-(its id, action, scope, session, principal, condition and expiry), and, for a call that needs more than one approver,
-how many it needs. Each approval of such a call is an event of its own (`approval_recorded`, then `approved` for the
-last one), signed the same way. `verify_decisions` checks that every approval of a held call carries a valid signature
-by a trusted key over the row it approved and the grant row it made, that a call its `pending` event says needs
-several approvers carries that many signed approvals by distinct approvers, and that every call a grant let through
-is one the grant covers: its action, its session or caller, inside its lifetime.
+call's arguments, the fingerprint of the action's pinned definition, the scope, the time, the grant it leaves
+(its id, action, scope, session, principal, condition and expiry), for a call that needs more than one approver how
+many it needs, and the digest of the preview the approver was shown (the `preview` of the call's `pending` event,
+when it has one: so verify tells which preview an approval was made on, and a preview changed after it breaks it).
+Each approval of a call that needs several approvers is an event of its own (`approval_recorded`, then `approved` for
+the last one), signed the same way. `verify_decisions` checks that every approval of a held call carries a valid
+signature by a trusted key over the row it approved and the grant row it made, that a call its `pending` event says
+needs several approvers carries that many signed approvals by distinct approvers, and that every call a grant let
+through is one the grant covers: its action, its session or caller, inside its lifetime.
 Decisions recorded before decisions were signed (their event from before records were chained) are counted, not
 checked.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final, Literal, NamedTuple
 
@@ -33,6 +36,25 @@ SIGNED: Final = "signed"
 GRANT_SOURCE: Final = "grant:"
 """The mode source of a call a grant let through: `grant:<id>`."""
 
+PREVIEW: Final = "preview"
+"""The key of a `pending` event's detail that holds the call's preview (bastion.models.Preview, as stored), and of a
+decision event's detail that holds that preview's digest."""
+
+
+def preview_digest(pending_detail: Mapping[str, Any] | str | None) -> str | None:
+    """The digest of the preview a `pending` event's detail (a mapping, or JSON text as stored) carries: SHA-256 of
+    its canonical JSON (sorted keys, no whitespace), so a backend's way of storing it does not matter; None when the
+    call was held without one."""
+    if isinstance(pending_detail, str):
+        try:
+            pending_detail = json.loads(pending_detail)
+        except ValueError:
+            return None
+    if not isinstance(pending_detail, Mapping) or pending_detail.get(PREVIEW) is None:
+        return None
+    canonical = json.dumps(pending_detail[PREVIEW], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
 
 def decision_text(
     invocation_id: str,
@@ -44,9 +66,12 @@ def decision_text(
     at: datetime,
     grant: Grant | None,
     approvers: int = 1,
+    preview: str | None = None,
 ) -> bytes:
     """The exact bytes a decision's signature covers. `approvers`: how many the call needs; covered when more than
-    one, so lowering the requirement its `pending` event records breaks the signatures of its approvals."""
+    one, so lowering the requirement its `pending` event records breaks the signatures of its approvals. `preview`:
+    the digest of the preview shown, if any (a decision on a call held without one signs the same bytes as before
+    previews existed)."""
     fields: list[Any] = ["bastion decision v1", invocation_id, decision, by, args_hash, fingerprint, scope]
     fields.append(stored_time(at))
     if grant is not None:
@@ -54,6 +79,8 @@ def decision_text(
         fields += [grant.id, grant.policy_key, grant.scope, grant.session_id, grant.principal, grant.rule, expires]
     if approvers > 1:
         fields += [APPROVERS, approvers]
+    if preview is not None:
+        fields += [PREVIEW, preview]
     return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -98,6 +125,8 @@ class HeldDecision(NamedTuple):
     """How many distinct approvers its `pending` event says the call needs."""
     earlier: tuple[EarlierApproval, ...] = ()
     """The approvals recorded before this one (a call needing several), oldest first."""
+    held_detail: str | None = None
+    """The detail of the call's `pending` event as stored (JSON text): the preview the approver was shown."""
 
 
 class GrantUse(NamedTuple):
@@ -205,14 +234,15 @@ def _approval_fault(held: HeldDecision, kind: str, stored: str, at: datetime, tr
         at,
         held.grant if grant_id is not None else None,
         held.required,
+        preview_digest(held.held_detail),
     )
     signature = detail[SIGNED]
     fault = verify_signature(text, signature.get("key"), signature.get("signature"), trusted)
     if fault is None:
         return None
     return (
-        f"does not hold: {fault} (its call's arguments, pinned definition, grant or number of approvers needed were "
-        "changed, or it was forged)"
+        f"does not hold: {fault} (its call's arguments, pinned definition, preview, grant or number of approvers "
+        "needed were changed, or it was forged)"
     )
 
 

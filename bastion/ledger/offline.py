@@ -161,6 +161,7 @@ def _held(lines: Sequence[_Line], records: Mapping[str, StoredRecord]) -> list[H
                 line.grant if line.grant is not None and line.grant.id == granted(event.detail) else None,
                 required_approvers(pending[event.invocation_id]),
                 tuple(earlier.get(event.invocation_id, ())),
+                pending[event.invocation_id],
             )
         )
     return sorted(held, key=lambda decision: decision.invocation_id)

@@ -22,7 +22,7 @@ from bastion.errors import InvalidArguments
 from bastion.ledger import keys
 from bastion.ledger.anchors import load_or_create_signing_key
 from bastion.ledger.backend import EMPTY_DETAIL, GoneFn, InvocationBackend, Scrubbed
-from bastion.ledger.decisions import SIGNED, decision_text, sign_decision
+from bastion.ledger.decisions import PREVIEW, SIGNED, decision_text, preview_digest, sign_decision
 from bastion.ledger.redaction import Redactor
 from bastion.models import Admission, EventKind, Grant, Invocation, InvocationEvent, RecoveryReport, Status
 
@@ -216,8 +216,8 @@ class Recorder:
         approvers: int,
     ) -> Scrubbed:
         """The decision's detail as stored, with (given a signing key) its signature over what it decides: who, as
-        stored (scrubbed), and the call's arguments hash and pinned definition, which do not change while it is
-        pending."""
+        stored (scrubbed), and the call's arguments hash, pinned definition and preview (its digest, also named in the
+        detail), which do not change while it is pending."""
         if self._signing_key_path is None:
             return stored
         if self._signing_key is None:  # created by the first decision, not by every process that opens the ledger
@@ -225,7 +225,11 @@ class Recorder:
         invocation = await self._backend.get(invocation_id)
         if invocation is None:
             return stored  # the decision will be refused: NotFound
+        held = [event.detail for event in await self._backend.events(invocation_id) if event.kind == "pending"]
+        preview = preview_digest(held[0]) if held else None
         detail = json.loads(stored.json)
+        if preview is not None:
+            detail[PREVIEW] = preview
         text = decision_text(
             invocation_id,
             kind,
@@ -236,6 +240,7 @@ class Recorder:
             now,
             grant,
             approvers,
+            preview,
         )
         detail[SIGNED] = sign_decision(self._signing_key, text)
         return Scrubbed(json.dumps(detail, ensure_ascii=False, separators=(",", ":")))

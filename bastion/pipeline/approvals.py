@@ -39,7 +39,8 @@ from bastion.errors import (
     PendingLimit,
     UnknownOutcome,
 )
-from bastion.models import APPROVERS, PLUGIN_SOURCE_ID, Invocation, utcnow
+from bastion.ledger.decisions import PREVIEW
+from bastion.models import APPROVERS, PLUGIN_SOURCE_ID, Invocation, Preview, utcnow
 from bastion.pipeline.catalog import CatalogEntry
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.seams import ChangeFeed, InvocationStore
@@ -153,10 +154,11 @@ class HeldCalls:
         on_pending: PendingFn | None = None,
         defer: bool = False,
         approvers: int = 1,
+        preview: Preview | None = None,
     ) -> types.CallToolResult:
-        """Record the invocation as pending and block until it is decided, run, expired or refused. A call that
-        needs several distinct `approvers` says so in its `pending` event, in the chained history where decisions
-        and `bastion audit verify` read it.
+        """Record the invocation as pending (with its `preview`, if any, in the event's detail) and block until it
+        is decided, run, expired or refused. A call that needs several distinct `approvers` says so in its `pending`
+        event, in the chained history where decisions and `bastion audit verify` read it.
 
         Raises PendingLimit (nothing recorded) when its session already has `limit` pending invocations.
         `on_pending` runs beside the wait (and is cancelled when it ends); `defer` returns at once by
@@ -168,6 +170,8 @@ class HeldCalls:
             detail: dict[str, Any] = {"expires_at": str(invocation.expires_at)}
             if approvers > 1:
                 detail[APPROVERS] = approvers
+            if preview is not None:
+                detail[PREVIEW] = preview.model_dump(mode="json")
             pending = await self._store.record_pending(invocation, ("planned", "pending"), detail, limit=limit)
         except BaseException:
             self._held.pop(invocation.id, None)

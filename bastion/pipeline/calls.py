@@ -43,6 +43,7 @@ from bastion.pipeline.modes import Modes
 from bastion.pipeline.observer import Observers
 from bastion.pipeline.outcomes import Outcomes
 from bastion.pipeline.pinning import Pins
+from bastion.pipeline.previews import preview_call
 from bastion.pipeline.seams import Deliver, Ledger, RateLimits
 from bastion.pipeline.traces import CallTraces
 from bastion.policies import covers_held_steps
@@ -253,6 +254,15 @@ class CallPath:
             await self.admit(entry, invocation, arguments, context, runs=True, detail=detail)
             return invocation.id, await self.run_modelled(entry, invocation, arguments, None)
 
+    async def step_mode(self, parent: Invocation, entry: CatalogEntry, arguments: dict[str, Any]) -> ModeDecision:
+        """The mode a step of the composite invocation `parent` would get, as `call_step` resolves it (drift
+        included), for the composite's preview: nothing is recorded."""
+        drift = await self.pins.current_drift(entry.source_id, entry.action_id)
+        context = self._callers.get(parent.id) or CallContext(
+            session_id=parent.session_id, profile=parent.profile, principal=parent.principal
+        )
+        return self.modes.of(entry, context, drifted=drift is not None, arguments=arguments)
+
     async def admit(
         self,
         entry: CatalogEntry,
@@ -334,6 +344,14 @@ class CallPath:
             update={"status": "pending", "expires_at": now + timedelta(seconds=approvals.expiry_seconds)}
         )
         logger.info("invocation %s (%s) waits for approval", held.id, entry.key)
+        # What the approver sees beside the arguments; bounded, so it can only delay the hold, never prevent it.
+        preview = await preview_call(
+            entry.action.spec,
+            held,
+            arguments,
+            timeout=approvals.preview_timeout_seconds,
+            max_bytes=min(approvals.preview_max_bytes, self.config.settings.ledger.max_result_bytes // 2),
+        )
         holding = self.held.hold(
             held,
             entry,
@@ -343,6 +361,7 @@ class CallPath:
             on_pending=on_pending,
             defer=defer,
             approvers=approvers,
+            preview=preview,
         )
         try:
             return await self._wait_unless_stopping(held.id, holding)

@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from bastion.actions import Found, LookedUpOutcome
-from bastion.models import Grant, Invocation, InvocationEvent, Pin, PinObservation, Quorum, Scope
+from bastion.ledger.decisions import PREVIEW
+from bastion.models import Grant, Invocation, InvocationEvent, Pin, PinObservation, Preview, Quorum, Scope
 from bastion.pipeline.seams import InvocationStore
 from bastion.policies import diff_definitions
 from bastion.terms import DEFAULT_LIMIT
@@ -39,6 +40,9 @@ class PendingInvocation(Invocation):
     drifted: bool
     scopes: list[Scope]
     approvals: Approvals | None = None
+    preview: Preview | None = None
+    """What the call would do, as its source worked it out when it was held (redacted); None: its action offers
+    no preview."""
 
 
 class GrantView(Grant):
@@ -54,6 +58,8 @@ class InvocationDetail(Invocation):
     events: list[InvocationEvent]
     scopes: list[Scope] = Field(default_factory=list)
     approvals: Approvals | None = None
+    preview: Preview | None = None
+    """The preview an approver was shown when the call was held (None: none was made)."""
 
 
 class PinView(BaseModel):
@@ -143,10 +149,15 @@ def quorum_json(quorum: Quorum) -> dict[str, Any]:
 
 
 def pending_json(
-    invocation: Invocation, now: datetime, scopes: Sequence[Scope], quorum: Quorum | None = None
+    invocation: Invocation,
+    now: datetime,
+    scopes: Sequence[Scope],
+    quorum: Quorum | None = None,
+    preview: Preview | None = None,
 ) -> dict[str, Any]:
     """An invocation as scripts see it, plus `expires_in_seconds`, `drifted`, the `scopes` it may be approved
-    with (see bastion.pipeline.grants) and, for a call that needs several approvers, its `approvals` so far."""
+    with (see bastion.pipeline.grants), for a call that needs several approvers its `approvals` so far, and its
+    `preview`."""
     several = quorum is not None and quorum.required > 1
     view = PendingInvocation(
         **dict(invocation),
@@ -154,6 +165,7 @@ def pending_json(
         drifted=invocation.drift is not None,
         scopes=list(scopes),
         approvals=Approvals.model_validate(quorum_json(quorum)) if quorum is not None and several else None,
+        preview=preview,
     )
     return view.model_dump(mode="json")
 
@@ -167,12 +179,14 @@ class Offers(Protocol):
 async def approvals_json(
     store: InvocationStore, pending: Sequence[Invocation], now: datetime, offers: Offers
 ) -> list[dict[str, Any]]:
-    """Pending invocations as approvers see them (`pending_json`): each with the scopes an approval may take and,
-    when it needs several approvers, who has approved it so far (read from its events)."""
+    """Pending invocations as approvers see them (`pending_json`): each with the scopes an approval may take, when it
+    needs several approvers who has approved it so far, and its preview (read from its events)."""
     found = []
     for invocation in pending:
-        quorum = Quorum.of(await store.events(invocation.id))
-        found.append(pending_json(invocation, now, offers.offered(invocation, approvers=quorum.required), quorum))
+        events = await store.events(invocation.id)
+        quorum = Quorum.of(events)
+        offered = offers.offered(invocation, approvers=quorum.required)
+        found.append(pending_json(invocation, now, offered, quorum, stored_preview(events)))
     return found
 
 
@@ -185,12 +199,37 @@ def invocation_detail_json(
     invocation: Invocation, events: list[InvocationEvent], offers: Offers | None = None
 ) -> dict[str, Any]:
     """An invocation with its `events`, as `bastion invocations show --json` prints it, the `scopes` it may be
-    approved with as `offers` offers them (none unless pending), and its `approvals` when it needs several."""
+    approved with as `offers` offers them (none unless pending), its `approvals` when it needs several, and the
+    `preview` it was held with."""
     quorum = Quorum.of(events)
     scopes = offers.offered(invocation, approvers=quorum.required) if offers and invocation.status == "pending" else ()
     approvals = Approvals.model_validate(quorum_json(quorum)) if quorum.required > 1 else None
-    detail = InvocationDetail(**dict(invocation), events=events, scopes=list(scopes), approvals=approvals)
+    detail = InvocationDetail(
+        **dict(invocation), events=events, scopes=list(scopes), approvals=approvals, preview=stored_preview(events)
+    )
     return detail.model_dump(mode="json")
+
+
+def stored_preview(events: Sequence[InvocationEvent]) -> Preview | None:
+    """The preview a call was held with: the `preview` of its `pending` event's detail (None when it has none, or one
+    that is not a preview, e.g. cut short by the ledger's size limit)."""
+    for event in events:
+        if event.kind == "pending" and event.detail.get(PREVIEW) is not None:
+            try:
+                return Preview.model_validate(event.detail[PREVIEW])
+            except ValidationError:
+                return None
+    return None
+
+
+async def previews_of(store: InvocationStore, invocations: Sequence[Invocation]) -> dict[str, Preview]:
+    """The preview each of `invocations` was held with, by id (those held without one are left out)."""
+    found = {}
+    for invocation in invocations:
+        preview = stored_preview(await store.events(invocation.id))
+        if preview is not None:
+            found[invocation.id] = preview
+    return found
 
 
 def drift_diff(pin: Pin) -> list[str] | None:

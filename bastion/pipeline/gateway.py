@@ -73,6 +73,7 @@ class Gateway:
             lookup=self.listings.lookup,
             invocations=self.invocations,
             call_step=self.calls.call_step,
+            step_mode=self.calls.step_mode,
         )
         """Runs the steps of composite sources (manifest actions), which depend on the other sources' listings."""
         for composite in self.listings.composites:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import mcp_types as types
 
 from bastion.errors import ConnectorUnavailable, NotFound
-from bastion.models import Invocation
+from bastion.models import Invocation, ModeDecision
 from bastion.pipeline.catalog import CatalogEntry
 from bastion.pipeline.seams import InvocationStore
 from bastion.sources.seam import ActionSource, HostRequest
@@ -36,6 +36,12 @@ class StepCall(Protocol):
     ) -> tuple[str, types.CallToolResult]: ...
 
 
+class StepMode(Protocol):
+    """The mode the gateway's pipeline would give one step (`CallPath.step_mode`), recording nothing."""
+
+    async def __call__(self, parent: Invocation, entry: CatalogEntry, arguments: dict[str, Any]) -> ModeDecision: ...
+
+
 class GatewaySteps:
     """Finds the steps of composites in the gateway's catalog and runs each through the gateway's pipeline
     (`call_step`)."""
@@ -47,8 +53,10 @@ class GatewaySteps:
         lookup: Lookup,
         invocations: InvocationStore,
         call_step: StepCall,
+        step_mode: StepMode,
     ) -> None:
         self._sources = sources
+        self._step_mode = step_mode
         self._lookup = lookup
         self._invocations = invocations
         self._call_step = call_step
@@ -72,6 +80,18 @@ class GatewaySteps:
             raise NotFound(f"no invocation {parent_id} to run step {step_id!r} for")
         entry = self._entry(step_id, source_id, action_id)
         return await self._call_step(parent, step_id, entry, arguments, relay)
+
+    async def step_mode(
+        self, parent: Invocation, *, step_id: str, source_id: str, action_id: str, arguments: dict[str, Any]
+    ) -> str:
+        """See `bastion.sources.seam.StepRunner.step_mode`."""
+        entry = self._entry(step_id, source_id, action_id)
+        decision = await self._step_mode(parent, entry, arguments)
+        if decision.mode == "deny":
+            return f"deny ({decision.source}): the composite stops at this step"
+        if decision.mode == "require_approval" or entry.action.spec.approval_required:
+            return f"require_approval ({decision.source}): runs under this approval"
+        return f"allow ({decision.source})"
 
     def _entry(self, step_id: str, source_id: str, action_id: str) -> CatalogEntry:
         """The step's action as hosts may call it; ConnectorUnavailable or NotFound (nothing recorded) when it is not

@@ -55,7 +55,12 @@ def _tool(name: str, description: str, properties: dict[str, Any], required: lis
 
 TOOLS: Final = [
     _tool(
-        "list_pending", "The calls waiting for an approver, newest first, with redacted args and drift.", {}, [], True
+        "list_pending",
+        "The calls waiting for an approver, newest first, with redacted args, drift and the preview of what each "
+        "would do (a file's diff, the request it sends, a composite's steps, a plugin's dry run).",
+        {},
+        [],
+        True,
     ),
     _tool(
         "show_invocation", "One invocation with its event timeline.", {"invocation_id": _ID}, ["invocation_id"], True

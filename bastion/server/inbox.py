@@ -34,7 +34,7 @@ from starlette.routing import BaseRoute, Route
 from bastion.errors import BastionError, CsrfRefused, Forbidden, InvalidArguments, NotFound, Unauthenticated
 from bastion.models import SCOPES, STATUSES, Invocation, Principal, Quorum, Scope, utcnow
 from bastion.pipeline.authority import decide, visible_invocation
-from bastion.pipeline.documents import pending_invocations
+from bastion.pipeline.documents import pending_invocations, stored_preview
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.grants import SCOPE_LABELS
 from bastion.server import inbox_pages as pages
@@ -224,7 +224,9 @@ class Inbox:
         # pending while the page loads or its stream connects is announced to it (at worst shown and announced).
         cursor = self.gateway.ledger.changes.cursor
         found = await pending_invocations(self.gateway.ledger.invocations, now, limit=DEFAULT_LIMIT)
-        quorums = {i.id: Quorum.of(await self.gateway.ledger.invocations.events(i.id)) for i in found}
+        events_of = {i.id: await self.gateway.ledger.invocations.events(i.id) for i in found}
+        quorums = {key: Quorum.of(events) for key, events in events_of.items()}
+        previews = {key: preview for key, events in events_of.items() if (preview := stored_preview(events))}
         body = pages.pending_body(
             found,
             now,
@@ -233,6 +235,7 @@ class Inbox:
             cursor=cursor,
             scopes_of=lambda i: self.gateway.grants.offered(i, approvers=quorums[i.id].required),
             quorums=quorums,
+            previews=previews,
         )
         return _html(pages.page("Pending", body, principal=principal, csrf=session.csrf))
 
@@ -243,9 +246,10 @@ class Inbox:
         now = utcnow()
         if found is None or found.status != "pending" or (found.expires_at is not None and found.expires_at <= now):
             return _refused(request, NotFound(f"no pending call {invocation_id!r}", invocation_id=invocation_id))
-        quorum = Quorum.of(await self.gateway.ledger.invocations.events(found.id))
+        events = await self.gateway.ledger.invocations.events(found.id)
+        quorum = Quorum.of(events)
         offered = self.gateway.grants.offered(found, approvers=quorum.required)
-        card = pages.pending_card(found, now, session.csrf, offered, quorum)
+        card = pages.pending_card(found, now, session.csrf, offered, quorum, stored_preview(events))
         return _html(card)
 
     async def grants(self, request: Request, principal: Principal, session_id: str, session: InboxSession) -> Response:

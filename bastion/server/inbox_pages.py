@@ -14,7 +14,7 @@ from html import escape
 from typing import Any, Final
 
 from bastion.errors import BastionError
-from bastion.models import STATUSES, Grant, Invocation, InvocationEvent, Principal, Quorum, Scope
+from bastion.models import STATUSES, Grant, Invocation, InvocationEvent, Preview, Principal, Quorum, Scope
 from bastion.pipeline.documents import expires_in
 from bastion.pipeline.grants import SCOPE_LABELS
 from bastion.program import bastion_command
@@ -131,12 +131,20 @@ def pending_body(
     cursor: int,
     scopes_of: ScopesOf,
     quorums: Mapping[str, Quorum] | None = None,
+    previews: Mapping[str, Preview] | None = None,
 ) -> str:
     """The pending calls as of ledger event `cursor`, which the page's live stream resumes after, each with the
     scopes an approval of it may take; the filters, the bulk deny form and the keyboard help (the script shows
     them)."""
     cards = "".join(
-        pending_card(invocation, now, csrf, scopes_of(invocation), (quorums or {}).get(invocation.id))
+        pending_card(
+            invocation,
+            now,
+            csrf,
+            scopes_of(invocation),
+            (quorums or {}).get(invocation.id),
+            (previews or {}).get(invocation.id),
+        )
         for invocation in pending
     )
     return (
@@ -199,11 +207,16 @@ def _asker(invocation: Invocation) -> str:
 
 
 def pending_card(
-    invocation: Invocation, now: datetime, csrf: str, offered: Sequence[Scope], quorum: Quorum | None = None
+    invocation: Invocation,
+    now: datetime,
+    csrf: str,
+    offered: Sequence[Scope],
+    quorum: Quorum | None = None,
+    preview: Preview | None = None,
 ) -> str:
-    """One pending call as an approver reads it at a glance (what will run, who asks, why it waits, and for a call
-    that needs several approvers who has approved it), its ids, technical reason and whole arguments folded away,
-    with its approve and deny forms."""
+    """One pending call as an approver reads it at a glance (what will run, who asks, why it waits, for a call that
+    needs several approvers who has approved it, and the preview of what it would do), its ids, technical reason
+    and whole arguments folded away, with its approve and deny forms."""
     i = invocation
     left = expires_in(i, now)
     countdown = (
@@ -224,6 +237,7 @@ def pending_card(
         f"{_approvals(quorum)}"
         f"{_key_arguments(i.args)}"
         f"<p class=why>{escape(plain_why(i))}</p>"
+        f"{_preview(preview)}"
         f"{_diff(i.drift)}"
         "<details class=more><summary>Details</summary>"
         f"<p class=technical><strong>Technical reason:</strong> {escape(why(i))}</p>"
@@ -367,6 +381,27 @@ def _diff(lines: list[str] | None) -> str:
         kind = "del" if line.startswith("-") and not line.startswith("---") else kind
         shown.append(f'<span class="{kind}">{escape(line)}</span>' if kind else escape(line))
     return "<div><strong>Drift</strong> (pinned → current)</div><pre class=diff>" + "\n".join(shown) + "</pre>"
+
+
+def _preview(preview: Preview | None) -> str:
+    """What the call would do, as its source worked it out: a one-line summary, then its lines (a diff's coloured)."""
+    if preview is None:
+        return ""
+    summary = f"<p class=preview-summary><strong>Preview:</strong> {escape(preview.summary)}</p>"
+    if not preview.text:
+        return f"<div class='preview preview-{escape(preview.kind)}'>{summary}</div>"
+    shown = []
+    for line in preview.text.splitlines():
+        kind = ""
+        if preview.kind == "diff":
+            kind = "add" if line.startswith("+") and not line.startswith("+++") else ""
+            kind = "del" if line.startswith("-") and not line.startswith("---") else kind
+            kind = "hunk" if line.startswith("@@") else kind
+        shown.append(f'<span class="{kind}">{escape(line)}</span>' if kind else escape(line))
+    return (
+        f"<div class='preview preview-{escape(preview.kind)}'>{summary}"
+        f"<pre class=diff>{chr(10).join(shown)}</pre></div>"
+    )
 
 
 def _json(value: Any) -> str:

@@ -171,6 +171,14 @@ class StepRunner(Protocol):
         recorded `denied`; the errors of `ActionSource.call` recorded as its outcome), with the step's id."""
         ...
 
+    async def step_mode(
+        self, parent: Invocation, *, step_id: str, source_id: str, action_id: str, arguments: dict[str, Any]
+    ) -> str:
+        """How one step of the composite invocation `parent` (held, not yet recorded) would be treated, in a phrase:
+        its mode, the rule it came from, and what that means for the composite (a composite's preview). Records
+        nothing; NotFound or ConnectorUnavailable when the step's action is not offered now."""
+        ...
+
 
 @runtime_checkable
 class CompositeSource(Protocol):

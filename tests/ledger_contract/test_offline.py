@@ -13,7 +13,7 @@ from bastion.ledger.anchors import public_text, sign_anchor, trusted_keys
 from bastion.ledger.offline import _parsed, export_line, verify_export
 from bastion.ledger.verify import verify_signed
 from tests.ledger_contract.samples import BEFORE_EXPIRY, T0
-from tests.ledger_contract.test_signed_decisions import _approved_with_grant
+from tests.ledger_contract.test_signed_decisions import _approved_with_grant, held_with_preview
 from tests.ledger_contract.test_tampering import SIGNING_KEY
 
 pytestmark = pytest.mark.anyio
@@ -68,3 +68,18 @@ async def test_an_anchor_the_export_does_not_reach_breaks_it(ledger: OpenLedger)
     beyond = sign_anchor(SIGNING_KEY, head[0] + 5, "e" * 64, BEFORE_EXPIRY)
     report = await verify_export(lines, [beyond], [public_text(SIGNING_KEY)])
     assert report.broken is not None and report.broken.reason == "anchor"
+
+
+async def test_a_preview_changed_in_an_export_breaks_the_approval_made_on_it(ledger: OpenLedger) -> None:
+    held = await held_with_preview(ledger)
+    await ledger.invocations.decide(held, approve=True, principal="alice", note=None, now=BEFORE_EXPIRY)
+    trusted = trusted_keys(ledger.key_path, [])
+    texts = await _exported(ledger)
+    lines = [_parsed(number, text) for number, text in enumerate(texts, start=1)]
+    assert (await verify_export(lines, [], trusted)).broken is None
+    pending = next(i for i, text in enumerate(texts) if json.loads(text)["kind"] == "pending")
+    line = json.loads(texts[pending])
+    line["stored"]["detail"] = line["stored"]["detail"].replace("+new", "+harmless")
+    texts[pending] = json.dumps(line)
+    report = await verify_export([_parsed(n, text) for n, text in enumerate(texts, start=1)], [], trusted)
+    assert report.broken is not None

@@ -5,10 +5,14 @@ distinct approvers, even with every hash recomputed. Both on every backend."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
 from bastion.ledger import OpenLedger
 from bastion.ledger.anchors import load_or_create_signing_key, signing_key_path_for, trusted_keys
+from bastion.ledger.decisions import preview_digest
 from bastion.ledger.verify import verify_signed
 from bastion.models import AuditReport, Principal
 from bastion.pipeline.authority import decide
@@ -42,6 +46,49 @@ async def _approved_with_grant(ledger: OpenLedger) -> None:
     await ledger.invocations.decide(held, approve=True, principal="alice", note=None, now=BEFORE_EXPIRY, grant=grant)
     later = make_invocation(2, status="approved", mode="allow", mode_source=f"grant:{grant.id}")
     await ledger.invocations.record(later.model_copy(update={"created_at": BEFORE_EXPIRY}), ["planned", "approved"])
+
+
+PREVIEW: dict[str, Any] = {
+    "kind": "diff",
+    "summary": "write /srv/notes.txt: 1 line added, 1 removed",
+    "text": "--- /srv/notes.txt\n+++ /srv/notes.txt\n@@ -1 +1 @@\n-old\n+new\n",
+}
+
+
+async def held_with_preview(ledger: OpenLedger, number: int = 1) -> str:
+    """A pending invocation whose `pending` event carries a preview, as a held call's does; its id."""
+    invocation = make_invocation(number, expires_at=EXPIRY)
+    await ledger.invocations.record(invocation, ["planned", "pending"], {"expires_at": str(EXPIRY), "preview": PREVIEW})
+    return invocation.id
+
+
+async def test_an_approval_signs_the_digest_of_the_preview_it_was_made_on(ledger: OpenLedger) -> None:
+    held = await held_with_preview(ledger)
+    await ledger.invocations.decide(held, approve=True, principal="alice", note=None, now=BEFORE_EXPIRY)
+    pending, approved = [e for e in await ledger.invocations.events(held) if e.kind in ("pending", "approved")]
+    assert pending.detail["preview"] == PREVIEW
+    assert approved.detail["preview"] == preview_digest(pending.detail) is not None
+    report = await _verified(ledger)
+    assert report.broken is None
+    assert report.decisions == 1
+
+
+async def test_a_preview_changed_after_its_approval_breaks_the_signature(ledger: OpenLedger) -> None:
+    held = await held_with_preview(ledger)
+    await ledger.invocations.decide(held, approve=True, principal="alice", note=None, now=BEFORE_EXPIRY)
+    shown = {"expires_at": str(EXPIRY), "preview": PREVIEW | {"text": "--- a\n+++ b\n+harmless\n"}}
+    sql = "UPDATE events SET detail = ? WHERE invocation_id = ? AND kind = 'pending'"
+    report = await _tampered(ledger, (sql, (json.dumps(shown), held)))
+    assert report.broken is not None and report.broken.reason == "decision"
+    assert report.broken.invocation_id == held
+
+
+async def test_a_preview_removed_after_its_approval_breaks_the_signature(ledger: OpenLedger) -> None:
+    held = await held_with_preview(ledger)
+    await ledger.invocations.decide(held, approve=True, principal="alice", note=None, now=BEFORE_EXPIRY)
+    sql = "UPDATE events SET detail = ? WHERE invocation_id = ? AND kind = 'pending'"
+    report = await _tampered(ledger, (sql, (json.dumps({"expires_at": str(EXPIRY)}), held)))
+    assert report.broken is not None and report.broken.reason == "decision"
 
 
 async def test_an_approval_is_signed_and_the_grant_it_leaves_covers_its_uses(ledger: OpenLedger) -> None:

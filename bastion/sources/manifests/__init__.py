@@ -9,7 +9,7 @@ steps, other sources' actions, run through the step runner the gateway binds it 
 from bastion.sources.manifests.model import Manifest, ManifestProblem, RequiredConnector, Step
 from bastion.sources.manifests.parse import ACTIONS_DIR, load_manifests, parse_manifest
 from bastion.sources.manifests.state import STATE_FILE, ActionState
-from bastion.sources.manifests.templates import TemplateError, render
+from bastion.sources.manifests.templates import TemplateError, deferred, render
 
 __all__ = [
     "ACTIONS_DIR",
@@ -20,6 +20,7 @@ __all__ = [
     "RequiredConnector",
     "Step",
     "TemplateError",
+    "deferred",
     "load_manifests",
     "parse_manifest",
     "render",

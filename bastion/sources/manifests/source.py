@@ -18,12 +18,13 @@ import json
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final
 
 import anyio
 import mcp_types as types
 
-from bastion.actions import ActionSpec
+from bastion.actions import ActionSpec, PreviewFn
 from bastion.errors import (
     BastionError,
     ConfigError,
@@ -35,6 +36,7 @@ from bastion.errors import (
 from bastion.models import MANIFEST_SOURCE_ID, RISKS, Risk, SourceState, SourceStatus
 from bastion.policies import canonical_json, declared_risk
 from bastion.sources.manifests import ActionState, Manifest, Step, TemplateError, render
+from bastion.sources.manifests.preview import composite_preview
 from bastion.sources.seam import ChangeFn, HostRequest, ProgressFn, StepRunner
 
 logger = logging.getLogger(__name__)
@@ -219,7 +221,10 @@ class ManifestSource:
                 logger.warning("manifest action %s is unavailable: %s", name, view.reason)
             views[name] = view
             if view.listed and view.risk is not None:
-                specs[name] = _spec(manifest, view.risk, view.risk_source)
+                assert self._steps is not None  # listed only once bound
+                specs[name] = _spec(
+                    manifest, view.risk, view.risk_source, partial(composite_preview, manifest, self._steps)
+                )
         self._views, self._specs = views, specs
         if settled:
             self._source_state = "ready"
@@ -302,7 +307,7 @@ def _pin_mismatches(manifest: Manifest, source_id: str, status: SourceStatus, cu
     return found
 
 
-def _spec(manifest: Manifest, risk: Risk, risk_source: str) -> ActionSpec:
+def _spec(manifest: Manifest, risk: Risk, risk_source: str, preview: PreviewFn) -> ActionSpec:
     tool = types.Tool(
         name=manifest.name,
         description=manifest.description,
@@ -316,6 +321,7 @@ def _spec(manifest: Manifest, risk: Risk, risk_source: str) -> ActionSpec:
         namespace=MANIFEST_SOURCE_ID,
         steps=tuple((step.source, step.action) for step in manifest.front.execute),
         approval_required=manifest.front.approval.required,
+        preview=preview,
     )
 
 

@@ -103,6 +103,25 @@ def render(value: Any, scope: Mapping[str, Any]) -> Any:
     return _TOKEN.sub(replace, value)
 
 
+def deferred(value: Any) -> Any:
+    """`value` with every reference to a step's output written as a literal (`$${step.field}`), so `render` fills in
+    the arguments only: a composite's steps as a preview shows them, before any step ran."""
+    if isinstance(value, dict):
+        return {key: deferred(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [deferred(item) for item in value]
+    if not isinstance(value, str):
+        return value
+
+    def keep(match: re.Match[str]) -> str:
+        inner = match.group(1)
+        if inner is None or _parse(inner).root == ARGS:
+            return match.group(0)
+        return "$" + match.group(0)
+
+    return _TOKEN.sub(keep, value)
+
+
 def _lookup(reference: Reference, scope: Mapping[str, Any]) -> Any:
     if reference.root not in scope:
         raise TemplateError(f"{reference}: nothing named {reference.root!r} has run before this step")

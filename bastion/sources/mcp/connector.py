@@ -60,6 +60,7 @@ from bastion.sources.mcp.forwarding import CORRELATION_META_KEY, Forwarding
 from bastion.sources.mcp.inflight import InFlightCalls
 from bastion.sources.mcp.link import Link
 from bastion.sources.mcp.listing import Listing, list_prompts, list_resources, list_tools
+from bastion.sources.mcp.previews import preview_settings, previews
 from bastion.sources.mcp.process import Child, child_process
 from bastion.sources.mcp.specs import action_specs, risk_of
 from bastion.sources.mcp.subscriptions import ResourceWatch
@@ -135,8 +136,11 @@ class McpConnector:
         return list(self._listing.tools)
 
     def actions(self) -> list[ActionSpec]:
-        """The listed tools as action specs, with the connector file's overrides applied."""
-        return action_specs(self._config, self._listing.tools)
+        """The listed tools as action specs, with the connector file's overrides applied, and the previews of the
+        tools that have one (`previews.py`), made through this connector."""
+        tools = self._listing.tools
+        settings = preview_settings(self._config, tools, self._status.server_name)
+        return action_specs(self._config, tools, previews(self.source_id, self.call, settings))
 
     def risk_of(self, action_id: str, definition: Mapping[str, Any]) -> Risk:
         """The risk this connector gives `action_id` with this wire-form definition (e.g. a pinned one)."""

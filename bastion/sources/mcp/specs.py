@@ -2,7 +2,8 @@
 
 Risk of a connector tool, first match wins: the per-tool `risk` in the connector file, the annotations
 (`destructiveHint` gives danger, else `readOnlyHint` gives read), the connector's `default_risk`, `write`.
-Hidden tools, explicit pins, `pin_new_tools` and `drift_listing` come from the same file.
+Hidden tools, explicit pins, `pin_new_tools` and `drift_listing` come from the same file, and so do previews
+(`previews.py`).
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ from typing import Any
 
 import mcp_types as types
 
-from bastion.actions import ActionSpec, ExplicitPin, PinPolicy
+from bastion.actions import ActionSpec, ExplicitPin, PinPolicy, PreviewFn
 from bastion.config import ConnectorConfig
 from bastion.models import Risk, RiskDecision, Tier
 from bastion.policies import derive_risk
 
 
-def action_specs(config: ConnectorConfig, tools: Sequence[types.Tool]) -> list[ActionSpec]:
-    """One spec per listed tool, in listing order."""
+def action_specs(
+    config: ConnectorConfig, tools: Sequence[types.Tool], previews: Mapping[str, PreviewFn] | None = None
+) -> list[ActionSpec]:
+    """One spec per listed tool, in listing order; `previews`: the preview of each tool that has one."""
     specs = []
     for tool in tools:
         override = config.tools.get(tool.name)
@@ -39,6 +42,7 @@ def action_specs(config: ConnectorConfig, tools: Sequence[types.Tool]) -> list[A
                 tier=_tier(config, tool.name, risk.source),
                 namespace=config.effective_namespace,
                 hidden=bool(override and override.hidden),
+                preview=(previews or {}).get(tool.name),
                 pin=PinPolicy(
                     new_actions=config.pin_new_tools,
                     drift_listing=config.drift_listing,

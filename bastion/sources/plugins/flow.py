@@ -9,7 +9,7 @@ sections with a report of every step that ran.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -17,7 +17,7 @@ from jsonschema.validators import validator_for
 
 from bastion.sources.plugins.package import PluginPackage, Step, allowed
 from bastion.sources.plugins.runner import StepRun, run_step
-from bastion.sources.plugins.sandbox import Sandbox
+from bastion.sources.plugins.sandbox import Filesystem, Sandbox
 from bastion.sources.secrets import scrub
 
 Outcome = Literal["succeeded", "reverted", "failed"]
@@ -76,6 +76,33 @@ async def run_rollback(
     return report
 
 
+async def run_plan(
+    package: PluginPackage,
+    arguments: Mapping[str, Any],
+    *,
+    correlation_id: str,
+    limits: StepLimits,
+    state_dir: Path,
+) -> StepRun:
+    """Run only the package's `plan` step (its dry run) for a call about to be held, with the call's payload, the
+    workspace read-only whatever the package's permissions (a plan changes nothing) and a state directory of its own
+    (`state_dir`, which the caller removes); its run, its output scrubbed as a flow's envelope is."""
+    flow = _Flow(package, limits, {
+        "action": package.name,
+        "input": dict(arguments),
+        "correlationId": correlation_id,
+        "workspace": str(limits.workspace),
+        "stateDir": str(state_dir),
+    }, filesystem="none" if package.action.permissions.filesystem == "none" else "read")  # fmt: skip
+    run = await flow.step("plan")
+    return replace(
+        run,
+        output=scrub(run.output, limits.env.values()),
+        error=scrub(run.error, limits.env.values()),
+        stderr=scrub(run.stderr, limits.env.values()),
+    )
+
+
 async def _run_flow(
     package: PluginPackage, arguments: Mapping[str, Any], correlation_id: str, limits: StepLimits, state_dir: Path
 ) -> dict[str, Any]:
@@ -124,10 +151,14 @@ async def _run_flow(
 
 
 class _Flow:
-    def __init__(self, package: PluginPackage, limits: StepLimits, base: dict[str, Any]) -> None:
+    def __init__(
+        self, package: PluginPackage, limits: StepLimits, base: dict[str, Any], *, filesystem: Filesystem | None = None
+    ) -> None:
+        """`filesystem`: the workspace access of its steps, narrower than the package's own (None: the package's)."""
         self._package = package
         self._limits = limits
         self._base = base
+        self._filesystem = filesystem or package.action.permissions.filesystem
 
     async def step(self, step: Step, **extra: Any) -> StepRun:
         """Run one of the package's executables with the call's payload (and `extra`) on its stdin."""
@@ -136,7 +167,7 @@ class _Flow:
     def _confined(self, argv: Sequence[str]) -> list[str]:
         return self._limits.sandbox.argv(
             argv,
-            filesystem=self._package.action.permissions.filesystem,
+            filesystem=self._filesystem,
             package=self._package.directory,
             state=Path(self._base["stateDir"]),
         )

@@ -25,8 +25,10 @@ from bastion.models import RISK_ALIASES, Risk
 from bastion.sources.plugins.sandbox import Filesystem
 
 ACTION_FILE: Final = "action.json"
-STEPS: Final = ("execute", "verify", "repair", "rollback")
-Step = Literal["execute", "verify", "repair", "rollback"]
+STEPS: Final = ("execute", "verify", "repair", "rollback", "plan")
+Step = Literal["execute", "verify", "repair", "rollback", "plan"]
+"""`plan` (optional) is the dry run: what execute would do, worked out without changing anything (a held call's
+preview); it runs with the workspace read-only."""
 _NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _INTERPRETERS: Final = {".py": sys.executable, ".js": "node", ".mjs": "node", ".cjs": "node"}
 """Executables run by an interpreter by their extension; any other file must be executable itself (shebang)."""

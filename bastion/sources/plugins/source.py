@@ -18,10 +18,10 @@ import anyio
 import mcp_types as types
 
 from bastion.actions import ActionSpec
-from bastion.errors import ConnectorUnavailable, PolicyDenied
-from bastion.models import PLUGIN_SOURCE_ID, Risk, SourceStatus
+from bastion.errors import ConnectorUnavailable, PolicyDenied, UpstreamError
+from bastion.models import PLUGIN_SOURCE_ID, Invocation, Preview, Risk, SourceStatus
 from bastion.policies import declared_risk
-from bastion.sources.plugins.flow import TERMINAL_STATUSES, StepLimits, run_flow, run_rollback
+from bastion.sources.plugins.flow import TERMINAL_STATUSES, StepLimits, run_flow, run_plan, run_rollback
 from bastion.sources.plugins.package import PluginPackage
 from bastion.sources.plugins.scope import scope_violation
 from bastion.sources.seam import ChangeFn, ProgressFn
@@ -151,6 +151,29 @@ class PluginSource:
             shutil.rmtree(state, ignore_errors=True)
         return report
 
+    async def preview(self, action_id: str, invocation: Invocation, arguments: dict[str, Any]) -> Preview:
+        """The package's `plan` step (its dry run) for a call about to be held: its `summary` and `text` if it wrote
+        them, else its whole output. UpstreamError when the step failed; its state directory is removed after."""
+        package = self._packages.get(action_id)
+        if package is None or not self._up:
+            raise ConnectorUnavailable(f"plugin {action_id!r} is not loaded")
+        state = self.state_dir(f"{invocation.id}.plan")
+        state.mkdir(parents=True, exist_ok=True)
+        try:
+            run = await run_plan(package, arguments, correlation_id=invocation.id, limits=self._limits, state_dir=state)
+        finally:
+            shutil.rmtree(state, ignore_errors=True)
+        if not run.ok:
+            tail = f": {run.stderr.splitlines()[-1]}" if run.stderr.strip() else ""
+            raise UpstreamError(f"{PLUGIN_SOURCE_ID}:{action_id}'s plan step failed ({run.error}){tail}")
+        output = run.output or {}
+        summary, text = output.get("summary"), output.get("text")
+        if not isinstance(summary, str):
+            summary = f"{PLUGIN_SOURCE_ID}:{action_id}'s plan"
+        if not isinstance(text, str):
+            text = json.dumps(output, indent=2, ensure_ascii=False, sort_keys=True)
+        return Preview(kind="plan", summary=summary, text=text)
+
     def _spec(self, package: PluginPackage) -> ActionSpec:
         action = package.action
         danger = package.needs_approver
@@ -164,6 +187,7 @@ class PluginSource:
         )
         scope = action.scope
         admit = partial(scope_violation, scope, self._limits.workspace) if scope.path_arguments else None
+        preview = partial(self.preview, package.name) if "plan" in package.executables else None
         return ActionSpec(
             tool=tool,
             risk=package.risk,
@@ -171,4 +195,5 @@ class PluginSource:
             namespace=PLUGIN_SOURCE_ID,
             approval_required=danger,
             admit=admit,
+            preview=preview,
         )

@@ -42,13 +42,32 @@ Json = Any
 """A decoded JSON value."""
 
 
+class Rehearsed(Exception):
+    """A rehearsal reached the first request that would change something: built exactly as the call would send it,
+    and not sent (`Api(rehearsal=True)`, a provider's preview)."""
+
+    def __init__(self, request: httpx2.Request) -> None:
+        super().__init__(f"{request.method} {request.url}")
+        self.request = request
+
+
 class Api:
     """One call of one provider action: its requests share the call's correlation id, and know whether one that
-    could change something has gone out (then a lost answer means an unknown outcome)."""
+    could change something has gone out (then a lost answer means an unknown outcome).
+
+    A `rehearsal` (a preview) sends the requests that change nothing, as the call would, and stops at the first
+    that would change something: it raises Rehearsed with that request, unsent."""
 
     def __init__(
-        self, client: httpx2.AsyncClient, *, name: str, correlation_id: str, marker_key: bytes | None = None
+        self,
+        client: httpx2.AsyncClient,
+        *,
+        name: str,
+        correlation_id: str,
+        marker_key: bytes | None = None,
+        rehearsal: bool = False,
     ) -> None:
+        self.rehearsal = rehearsal
         self.client = client
         self.name = name
         """How errors name the provider and action, e.g. `github:create_issue`."""
@@ -97,6 +116,8 @@ class Api:
             request = self.client.build_request(method, path, params=query or None, json=body, headers=headers)
         except httpx2.HTTPError as exc:
             raise ConnectorUnavailable(f"{self.name}: the request cannot be made ({exc}); check base_url") from exc
+        if self.rehearsal and changes:
+            raise Rehearsed(request)
         before = self.mutated
         self.mutated = before or changes  # from here on the request may leave, even if the call is cancelled
         attributes = {"http.request.method": method, "server.address": request.url.host}

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from functools import partial
 from typing import Any, Final, Generic, Literal, TypeVar
 
 import anyio
@@ -31,9 +32,10 @@ from bastion import __version__
 from bastion.actions import ActionSpec, Found, Reconciliation
 from bastion.config import ProviderConfig
 from bastion.errors import BastionError, BindingRequired, ConnectorUnavailable, InvalidArguments, UpstreamError
-from bastion.models import Invocation, Risk, SourceStatus
-from bastion.sources.providers.api import Api, without_marker_key
+from bastion.models import Invocation, Preview, Risk, SourceStatus
+from bastion.sources.providers.api import Api, Rehearsed, without_marker_key
 from bastion.sources.providers.evidence import Window
+from bastion.sources.providers.rehearsal import request_preview
 from bastion.sources.seam import ChangeFn, ProgressFn
 from bastion.sources.secrets import scrub
 
@@ -197,6 +199,7 @@ class ProviderSource:
                 namespace=config.effective_namespace(provider_id),
                 idempotency_key=action.idempotency_key,
                 reconcile=action.reconcile,
+                preview=None if action.risk == "read" else partial(self.preview, action.name),
             )
             for action in definition.actions
         ]
@@ -303,6 +306,32 @@ class ProviderSource:
             content=[types.TextContent(type="text", text=json.dumps(structured, ensure_ascii=False))],
             structured_content=structured,
         )
+
+    async def preview(self, action_id: str, invocation: Invocation, arguments: dict[str, Any]) -> Preview:
+        """The request a call of `action_id` would send (its preview): the action's own code run in a rehearsal, which
+        sends what changes nothing (reads it needs first) and stops, unsent, at the first request that would change
+        something. The errors of `call`, for what it could not read."""
+        name = f"{self._id}:{action_id}"
+        if self._unbound is not None:
+            raise BindingRequired(f"{name} cannot be previewed: {self._unbound}")
+        client = self._client
+        action = self._definition.by_name.get(action_id)
+        if client is None or action is None:
+            raise ConnectorUnavailable(f"provider {self._id} is not running, or has no action {action_id!r}")
+        try:
+            params = action.params.model_validate(arguments)
+        except ValidationError as exc:
+            raise InvalidArguments(f"{name}: the arguments do not fit the action ({exc.errors()[0]['msg']})") from exc
+        api = Api(client, name=name, correlation_id=invocation.id, marker_key=self._marker_key, rehearsal=True)
+        try:
+            await action.execute(api, params)
+        except Rehearsed as reached:
+            return request_preview(name, reached.request, self._secret)
+        except BastionError as exc:
+            exc.message = scrub(exc.message, self._secret)
+            exc.args = (exc.message,)
+            raise
+        return Preview(kind="request", summary=f"{name} would send no request that changes anything")
 
     async def look_up(self, action_id: str, invocation: Invocation) -> Found | None:
         """Ask the API what came of `invocation` (see `LookupSource` in bastion.sources.seam): the action's
