@@ -61,6 +61,10 @@ ALLOWED: Final[dict[Status, frozenset[Status]]] = {
 FINAL: Final[frozenset[Status]] = frozenset(start for start, to in ALLOWED.items() if to <= {start})
 """The statuses a call ends in: completed, failed, denied, expired."""
 
+OPEN: Final[tuple[Status, ...]] = ("pending", "approved", "executing")
+"""The statuses of a call whose outcome is still to come: Bastion itself will decide, run or record it (an `unknown`
+call waits for a person instead)."""
+
 
 def check(from_statuses: tuple[Status, ...] | frozenset[Status] | list[Status], to: Status) -> None:
     """ValueError, naming the moves there are, unless every status of `from_statuses` may move to `to` (none: the

@@ -126,6 +126,9 @@ class ApprovalSettings(_Strict):
     """What `tools/list` shows of a drifted tool until `pins accept` (a connector file may override it)."""
     always_grant_days: float = Field(default=90, gt=0)
     """How long an approval "always" lets later calls of its action through (bastion.pipeline.grants)."""
+    retry_window_seconds: float = Field(default=300, ge=0)
+    """How long after a held call ended (decided, expired, run) the same call sent again by the same caller gets that
+    call's outcome instead of a new invocation. While the call is undecided or running, a retry always waits for it."""
 
 
 class LimitSettings(_Strict):

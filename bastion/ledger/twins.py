@@ -5,21 +5,18 @@ at once the second always finds what the first recorded.
 
 A twin is a call of the same caller, policy key and arguments hash that was held for an approver and is not a step of
 a composite. The caller is the token's principal; a caller without a token has no identity beyond its host session,
-so its retries attach only within that session. A twin waiting or running attaches at any age the ledger still looks
-at (`created_since`); one that ended (decided, expired, run, unknown) only while its last change is recent
-(`decided_since`). The newest twin wins.
+so its retries attach only within that session. A twin whose outcome is still to come (`bastion.states.OPEN`)
+attaches at any age the ledger still looks at (`created_since`); one that ended (decided, expired, run, unknown) only
+while its last change is recent (`decided_since`). The newest twin wins.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
 
+from bastion import states
 from bastion.ledger.backend import INVOCATION_COLUMNS
 from bastion.models import Invocation, RetryWindow
-
-WAITING: Final = ("pending", "approved", "executing")
-"""The statuses in which a retry waits with its twin for what comes of it, however long ago its status changed."""
 
 
 def twin_query(named: Callable[[str], str], invocation: Invocation) -> str:
@@ -30,7 +27,7 @@ def twin_query(named: Callable[[str], str], invocation: Invocation) -> str:
         if invocation.principal is not None
         else f"principal IS NULL AND session_id = {named('session_id')}"
     )
-    waiting = ", ".join(f"'{status}'" for status in WAITING)
+    waiting = ", ".join(f"'{status}'" for status in states.OPEN)  # the twin's outcome is still to come
     return f"""
         SELECT {", ".join(INVOCATION_COLUMNS)} FROM invocations
         WHERE policy_key = {named("policy_key")} AND args_hash = {named("args_hash")}

@@ -40,7 +40,7 @@ async def test_a_retry_of_a_pending_call_records_nothing_but_a_retried_event_on_
         ("pending", {"expires_at": str(EXPIRY)}),
         ("retried", {"by": None}),
     ]
-    assert (await ledger.audit.verify()).records == 1
+    assert (await ledger.audit.verify()).broken is None
 
 
 @pytest.mark.parametrize(
@@ -124,4 +124,4 @@ async def test_retries_racing_from_two_connections_record_one_call(ledger: OpenL
     assert {outcome.id for outcome in outcomes.values() if outcome is not None} == {first.id}
     kinds = [event.kind for event in await another.invocations.events(first.id)]
     assert kinds == ["planned", "pending"] + ["retried"] * (calls - 1)
-    assert (await ledger.audit.verify()).records == 1
+    assert (await ledger.audit.verify()).broken is None
