@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal, NamedTuple, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,11 +32,13 @@ EventKind = Literal[
     "checked",
     "approval_recorded",
     "scrubbed",
+    "retried",
 ]
 """What an invocation's events say: a status it moved to, or `planned` (its intent, before anything runs),
 `reconciled` (an outcome found after the fact), `checked` (a look-up whose evidence was refused: it moved
-nowhere), `approval_recorded` (one approval of a call that needs more than one: it stays pending) or `scrubbed` (a
-leaked secret replaced in it and its events: bastion.ledger.scrubbing)."""
+nowhere), `approval_recorded` (one approval of a call that needs more than one: it stays pending), `scrubbed` (a
+leaked secret replaced in it and its events: bastion.ledger.scrubbing) or `retried` (the same call came again and
+was attached to this one: it moved nowhere)."""
 
 RISKS: Final[tuple[Risk, ...]] = get_args(Risk)
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
@@ -75,6 +77,25 @@ class Admission:
     key: str
     per_minute: int
     now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RetryWindow:
+    """Which earlier call a new held call retries (its twin): one of the same caller, policy key and arguments hash,
+    held for an approver too, that is still undecided or running, or whose status last changed at `decided_since` or
+    later. `created_since` bounds how far back the ledger looks (a twin decided in the window was made after it)."""
+
+    decided_since: datetime
+    created_since: datetime
+
+    @classmethod
+    def before(cls, now: datetime, *, window_seconds: float, longest_held_seconds: float) -> RetryWindow:
+        """The window of a call made at `now`: twins decided in the last `window_seconds`, made in the last
+        `window_seconds + longest_held_seconds` (how long a held call can wait and run before it ends)."""
+        return cls(
+            decided_since=now - timedelta(seconds=window_seconds),
+            created_since=now - timedelta(seconds=window_seconds + longest_held_seconds),
+        )
 
 
 def policy_key(source_id: str, action_id: str) -> str:
@@ -256,7 +277,7 @@ class Change:
     @property
     def status(self) -> Status | None:
         """The status the invocation moved to; None for an event that is not a status (`planned`, `reconciled`,
-        `checked`)."""
+        `checked`, `retried`)."""
         return self.kind if self.kind in STATUSES else None
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from bastion.models import Status
+from bastion.models import STATUSES, Status
 
 
 @dataclass(frozen=True)
@@ -50,14 +50,23 @@ found and why it was refused), and the call stays unresolved."""
 RECORD_APPROVAL: Final = Move("record an approval", ("pending",))
 """One approval of a call that needs more approvers than have approved it so far: recorded (who, signed), and the
 call stays pending until the last one needed approves it (DECIDE), someone denies it, or it expires."""
+NOTE_RETRY: Final = Move("note a retry", STATUSES)
+"""The same call came again (same caller, action and arguments) while this one waited, ran, or had just ended: the
+retry was attached to it instead of being recorded (bastion.pipeline.approvals), and the attempt is noted."""
 
-MOVES: Final = (DECIDE, EXPIRE, CLAIM, FINISH, RECOVER, RECONCILE, NOTE_CHECK, RECORD_APPROVAL)
+MOVES: Final = (DECIDE, EXPIRE, CLAIM, FINISH, RECOVER, RECONCILE, NOTE_CHECK, RECORD_APPROVAL, NOTE_RETRY)
 
 ALLOWED: Final[dict[Status, frozenset[Status]]] = {
-    start: frozenset(to for move in MOVES if start in move.from_ for to in move.targets(start))
-    for start in ("pending", "approved", "executing", "unknown", "completed", "failed", "denied", "expired")
+    start: frozenset(to for move in MOVES if start in move.from_ for to in move.targets(start)) for start in STATUSES
 }
-"""Where each status may go; a status that goes nowhere is final."""
+"""Where each status may go; a status that goes nowhere but to itself (an event noted on it) is final."""
+
+FINAL: Final[frozenset[Status]] = frozenset(start for start, to in ALLOWED.items() if to <= {start})
+"""The statuses a call ends in: completed, failed, denied, expired."""
+
+OPEN: Final[tuple[Status, ...]] = ("pending", "approved", "executing")
+"""The statuses of a call whose outcome is still to come: Bastion itself will decide, run or record it (an `unknown`
+call waits for a person instead)."""
 
 
 def check(from_statuses: tuple[Status, ...] | frozenset[Status] | list[Status], to: Status) -> None:
@@ -66,6 +75,7 @@ def check(from_statuses: tuple[Status, ...] | frozenset[Status] | list[Status], 
     illegal = sorted(start for start in from_statuses if to not in ALLOWED[start])
     if illegal:
         allowed = "; ".join(
-            f"{start} -> {', '.join(sorted(ALLOWED[start])) or 'nothing: it is final'}" for start in illegal
+            f"{start} -> {', '.join(sorted(ALLOWED[start] - {start})) or 'nothing else: it is final'}"
+            for start in illegal
         )
         raise ValueError(f"an invocation cannot move from {', '.join(illegal)} to {to} ({allowed})")

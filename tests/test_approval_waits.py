@@ -112,7 +112,7 @@ async def test_nothing_the_agent_is_told_names_a_command_that_decides(tmp_path: 
             with anyio.fail_after(10):
                 await heard.wait()
             await h.ledger.invocations.decide(waiting.id, approve=False, principal="bob", note=None, now=utcnow())
-        pending = await h.call("fx__progress")
+        pending = await h.call("fx__progress", {"again": True})  # other arguments: not a retry of the denied call
         pending_id = error_of(pending)["invocation_id"]
         lookup = await h.call("bastion__invocation", {"invocation_id": pending_id})
         told += [beats[0], text_of(pending), error_of(pending)["message"], text_of(lookup)]

@@ -184,7 +184,7 @@ async def test_the_pending_limit_refuses_and_records_why(tmp_path: Path) -> None
     async with harness(tmp_path, approvals=limited) as h, anyio.create_task_group() as tg:
         tg.start_soon(h.call, "fx__progress")
         (first,) = await wait_pending(h)
-        error = error_of(await h.call("fx__progress"))
+        error = error_of(await h.call("fx__progress", {"another": "call"}))  # the same arguments would be a retry
         assert error["class"] == "pending_limit"
         refused = await h.ledger.invocations.get(error["invocation_id"])
         assert refused is not None

@@ -44,6 +44,7 @@ LAYERS: dict[str, int] = {
     "bastion.pipeline.instances": 6,  # this instance's lease, and who else is alive
     "bastion.pipeline.observer": 5,  # the hook observers of invocations register on
     "bastion.pipeline.traces": 5,  # the span of each call, kept while its invocation lives
+    "bastion.pipeline.recorded": 5,  # what a call that ended answered, read back from the ledger
     "bastion.pipeline.approvals": 6,
     "bastion.pipeline.previews": 6,  # a held call's preview, bounded in time and size
     "bastion.pipeline.grants": 6,  # approvals' standing grants, kept in the ledger
@@ -99,6 +100,7 @@ THIRD_PARTY: dict[str, set[str] | None] = {
     "bastion.pipeline.instances": {"anyio"},
     "bastion.pipeline.observer": set(),
     "bastion.pipeline.traces": set(),
+    "bastion.pipeline.recorded": {"mcp_types", "pydantic"},
     "bastion.pipeline.approvals": {"mcp_types", "anyio"},
     "bastion.pipeline.previews": {"anyio"},
     "bastion.pipeline.authority": set(),

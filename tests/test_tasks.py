@@ -156,6 +156,39 @@ async def test_a_call_needing_approval_returns_a_task_that_completes_with_the_re
         assert [(c.name, c.arguments) for c in bastion.fixture.calls] == [("echo", {"text": "hello"})]
 
 
+async def test_a_call_sent_again_is_the_same_task_and_one_approval_runs_it_once_for_every_host(tmp_path: Any) -> None:
+    async with live(tmp_path) as bastion:
+        agent = await bastion.token("ci-agent", "agent")
+        outcome: list[types.CallToolResult] = []
+        async with host(bastion, agent) as client, host(bastion, agent, with_tasks=False) as blocking:
+            first = await call_as_task(client, "fx__echo", {"text": "hello"})
+            again = await call_as_task(client, "fx__echo", {"text": "hello"})
+            assert isinstance(first, TaskHandle)
+            assert isinstance(again, TaskHandle)
+            assert again.task_id == first.task_id
+            async with anyio.create_task_group() as tg:
+
+                async def wait_blocking() -> None:
+                    outcome.append(await blocking.call_tool("fx__echo", {"text": "hello"}))
+
+                tg.start_soon(wait_blocking)
+                await bastion.wait_until(
+                    lambda: _retried(bastion, first.task_id, 2)  # the second task, then the blocking host
+                )
+                await decide(bastion, first.task_id, "approve")
+            done = await settled(bastion, client, first.task_id)
+        assert done.status == "completed"
+        (result,) = outcome
+        assert structured(result) == {"echo": {"text": "hello"}}
+        assert [c.name for c in bastion.fixture.calls] == ["echo"]
+        assert [i.id for i in await bastion.ledger.invocations.list()] == [first.task_id]
+
+
+async def _retried(bastion: Bastion, invocation_id: str, times: int) -> bool:
+    kinds = [event.kind for event in await bastion.ledger.invocations.events(invocation_id)]
+    return kinds.count("retried") >= times
+
+
 async def test_a_denied_call_s_task_completes_with_the_approval_denied_error_result(tmp_path: Any) -> None:
     async with live(tmp_path) as bastion:
         agent = await bastion.token("ci-agent", "agent")

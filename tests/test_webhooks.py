@@ -155,7 +155,8 @@ async def test_bastion_serve_delivers_every_event_to_a_webhook_once_and_signed_a
 
             receiver.down = True
             async with anyio.create_task_group() as tg:  # a call the host stops waiting for: it stays pending
-                tg.start_soon(functools.partial(client.call_tool, *write))
+                other = ("notes__write_note", {"name": "later", "text": "call dad"})  # not a retry of the first
+                tg.start_soon(functools.partial(client.call_tool, *other))
                 await receiver.wait_for(lambda: heard("approval_requested", accepted=False) is not None)
                 tg.cancel_scope.cancel()
             left_pending = heard("approval_requested", accepted=False)

@@ -140,6 +140,9 @@ class ApprovalSettings(_Strict):
     and the call is held all the same."""
     preview_max_bytes: int = Field(default=8192, ge=256)
     """How much of a preview is kept (UTF-8 bytes of its text); a longer one is cut at a line, with a note."""
+    retry_window_seconds: float = Field(default=300, ge=0)
+    """How long after a held call ended (decided, expired, run) the same call sent again by the same caller gets that
+    call's outcome instead of a new invocation. While the call is undecided or running, a retry always waits for it."""
 
 
 class LimitSettings(_Strict):

@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Protocol
 
-from bastion.models import Admission, EventKind, Grant, Invocation, InvocationEvent, RecoveryReport, Status
+from bastion.models import (
+    Admission,
+    EventKind,
+    Grant,
+    Invocation,
+    InvocationEvent,
+    RecoveryReport,
+    RetryWindow,
+    Status,
+)
 
 GoneFn = Callable[[Sequence[str]], Awaitable[Collection[str]]]
 """Given the instances that own executing or approved invocations, those that are gone (stopped)."""
@@ -108,10 +117,20 @@ class InvocationBackend(Protocol):
         ...
 
     async def insert_pending(
-        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, limit: int
-    ) -> int | None:
+        self,
+        invocation: Invocation,
+        events: Sequence[EventKind],
+        detail: Scrubbed,
+        *,
+        limit: int,
+        retries: RetryWindow | None = None,
+        retried: Scrubbed = EMPTY_DETAIL,
+    ) -> int | Invocation | None:
         """Like `insert`, but only if its session has fewer than `limit` pending invocations, counted in the
-        same transaction (so two instances cannot both take the last slot). None when inserted, else the count."""
+        same transaction (so two instances cannot both take the last slot). None when inserted, else the count.
+
+        With `retries`, a twin found first in the same transaction (bastion.ledger.twins) comes back instead, as it
+        is now with a `retried` event appended (`retried` its detail), and nothing is inserted."""
         ...
 
     async def finish(

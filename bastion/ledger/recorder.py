@@ -24,7 +24,16 @@ from bastion.ledger.anchors import load_or_create_signing_key
 from bastion.ledger.backend import EMPTY_DETAIL, GoneFn, InvocationBackend, Scrubbed
 from bastion.ledger.decisions import PREVIEW, SIGNED, decision_text, preview_digest, sign_decision
 from bastion.ledger.redaction import Redactor
-from bastion.models import Admission, EventKind, Grant, Invocation, InvocationEvent, RecoveryReport, Status
+from bastion.models import (
+    Admission,
+    EventKind,
+    Grant,
+    Invocation,
+    InvocationEvent,
+    RecoveryReport,
+    RetryWindow,
+    Status,
+)
 
 
 class Recorder:
@@ -86,11 +95,23 @@ class Recorder:
         )
 
     async def record_pending(
-        self, invocation: Invocation, events: Sequence[EventKind], detail: Mapping[str, Any] | None, *, limit: int
-    ) -> int | None:
+        self,
+        invocation: Invocation,
+        events: Sequence[EventKind],
+        detail: Mapping[str, Any] | None,
+        *,
+        limit: int,
+        retries: RetryWindow | None = None,
+    ) -> int | Invocation | None:
         """Record a call that waits for approval only if its session has fewer than `limit` pending, counted
-        in the same transaction. None when recorded; else how many are pending (nothing was recorded)."""
-        return await self._backend.insert_pending(self._scrubbed(invocation), events, self._detail(detail), limit=limit)
+        in the same transaction. None when recorded; else how many are pending (nothing was recorded). With
+        `retries`: when the call retries an earlier one (its twin, bastion.ledger.twins), nothing is recorded but a
+        `retried` event on the twin (`by`: the principal who retried; none for a caller without a token, who retries
+        only within its own session), and the twin comes back as it is now."""
+        retried = self._detail({"by": invocation.principal})
+        return await self._backend.insert_pending(
+            self._scrubbed(invocation), events, self._detail(detail), limit=limit, retries=retries, retried=retried
+        )
 
     async def finish(
         self,

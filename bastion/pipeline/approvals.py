@@ -11,6 +11,13 @@ sent none gets no heartbeat, and hosts time out (the MCP Inspector at 60 s): it 
 `wait_without_progress_seconds`, then gets `approval_pending` naming the invocation, which stays pending.
 What the agent is told names the invocation and where a human decides it, never a command that decides: an
 agent with a shell could run that itself.
+
+A host that sends a held call again (its request was cancelled or timed out, or it reconnected) while the first is
+undecided or running, or soon after it ended (`retry_window_seconds`), gets the first call instead of a second one:
+the ledger finds the twin in the transaction that would record the retry (bastion.ledger.twins) and notes a
+`retried` event on it. The retry then waits for the same decision and run (held in this process too, with its own
+copy of the arguments, so this process can run the call if the one that held it stopped), or gets what the call
+ended with, from the ledger (`bastion.pipeline.recorded`): a call never runs twice because it was sent twice.
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from bastion import states
 from bastion.errors import (
-    ApprovalDenied,
     ApprovalExpired,
     ApprovalPending,
     BastionError,
@@ -40,9 +46,10 @@ from bastion.errors import (
     UnknownOutcome,
 )
 from bastion.ledger.decisions import PREVIEW
-from bastion.models import APPROVERS, PLUGIN_SOURCE_ID, Invocation, Preview, utcnow
+from bastion.models import APPROVERS, PLUGIN_SOURCE_ID, Invocation, Preview, RetryWindow, utcnow
 from bastion.pipeline.catalog import CatalogEntry
 from bastion.pipeline.observer import Observers
+from bastion.pipeline.recorded import recorded_result
 from bastion.pipeline.seams import ChangeFeed, InvocationStore
 from bastion.sources.seam import ProgressFn
 
@@ -105,6 +112,10 @@ class Held:
     result: types.CallToolResult | None = None
     error: BastionError | None = None
     running: bool = False
+    noticed: bool = False
+    """Its decision was seen here (and told to the observers, unless `attached`)."""
+    attached: bool = False
+    """Held here for a retry of a call another process recorded (that process tells the observers its decision)."""
 
     def finish(self, *, result: types.CallToolResult | None = None, error: BastionError | None = None) -> None:
         self.result, self.error = result, error
@@ -155,6 +166,7 @@ class HeldCalls:
         defer: bool = False,
         approvers: int = 1,
         preview: Preview | None = None,
+        retries: RetryWindow | None = None,
     ) -> types.CallToolResult:
         """Record the invocation as pending (with its `preview`, if any, in the event's detail) and block until it
         is decided, run, expired or refused. A call that needs several distinct `approvers` says so in its `pending`
@@ -162,9 +174,11 @@ class HeldCalls:
 
         Raises PendingLimit (nothing recorded) when its session already has `limit` pending invocations.
         `on_pending` runs beside the wait (and is cancelled when it ends); `defer` returns at once by
-        raising AwaitingInput, and a later `resume` waits instead.
+        raising AwaitingInput, and a later `resume` waits instead. With `retries`, a call that retries an earlier
+        one (its twin) is not recorded: it is answered as the twin is (`_attach`).
         """
-        held = Held(invocation, entry, arguments, Progress(on_progress) if on_progress else None)
+        progress = Progress(on_progress) if on_progress else None
+        held = Held(invocation, entry, arguments, progress)
         self._held[invocation.id] = held
         try:
             detail: dict[str, Any] = {"expires_at": str(invocation.expires_at)}
@@ -172,10 +186,15 @@ class HeldCalls:
                 detail[APPROVERS] = approvers
             if preview is not None:
                 detail[PREVIEW] = preview.model_dump(mode="json")
-            pending = await self._store.record_pending(invocation, ("planned", "pending"), detail, limit=limit)
+            pending = await self._store.record_pending(
+                invocation, ("planned", "pending"), detail, limit=limit, retries=retries
+            )
         except BaseException:
             self._held.pop(invocation.id, None)
             raise
+        if isinstance(pending, Invocation):
+            self._held.pop(invocation.id, None)
+            return await self._attach(pending, entry, arguments, progress, on_pending=on_pending, defer=defer)
         if pending is None:
             await self._observers.planned(invocation)
         else:
@@ -186,13 +205,48 @@ class HeldCalls:
                 invocation_id=invocation.id,
             )
         self._added.set()
+        return await self._wait_as_asked(held, progress, on_pending=on_pending, defer=defer)
+
+    async def _attach(
+        self,
+        twin: Invocation,
+        entry: CatalogEntry,
+        arguments: dict[str, Any],
+        progress: Progress | None,
+        *,
+        on_pending: PendingFn | None,
+        defer: bool,
+    ) -> types.CallToolResult:
+        """A retry of `twin` (see the module docstring): one that ended answers what it ended with; one still
+        pending, approved or running is waited for, as the call that made it waits (asked inline or deferred the
+        same way while it is pending)."""
+        logger.info("a retry of invocation %s (%s, %s) attaches to it", twin.id, entry.key, twin.status)
+        if twin.status not in states.OPEN:
+            return recorded_result(twin)
+        held = self._held.get(twin.id)
+        if held is None:  # recorded by another process (or one that stopped): held here too, with these arguments
+            held = Held(twin, entry, arguments, progress, attached=True)
+            self._held[twin.id] = held
+            self._added.set()
+        elif progress is not None:  # the downstream's progress goes to the newest host waiting, as on `resume`
+            held.progress = progress
+        pending = twin.status == "pending"
+        return await self._wait_as_asked(
+            held, progress, on_pending=on_pending if pending else None, defer=defer and pending
+        )
+
+    async def _wait_as_asked(
+        self, held: Held, progress: Progress | None, *, on_pending: PendingFn | None, defer: bool
+    ) -> types.CallToolResult:
+        """Wait for a held call as its host asked: deferred (AwaitingInput), with `on_pending` beside the wait, or
+        just waiting; `progress` gets this host's heartbeats."""
         if defer:
-            raise AwaitingInput(invocation)
+            raise AwaitingInput(held.invocation)
         if on_pending is None:
-            return await self._wait(held)
+            return await self._wait(held, progress)
         async with anyio.create_task_group() as beside:
-            beside.start_soon(on_pending, invocation)
-            await self._until_done(held)
+            beside.start_soon(on_pending, held.invocation)
+            await self._until_done(held, progress)
             beside.cancel_scope.cancel()
         return self._outcome(held)  # outside the task group
 
@@ -205,10 +259,10 @@ class HeldCalls:
                 invocation_id=invocation_id,
             )
         held.progress = Progress(on_progress) if on_progress is not None else None
-        return await self._wait(held)
+        return await self._wait(held, held.progress)
 
-    async def _wait(self, held: Held) -> types.CallToolResult:
-        await self._until_done(held)
+    async def _wait(self, held: Held, progress: Progress | None) -> types.CallToolResult:
+        await self._until_done(held, progress)
         return self._outcome(held)
 
     def _outcome(self, held: Held) -> types.CallToolResult:
@@ -220,10 +274,10 @@ class HeldCalls:
         assert held.result is not None
         return held.result
 
-    async def _until_done(self, held: Held) -> None:
-        """Wait for the outcome, sending the host a heartbeat every `heartbeat_seconds`; a host that takes no
-        progress waits at most `wait_without_progress_seconds` (longer only if the approved call already runs)."""
-        progress = held.progress
+    async def _until_done(self, held: Held, progress: Progress | None) -> None:
+        """Wait for the outcome, sending the host (its `progress`) a heartbeat every `heartbeat_seconds`; a host that
+        takes no progress waits at most `wait_without_progress_seconds` (longer only if the approved call already
+        runs)."""
         if progress is None:
             with anyio.move_on_after(self.wait_without_progress_seconds):
                 await held.done.wait()
@@ -295,20 +349,29 @@ class HeldCalls:
                     await anyio.sleep(LEDGER_RETRY_SECONDS)
 
     async def _settle(self, runs: TaskGroup, due: set[str] | None) -> None:
-        """Run the held calls (of `due`, or all) that were approved, and answer the refused ones."""
+        """Run the held calls (of `due`, or all) that were approved, and answer the refused ones and those another
+        process ran."""
         for invocation_id, held in list(self._held.items()):
             if held.running or (due is not None and invocation_id not in due):
                 continue
             current = await self._store.get(invocation_id)
             if current is None or current.status == "pending":
                 continue
-            await self._observers.decided(current)
+            if not held.noticed:
+                held.noticed = True
+                if not held.attached:
+                    await self._observers.decided(current)
             if current.status == "approved":
                 held.running = True
                 runs.start_soon(self._run_held, held, name=f"approved:{invocation_id}")
                 continue
+            if current.status in states.OPEN:
+                continue  # another process runs it (it held the call too): its outcome arrives by the feed
             self._held.pop(invocation_id, None)
-            held.finish(error=_refusal(current))
+            try:
+                held.finish(result=recorded_result(current))
+            except BastionError as refused:
+                held.finish(error=refused)
 
     async def _recover(self, runs: TaskGroup) -> None:
         """Now and then: mark the calls of stopped instances unknown, and run what they left approved."""
@@ -346,13 +409,17 @@ class HeldCalls:
     async def _run_held(self, held: Held) -> None:
         invocation_id = held.invocation.id
         try:
-            result = await self._claim_and_run(held.invocation, held.entry, held.arguments, held.progress)
+            claimed = await self._store.claim(invocation_id, owner=self.owner)
+            if claimed is None:  # another process holding it too took it first: `_settle` waits for its outcome
+                held.running = False
+                return
+            result = await self._run_claimed(claimed, held.entry, held.arguments, held.progress)
         except BastionError as exc:
+            self._held.pop(invocation_id, None)
             held.finish(error=exc)
         else:
-            held.finish(result=result)
-        finally:
             self._held.pop(invocation_id, None)
+            held.finish(result=result)
 
     async def _run_orphan(self, orphan: Invocation) -> None:
         """An approved invocation whose process died before running it: run it if we still can."""
@@ -373,6 +440,12 @@ class HeldCalls:
                 "another Bastion process took this approved invocation; ask bastion__invocation for its outcome",
                 invocation_id=invocation.id,
             )
+        return await self._run_claimed(claimed, entry, arguments, progress)
+
+    async def _run_claimed(
+        self, claimed: Invocation, entry: CatalogEntry | None, arguments: Any, progress: Progress | None
+    ) -> types.CallToolResult:
+        """Run an invocation this process claimed (now `executing`), after the checks of `_cannot_run`."""
         problem = self._cannot_run(claimed, entry, arguments)
         if problem is not None:
             await self._store.transition(
@@ -399,14 +472,3 @@ class HeldCalls:
         if invocation.expires_at is not None and utcnow() > invocation.expires_at + timedelta(seconds=1):
             return ApprovalExpired(f"the approval came after {invocation.expires_at}", invocation_id=invocation.id)
         return None
-
-
-def _refusal(invocation: Invocation) -> BastionError:
-    message = invocation.error_message or f"the invocation is {invocation.status}"
-    if invocation.status == "denied":
-        return ApprovalDenied(message, invocation_id=invocation.id)
-    if invocation.status == "expired":
-        return ApprovalExpired(message, invocation_id=invocation.id)
-    return UnknownOutcome(
-        f"the invocation is {invocation.status}; ask bastion__invocation for its outcome", invocation_id=invocation.id
-    )

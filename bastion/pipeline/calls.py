@@ -34,7 +34,7 @@ from bastion.errors import (
     UpstreamError,
 )
 from bastion.ledger.limits import ProcessLimits
-from bastion.models import Admission, CallContext, Invocation, ModeDecision, utcnow
+from bastion.models import Admission, CallContext, Invocation, ModeDecision, RetryWindow, utcnow
 from bastion.pipeline.approvals import AwaitingInput, HeldCalls, PendingFn, Progress
 from bastion.pipeline.catalog import Catalog, CatalogEntry
 from bastion.pipeline.instances import Instance
@@ -337,11 +337,17 @@ class CallPath:
         approvers: int,
     ) -> types.CallToolResult:
         """require_approval: pending in the ledger (needing `approvers` distinct approvers), and the host's call
-        blocks until it is decided."""
+        blocks until it is decided. A call that retries an earlier held one (its twin) is not recorded: it waits for,
+        or gets, what the twin gets."""
         approvals = self.config.settings.approvals
         now = utcnow()
         held = invocation.model_copy(
             update={"status": "pending", "expires_at": now + timedelta(seconds=approvals.expiry_seconds)}
+        )
+        retries = RetryWindow.before(
+            now,
+            window_seconds=approvals.retry_window_seconds,
+            longest_held_seconds=approvals.expiry_seconds + self.config.settings.limits.call_timeout_seconds,
         )
         logger.info("invocation %s (%s) waits for approval", held.id, entry.key)
         # What the approver sees beside the arguments; bounded, so it can only delay the hold, never prevent it.
@@ -362,6 +368,7 @@ class CallPath:
             defer=defer,
             approvers=approvers,
             preview=preview,
+            retries=retries,
         )
         try:
             return await self._wait_unless_stopping(held.id, holding)

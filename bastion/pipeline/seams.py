@@ -33,6 +33,7 @@ from bastion.models import (
     Principal,
     PruneReport,
     RecoveryReport,
+    RetryWindow,
     Role,
     Status,
     TokenInfo,
@@ -79,10 +80,18 @@ class InvocationStore(Protocol):
         ...
 
     async def record_pending(
-        self, invocation: Invocation, events: Sequence[EventKind], detail: Mapping[str, Any] | None, *, limit: int
-    ) -> int | None:
+        self,
+        invocation: Invocation,
+        events: Sequence[EventKind],
+        detail: Mapping[str, Any] | None,
+        *,
+        limit: int,
+        retries: RetryWindow | None = None,
+    ) -> int | Invocation | None:
         """Record a call that waits for approval only if its session has fewer than `limit` pending, counted
-        atomically with the insert (across instances). None when recorded; else how many are pending."""
+        atomically with the insert (across instances). None when recorded; else how many are pending. With
+        `retries`, a call that retries an earlier one is not recorded: the earlier one (its twin) comes back, with
+        a `retried` event noted on it, looked up atomically with the insert."""
         ...
 
     async def finish(

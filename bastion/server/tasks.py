@@ -35,9 +35,10 @@ from mcp_types import CLIENT_CAPABILITIES_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from bastion.actions import Unshapeable, shaped_result
-from bastion.errors import ERROR_CLASSES, ApprovalDenied, ApprovalExpired, BastionError, UnknownOutcome, UpstreamError
+from bastion.errors import BastionError, UpstreamError
 from bastion.models import CallContext, Invocation, Status
 from bastion.pipeline.authority import was_withdrawn, withdraw
+from bastion.pipeline.recorded import refusal_of
 from bastion.pipeline.seams import Ledger
 from bastion.server.errors import tool_result
 
@@ -134,7 +135,7 @@ class TasksExtension(Extension):
         """What the blocking call would have returned, from the ledger and shaped for the host's `version`: the
         tool's result, or the refusal (also when the ledger's copy, cut to the ledger's size limit, is no longer a
         tool result the host can receive)."""
-        error = _error_of(invocation)
+        error: BastionError = refusal_of(invocation)
         if isinstance(invocation.result, dict) and invocation.status in ("completed", "failed"):
             try:
                 return shaped_result(cast(dict[str, Any], invocation.result), version)
@@ -181,13 +182,3 @@ def _task(invocation: Invocation, status: TaskStatus, message: str | None) -> di
     if message:
         task["statusMessage"] = message
     return task
-
-
-def _error_of(invocation: Invocation) -> BastionError:
-    """The refusal a call ended with, as the error its blocking host was answered with."""
-    message = invocation.error_message or f"the invocation is {invocation.status}"
-    if invocation.error_class is not None:
-        cls = ERROR_CLASSES.get(invocation.error_class, BastionError)
-    else:
-        cls = {"denied": ApprovalDenied, "expired": ApprovalExpired}.get(invocation.status, UnknownOutcome)
-    return cls(message, invocation_id=invocation.id)

@@ -20,7 +20,7 @@ import psycopg
 
 from bastion import states
 from bastion.errors import ApprovalExpired, Conflict, NotFound
-from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, stored_json
+from bastion.ledger.backend import EMPTY_DETAIL, INVOCATION_COLUMNS, GoneFn, Scrubbed, stored_json
 from bastion.ledger.invocation_reads import COUNT
 from bastion.ledger.postgres.chain import APPENDED, Change, append, appending, head
 from bastion.ledger.postgres.database import NOTIFY, Connection, changes_of
@@ -28,7 +28,8 @@ from bastion.ledger.postgres.grants import insert_grant
 from bastion.ledger.postgres.limits import admit_in
 from bastion.ledger.postgres.reads import PostgresInvocationReads, invocation_from_row
 from bastion.ledger.scrubbing import SCRUBBED_COLUMNS
-from bastion.models import Admission, EventKind, Grant, Invocation, RecoveryReport, Status, utcnow
+from bastion.ledger.twins import twin_key, twin_params, twin_query
+from bastion.models import Admission, EventKind, Grant, Invocation, RecoveryReport, RetryWindow, Status, utcnow
 
 _COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
 
@@ -45,6 +46,10 @@ RECORD: Final = f"""
 # The pending limit: counted after taking the session's lock, so two instances cannot both take the last slot.
 LOCK_SESSION: Final = "SELECT pg_advisory_xact_lock(hashtextextended('bastion pending ' || %s, 0))"
 COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_id = %s AND status = 'pending'"
+# A retry's look-up for its twin (bastion.ledger.twins), serialised on the twin's key: the second of two retries at
+# once waits until the first committed, and then finds it. (The chain's head, taken first, serialises every write
+# today; this lock keeps the look-up race-free without relying on that.)
+LOCK_TWIN: Final = "SELECT pg_advisory_xact_lock(hashtextextended('bastion twin ' || %s, 0))"
 
 
 TRANSITION_FIELDS: Final = ("result", "error_class", "error_message", "owner", "expires_at")
@@ -166,32 +171,60 @@ class PostgresInvocations(PostgresInvocationReads):
         """Admit the call against its rate limit and insert it, in one transaction (the chain's head first, then
         the key's lock); when the limit refuses it, nothing is inserted and the seconds until one more fits come
         back (None when inserted)."""
-        return await self._insert_unless(invocation, events, detail, lambda conn: admit_in(conn, admission))
+
+        async def over_rate_limit(
+            conn: Connection, at_head: tuple[int, str]
+        ) -> tuple[float | None, builtins.list[Any]]:
+            return await admit_in(conn, admission), []
+
+        return await self._insert_unless(invocation, events, detail, over_rate_limit)
 
     async def insert_pending(
-        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, limit: int
-    ) -> int | None:
+        self,
+        invocation: Invocation,
+        events: Sequence[EventKind],
+        detail: Scrubbed,
+        *,
+        limit: int,
+        retries: RetryWindow | None = None,
+        retried: Scrubbed = EMPTY_DETAIL,
+    ) -> int | Invocation | None:
         """Insert it only if its session has fewer than `limit` pending invocations, counted under the session's
         advisory lock in the same transaction (so two instances cannot both take the last slot). None when
-        inserted; else how many were pending."""
+        inserted; else how many were pending. With `retries`, its twin, looked up first under the advisory lock of
+        the twin's key (so of two retries at once, the second finds what the first recorded), comes back instead,
+        with a `retried` event (detail `retried`), and nothing is inserted."""
+        find_twin = twin_query(lambda name: f"%({name})s", invocation)
 
-        async def over_limit(conn: Connection) -> int | None:
+        async def twin_or_over_limit(
+            conn: Connection, at_head: tuple[int, str]
+        ) -> tuple[int | Invocation | None, builtins.list[Any]]:
+            if retries is not None:
+                await conn.execute(LOCK_TWIN, (twin_key(invocation),))
+                found = await (await conn.execute(find_twin, twin_params(invocation, retries))).fetchone()
+                if found is not None:
+                    twin_id, status = found[0], found[1]
+                    params = _transition_params(twin_id, (status,), status, {})
+                    noted = await (await conn.execute(TRANSITION, params)).fetchall()
+                    appended = await append(conn, at_head, changes(noted, "retried", params["now"], retried.json))
+                    return invocation_from_row(noted[0]), appended
             await conn.execute(LOCK_SESSION, (invocation.session_id,))
             counted = await (await conn.execute(COUNT_SESSION_PENDING, (invocation.session_id,))).fetchone()
             pending = int(counted[0]) if counted is not None else 0
-            return pending if pending >= limit else None
+            return (pending if pending >= limit else None), []
 
-        return await self._insert_unless(invocation, events, detail, over_limit)
+        return await self._insert_unless(invocation, events, detail, twin_or_over_limit)
 
     async def _insert_unless(
         self,
         invocation: Invocation,
         events: Sequence[EventKind],
         detail: Scrubbed,
-        refusal: Callable[[Connection], Awaitable[_Refusal | None]],
+        refusal: Callable[[Connection, tuple[int, str]], Awaitable[tuple[_Refusal | None, builtins.list[Any]]]],
     ) -> _Refusal | None:
         """Insert the invocation unless `refusal`, asked first in the same transaction (after the chain's head is
-        taken), answers something (which comes back, nothing inserted). Raises Conflict if the id is taken."""
+        taken, which it is given), answers something (which comes back, nothing inserted) with the events it appended
+        itself. Raises Conflict if the id is taken."""
         params = _record_params(invocation)
         last = len(events)
         at = utcnow()
@@ -203,9 +236,9 @@ class PostgresInvocations(PostgresInvocationReads):
 
         async def work(conn: Connection) -> tuple[_Refusal | None, builtins.list[Any]]:
             at_head = await head(conn)
-            refused = await refusal(conn)
+            refused, appended = await refusal(conn, at_head)
             if refused is not None:
-                return refused, []
+                return refused, appended
             return None, await (await conn.execute(RECORD, params | appending(at_head, first))).fetchall()
 
         try:
@@ -229,18 +262,7 @@ class PostgresInvocations(PostgresInvocationReads):
         """Move an invocation to `to` if its status is one of `from_statuses`, set `fields` and append the
         event, in one statement. Returns the updated invocation, or None when the condition did not hold or the
         id is unknown. Raises ValueError for a field outside `TRANSITION_FIELDS`."""
-        unknown = set(fields) - set(TRANSITION_FIELDS)
-        if unknown:
-            raise ValueError(f"transition cannot set {sorted(unknown)}; allowed: {', '.join(TRANSITION_FIELDS)}")
-        params: dict[str, Any] = {
-            "id": invocation_id,
-            "to": to,
-            "now": at or utcnow(),
-            "from_statuses": builtins.list(from_statuses),
-        }
-        for name in TRANSITION_FIELDS:
-            params[f"set_{name}"] = name in fields
-            params[name] = _field_value(name, fields[name]) if name in fields else None
+        params = _transition_params(invocation_id, from_statuses, to, fields, at)
         rows = await self._changing(TRANSITION, params, event, detail.json)
         return invocation_from_row(rows[0]) if rows else None
 
@@ -373,8 +395,8 @@ class PostgresInvocations(PostgresInvocationReads):
         )
 
 
-async def _nothing_refuses(conn: Connection) -> None:
-    return None
+async def _nothing_refuses(conn: Connection, at_head: tuple[int, str]) -> tuple[None, builtins.list[Any]]:
+    return None, []
 
 
 def _record_params(invocation: Invocation) -> dict[str, Any]:
@@ -384,6 +406,30 @@ def _record_params(invocation: Invocation) -> dict[str, Any]:
     params["error_message"] = _text(invocation.error_message)
     # The drift diff is stored verbatim, as on SQLite (it comes from definitions the pins hold verbatim).
     params["drift"] = None if invocation.drift is None else json.dumps(invocation.drift, ensure_ascii=False)
+    return params
+
+
+def _transition_params(
+    invocation_id: str,
+    from_statuses: Collection[Status],
+    to: Status,
+    fields: Mapping[str, Any],
+    at: datetime | None = None,
+) -> dict[str, Any]:
+    """The parameters of `TRANSITION`, stamped `at` (default: now). Raises ValueError for a field outside
+    `TRANSITION_FIELDS`."""
+    unknown = set(fields) - set(TRANSITION_FIELDS)
+    if unknown:
+        raise ValueError(f"transition cannot set {sorted(unknown)}; allowed: {', '.join(TRANSITION_FIELDS)}")
+    params: dict[str, Any] = {
+        "id": invocation_id,
+        "to": to,
+        "now": at or utcnow(),
+        "from_statuses": builtins.list(from_statuses),
+    }
+    for name in TRANSITION_FIELDS:
+        params[f"set_{name}"] = name in fields
+        params[name] = _field_value(name, fields[name]) if name in fields else None
     return params
 
 

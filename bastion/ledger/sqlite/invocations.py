@@ -14,11 +14,11 @@ import operator
 import sqlite3
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar, cast
 
 from bastion import states
 from bastion.errors import ApprovalExpired, Conflict, NotFound
-from bastion.ledger.backend import INVOCATION_COLUMNS, GoneFn, Scrubbed, stored_json
+from bastion.ledger.backend import EMPTY_DETAIL, INVOCATION_COLUMNS, GoneFn, Scrubbed, stored_json
 from bastion.ledger.chain import Unlinked, record_state
 from bastion.ledger.invocation_reads import COUNT
 from bastion.ledger.scrubbing import SCRUBBED_COLUMNS
@@ -27,7 +27,8 @@ from bastion.ledger.sqlite.grants import insert_grant
 from bastion.ledger.sqlite.limits import admit_in
 from bastion.ledger.sqlite.reads import SqliteInvocationReads, invocation_from_row
 from bastion.ledger.sqlite.schema import dumps, optional_timestamp, timestamp
-from bastion.models import Admission, EventKind, Grant, Invocation, RecoveryReport, Status, utcnow
+from bastion.ledger.twins import twin_params, twin_query
+from bastion.models import Admission, EventKind, Grant, Invocation, RecoveryReport, RetryWindow, Status, utcnow
 
 _COLUMN_LIST: Final = ", ".join(INVOCATION_COLUMNS)
 _Refusal = TypeVar("_Refusal")
@@ -160,17 +161,46 @@ class SqliteInvocations(SqliteInvocationReads):
         )
 
     async def insert_pending(
-        self, invocation: Invocation, events: Sequence[EventKind], detail: Scrubbed, *, limit: int
-    ) -> int | None:
+        self,
+        invocation: Invocation,
+        events: Sequence[EventKind],
+        detail: Scrubbed,
+        *,
+        limit: int,
+        retries: RetryWindow | None = None,
+        retried: Scrubbed = EMPTY_DETAIL,
+    ) -> int | Invocation | None:
         """Insert it only if its session has fewer than `limit` pending invocations, counted in the same
         transaction (under the write lock, so two processes cannot both take the last slot). None when
-        inserted; else how many were pending."""
+        inserted; else how many were pending. With `retries`, its twin, found first under the same lock, comes back
+        instead, with a `retried` event (detail `retried`), and nothing is inserted."""
+        find_twin = twin_query(lambda name: f":{name}", invocation) if retries is not None else None
 
-        def over_limit(conn: sqlite3.Connection) -> int | None:
+        def twin_or_over_limit(conn: sqlite3.Connection) -> int | Invocation | None:
+            if find_twin is not None and retries is not None:
+                twin = self._attach(conn, find_twin, twin_params(invocation, retries), retried)
+                if twin is not None:
+                    return twin
             pending: int = conn.execute(COUNT_SESSION_PENDING, (invocation.session_id,)).fetchone()[0]
             return pending if pending >= limit else None
 
-        return await self._insert_unless(invocation, events, detail, over_limit)
+        return await self._insert_unless(invocation, events, detail, twin_or_over_limit)
+
+    @staticmethod
+    def _attach(
+        conn: sqlite3.Connection, find_twin: str, params: dict[str, object], retried: Scrubbed
+    ) -> Invocation | None:
+        """The twin `find_twin` selects, with a `retried` event appended (bastion.states.NOTE_RETRY); None when
+        there is none."""
+        for moment in ("created_since", "decided_since"):
+            params[moment] = timestamp(cast(datetime, params[moment]))
+        found = conn.execute(find_twin, params).fetchone()
+        if found is None:
+            return None
+        twin_id, status = found[0], found[1]
+        noted = conn.execute(TRANSITION, _transition_params(twin_id, (status,), status, {})).fetchall()
+        append_events(conn, [changed(noted[0], "retried", timestamp(utcnow()), retried.json)])
+        return _invocation(noted[0])
 
     async def _insert_unless(
         self,
@@ -228,19 +258,8 @@ class SqliteInvocations(SqliteInvocationReads):
         """Move an invocation to `to` if its status is one of `from_statuses`, set `fields` and append the
         event, all in one transaction. Returns the updated invocation, or None when the condition did not
         hold or the id is unknown. Raises ValueError for a field outside `TRANSITION_FIELDS`."""
-        unknown = set(fields) - set(TRANSITION_FIELDS)
-        if unknown:
-            raise ValueError(f"transition cannot set {sorted(unknown)}; allowed: {', '.join(TRANSITION_FIELDS)}")
-        now = timestamp(at or utcnow())
-        params: dict[str, Any] = {
-            "id": invocation_id,
-            "to": to,
-            "now": now,
-            "from_statuses": json.dumps(builtins.list(from_statuses)),
-        }
-        for name in TRANSITION_FIELDS:
-            params[f"set_{name}"] = name in fields
-            params[name] = _field_value(name, fields[name]) if name in fields else None
+        params = _transition_params(invocation_id, from_statuses, to, fields, at)
+        now = params["now"]
 
         def work(conn: sqlite3.Connection) -> Sequence[Any] | None:
             rows = conn.execute(TRANSITION, params).fetchall()  # all: the statement is then done
@@ -421,6 +440,30 @@ def _invocation_row(invocation: Invocation) -> list[Any]:
     for index, convert in _CONVERTED:
         row[index] = convert(row[index])
     return row
+
+
+def _transition_params(
+    invocation_id: str,
+    from_statuses: Collection[Status],
+    to: Status,
+    fields: Mapping[str, Any],
+    at: datetime | None = None,
+) -> dict[str, Any]:
+    """The parameters of `TRANSITION`, stamped `at` (default: now). Raises ValueError for a field outside
+    `TRANSITION_FIELDS`."""
+    unknown = set(fields) - set(TRANSITION_FIELDS)
+    if unknown:
+        raise ValueError(f"transition cannot set {sorted(unknown)}; allowed: {', '.join(TRANSITION_FIELDS)}")
+    params: dict[str, Any] = {
+        "id": invocation_id,
+        "to": to,
+        "now": timestamp(at or utcnow()),
+        "from_statuses": json.dumps(builtins.list(from_statuses)),
+    }
+    for name in TRANSITION_FIELDS:
+        params[f"set_{name}"] = name in fields
+        params[name] = _field_value(name, fields[name]) if name in fields else None
+    return params
 
 
 def _field_value(name: str, value: Any) -> Any:
