@@ -8,6 +8,7 @@ HTTP answer for the remote CLI) live beside each other in `bastion.server.errors
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 
@@ -103,6 +104,14 @@ class RateLimited(BastionError):
     def __init__(self, message: str, *, invocation_id: str | None = None, retry_after: float | None = None) -> None:
         super().__init__(message, invocation_id=invocation_id)
         self.retry_after = retry_after
+
+    @classmethod
+    def session_over(cls, per_minute: int, wait: float) -> RateLimited:
+        """Bastion's own limit refused a session's call: `per_minute` allowed, the next fits in `wait` seconds."""
+        seconds = math.ceil(wait)
+        return cls(
+            f"session over its limit of {per_minute} invocations per minute; retry in {seconds} s", retry_after=seconds
+        )
 
 
 class ConnectorUnavailable(BastionError):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -291,7 +290,7 @@ class CallPath:
             # outcomes of the calls in flight, if any (one commit for many).
             wait = await self.outcomes.start(invocation, detail, admission=in_ledger, may_share=bool(self._running))
             if wait is not None:
-                await self.outcomes.refuse(invocation, _rate_limited(admission, wait), detail)
+                await self.outcomes.refuse(invocation, RateLimited.session_over(admission.per_minute, wait), detail)
             return True
         if in_ledger is not None:
             await self._admit(self.ledger.limits, invocation, admission, detail)
@@ -311,7 +310,7 @@ class CallPath:
         """Count the call against its session's rate limit in `limits`; over it, record it refused and raise."""
         wait = await limits.admit(admission.key, per_minute=admission.per_minute, now=admission.now)
         if wait is not None:
-            await self.outcomes.refuse(invocation, _rate_limited(admission, wait), detail)
+            await self.outcomes.refuse(invocation, RateLimited.session_over(admission.per_minute, wait), detail)
 
     @contextmanager
     def _relaying(self, invocation_id: str, relay: HostRequest | None) -> Iterator[None]:
@@ -589,11 +588,6 @@ def _as_wire(result: types.CallToolResult | WireResult) -> WireResult:
     if isinstance(result, WireResult):
         return result
     return WireResult(result.model_dump(by_alias=True, mode="json", exclude_none=True))
-
-
-def _rate_limited(admission: Admission, wait: float) -> RateLimited:
-    reason = f"session over its limit of {admission.per_minute} invocations per minute; retry in {math.ceil(wait)} s"
-    return RateLimited(reason, retry_after=math.ceil(wait))
 
 
 def _error_text(result: types.CallToolResult | WireResult) -> str:
