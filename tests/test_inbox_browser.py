@@ -15,7 +15,8 @@ from typing import Final
 import pytest
 from playwright.async_api import Browser, Page, Request, Response, ViewportSize, async_playwright, expect
 
-from bastion.models import utcnow
+from bastion.models import APPROVERS, Principal, utcnow
+from bastion.pipeline.authority import decide
 from tests.approvers import Bastion, live
 from tests.test_api import WAIT, invocation, seed
 from tests.test_inbox import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS
@@ -260,6 +261,29 @@ async def test_live_updates_add_and_remove_one_card_without_reloading_the_page(t
         await bastion.ledger.invocations.decide("inv-0002", approve=False, principal="bob", note=None, now=utcnow())
         await expect(page.locator("#empty")).to_be_visible()
         await expect(page.locator("#count")).to_have_text("0")
+
+
+async def test_a_first_of_two_approvals_updates_its_card_in_place(tmp_path: Path) -> None:
+    """A call that needs two approvers: the first approval (by bob, elsewhere) refetches that one card, which then
+    says where the call stands, without reloading the page or losing the selection."""
+    async with live(tmp_path) as bastion, chromium() as browser:
+        await bastion.ledger.invocations.record(invocation(1), ("planned", "pending"), {APPROVERS: 2})
+        page = await logged_in(browser, bastion)
+        await expect(page.locator("#live")).to_contain_text("Live")
+        card = page.locator('[data-invocation="inv-0001"]')
+        await card.click()
+        await expect(card).not_to_contain_text("1 of 2 approvals")
+        loads: list[str] = []
+        page.on("request", lambda request: loads.append(request.url) if request.resource_type == "document" else None)
+
+        bob = Principal(name="bob", role="admin")
+        await decide(bastion.ledger, "inv-0001", approve=True, principal=bob, note=None, now=utcnow())
+        await expect(card).to_contain_text("1 of 2 approvals, by bob")
+        await expect(page.locator("#live")).to_contain_text("approval of fx__write was recorded")
+        await expect(page.locator("#count")).to_have_text("1")
+        await expect(card).to_have_class(re.compile(r"\bselected\b"))
+        assert loads == [], "the page was never reloaded"
+        await photograph(page, "inbox-two-person")
 
 
 async def test_the_favicon_loads_without_credentials_and_no_page_request_is_refused(tmp_path: Path) -> None:

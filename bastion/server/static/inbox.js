@@ -113,19 +113,38 @@ function counted() {
 
 const settled = new Set(); // decided while its card was being fetched: never shown
 
-async function arrived(id) {
-  if (cardOf(id)) return;
+async function cardFor(id) {
   const response = await fetch("/inbox/approvals/" + encodeURIComponent(id) + "/card");
-  if (!response.ok) return; // decided or expired meanwhile; an ended session is told by the stream
+  if (!response.ok) return null; // decided or expired meanwhile; an ended session is told by the stream
   const template = document.createElement("template");
   template.innerHTML = await response.text();
-  const card = template.content.firstElementChild;
-  if (!card || cardOf(id) || settled.has(id)) return;
+  return settled.has(id) ? null : template.content.firstElementChild;
+}
+
+async function arrived(id) {
+  if (cardOf(id)) return;
+  const card = await cardFor(id);
+  if (!card || cardOf(id)) return;
   $("#cards").prepend(card);
   offerChoices(card);
   filter();
   counted();
   tick();
+}
+
+// One approval of a call that needs several: its card is fetched again ("1 of 2 approvals, by alice"), in place.
+async function recorded(invocation) {
+  const old = cardOf(invocation.id);
+  if (!old) return arrived(invocation.id);
+  const card = await cardFor(invocation.id);
+  if (!card || !old.isConnected) return;
+  const wasSelected = old === selected;
+  old.replaceWith(card);
+  offerChoices(card);
+  if (wasSelected) select(card);
+  filter();
+  tick();
+  $("#live").textContent = `Live: an approval of ${invocation.tool} was recorded just now.`;
 }
 
 function decided(invocation) {
@@ -156,6 +175,7 @@ function follow() {
       : "Reconnecting to live updates...";
   };
   source.addEventListener("approval_requested", (event) => arrived(JSON.parse(event.data).invocation.id));
+  source.addEventListener("approval_recorded", (event) => recorded(JSON.parse(event.data).invocation));
   source.addEventListener("approval_decided", (event) => decided(JSON.parse(event.data).invocation));
 }
 
