@@ -56,7 +56,7 @@ ORPHANS: Final = """
 """
 _DECISIONS: Final = """
     SELECT invocations.id, invocations.args_hash, invocations.fingerprint, events.detail, events.at, events.state,
-           held.detail
+           held.detail, held.{position}
     FROM events JOIN invocations ON invocations.id = events.invocation_id
     JOIN events AS held ON held.invocation_id = events.invocation_id AND held.kind = 'pending'
     WHERE events.kind = 'approved' AND invocations.id > {p}
@@ -104,7 +104,7 @@ class AuditReads:
         self._record_sql = {kept.prefix: record_sql(kept, placeholder) for kept in KEPT}
         self._kept_sql = {kept.prefix: records_sql(kept, placeholder) for kept in KEPT}
         self._records_sql = _RECORDS.format(p=placeholder)
-        self._decisions_sql = _DECISIONS.format(p=placeholder)
+        self._decisions_sql = _DECISIONS.format(p=placeholder, position=position)
         self._grant_uses_sql = _GRANT_USES.format(p=placeholder)
 
     async def checkpoint(self) -> AuditCheckpoint | None:
@@ -222,6 +222,7 @@ class AuditReads:
                 required_approvers(row[6]),
                 tuple(earlier.get(row[0], ())),
                 row[6],
+                row[7],
             )
             for row in rows
         ]

@@ -127,6 +127,8 @@ class HeldDecision(NamedTuple):
     """The approvals recorded before this one (a call needing several), oldest first."""
     held_detail: str | None = None
     """The detail of the call's `pending` event as stored (JSON text): the preview the approver was shown."""
+    held_position: int | None = None
+    """That event's chain position: a signed scrub (bastion.ledger.scrubbing) may have changed its preview."""
 
 
 class GrantUse(NamedTuple):
@@ -149,11 +151,16 @@ ReadGrantUses = Callable[[str, int], Awaitable[Sequence[GrantUse]]]
 
 
 async def verify_decisions(
-    report: AuditReport, read_decisions: ReadDecisions, read_uses: ReadGrantUses, trusted: Collection[str]
+    report: AuditReport,
+    read_decisions: ReadDecisions,
+    read_uses: ReadGrantUses,
+    trusted: Collection[str],
+    scrubbed: Collection[int] = (),
 ) -> AuditReport:
     """After a chain and records that hold, check every approval of a held call (with keys to trust) and every use of
     a grant (see the module docstring); the first that does not hold breaks the report (reason `decision` or
-    `grant`)."""
+    `grant`). `scrubbed`: the positions of events a signed scrub changed; the preview of a call whose `pending` event
+    is one of them is taken as the digest its approvals recorded (the scrub vouches for the change)."""
     if report.broken is not None:
         return report
     signed = unsigned = uses = 0
@@ -169,7 +176,7 @@ async def verify_decisions(
             if not held.chained:
                 unsigned += 1
                 continue
-            fault = _decision_fault(held, trusted)
+            fault = _decision_fault(held, trusted, held.held_position in scrubbed)
             if fault is not None:
                 return done(_break("decision", held.invocation_id, f"the approval of {held.invocation_id} {fault}"))
             signed += 1
@@ -190,15 +197,15 @@ async def verify_decisions(
     return done(None)
 
 
-def _decision_fault(held: HeldDecision, trusted: Collection[str]) -> str | None:
-    fault = _approval_fault(held, "approved", held.detail, held.at, trusted)
+def _decision_fault(held: HeldDecision, trusted: Collection[str], scrubbed: bool) -> str | None:
+    fault = _approval_fault(held, "approved", held.detail, held.at, trusted, scrubbed)
     if fault is not None or held.required == 1:
         return fault
     by: list[str] = []
     for number, earlier in enumerate(held.earlier, start=1):
         if not earlier.chained:
             return f"needs {held.required} approvers, and its approval {number} was recorded outside the chain"
-        fault = _approval_fault(held, "approval_recorded", earlier.detail, earlier.at, trusted)
+        fault = _approval_fault(held, "approval_recorded", earlier.detail, earlier.at, trusted, scrubbed)
         if fault is not None:
             return f"(its approval {number}) {fault}"
         by.append(str(json.loads(earlier.detail).get("by")))
@@ -212,8 +219,11 @@ def _decision_fault(held: HeldDecision, trusted: Collection[str]) -> str | None:
     return None
 
 
-def _approval_fault(held: HeldDecision, kind: str, stored: str, at: datetime, trusted: Collection[str]) -> str | None:
-    """What is wrong with one signed approval (`kind`: its event's) of the held call, if anything."""
+def _approval_fault(
+    held: HeldDecision, kind: str, stored: str, at: datetime, trusted: Collection[str], scrubbed: bool = False
+) -> str | None:
+    """What is wrong with one signed approval (`kind`: its event's) of the held call, if anything. `scrubbed`: the
+    call's `pending` event was changed by a signed scrub: the preview's digest is the one the approval recorded."""
     try:
         detail = json.loads(stored)
     except ValueError:
@@ -234,7 +244,7 @@ def _approval_fault(held: HeldDecision, kind: str, stored: str, at: datetime, tr
         at,
         held.grant if grant_id is not None else None,
         held.required,
-        preview_digest(held.held_detail),
+        detail.get(PREVIEW) if scrubbed else preview_digest(held.held_detail),
     )
     signature = detail[SIGNED]
     fault = verify_signature(text, signature.get("key"), signature.get("signature"), trusted)

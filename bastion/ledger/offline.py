@@ -114,7 +114,8 @@ async def verify_export(lines: Sequence[_Line], anchors: Sequence[Anchor], trust
     records = _records(lines)
     report = await verify_records(chain, _pages(sorted(records.values())), _nothing)
     calls = {line.event.invocation_id: records[line.event.invocation_id] for line in lines if line.event.invocation_id}
-    return await verify_decisions(report, _pages(_held(lines, calls)), _pages(_uses(calls, _grants(lines))), trusted)
+    held, uses = _pages(_held(lines, calls)), _pages(_uses(calls, _grants(lines)))
+    return await verify_decisions(report, held, uses, trusted, scrubbed.keys())
 
 
 def _records(lines: Sequence[_Line]) -> dict[str, StoredRecord]:
@@ -138,6 +139,7 @@ def _records(lines: Sequence[_Line]) -> dict[str, StoredRecord]:
 def _held(lines: Sequence[_Line], records: Mapping[str, StoredRecord]) -> list[HeldDecision]:
     """The approvals of held calls in the export, by invocation id."""
     pending = {line.event.invocation_id: line.event.detail for line in lines if line.event.kind == "pending"}
+    held_at = {line.event.invocation_id: line.event.position for line in lines if line.event.kind == "pending"}
     earlier: dict[str, list[EarlierApproval]] = {}
     for line in sorted(lines, key=lambda line: line.event.seq):
         event = line.event
@@ -162,6 +164,7 @@ def _held(lines: Sequence[_Line], records: Mapping[str, StoredRecord]) -> list[H
                 required_approvers(pending[event.invocation_id]),
                 tuple(earlier.get(event.invocation_id, ())),
                 pending[event.invocation_id],
+                held_at[event.invocation_id],
             )
         )
     return sorted(held, key=lambda decision: decision.invocation_id)

@@ -68,7 +68,7 @@ async def verify_signed(audit: Audit, anchors: Sequence[Anchor], trusted: Collec
     if report.broken is not None and report.broken.reason == "hash" and faults:
         broken = report.broken.model_copy(update={"message": f"{report.broken.message} ({'; '.join(faults)})"})
         report = report.model_copy(update={"broken": broken})
-    report = await verify_decisions(report, audit.decisions, audit.grant_uses, trusted)
+    report = await verify_decisions(report, audit.decisions, audit.grant_uses, trusted, scrubbed.keys())
     return report.model_copy(update={"trusted_keys": len(trusted)})
 
 

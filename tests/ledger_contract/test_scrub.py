@@ -13,7 +13,7 @@ from bastion.ledger.anchors import load_or_create_signing_key, public_text, sign
 from bastion.ledger.offline import _parsed, export_line, verify_export
 from bastion.ledger.verify import verify_signed
 from bastion.models import AuditReport
-from tests.ledger_contract.samples import make_invocation
+from tests.ledger_contract.samples import BEFORE_EXPIRY, EXPIRY, make_invocation
 from tests.ledger_contract.tampering import store_of
 
 pytestmark = pytest.mark.anyio
@@ -109,3 +109,28 @@ async def test_a_detail_edited_without_a_scrub_still_breaks_verify(ledger: OpenL
         await store.run("UPDATE events SET detail = '{\"echo\":\"rewritten\"}' WHERE invocation_id = 'inv-0003'")
     report = await _verified(ledger)
     assert report.broken is not None and report.broken.reason == "hash"
+
+
+async def test_a_scrubbed_preview_keeps_the_approval_made_on_it(ledger: OpenLedger) -> None:
+    """A secret in the diff an approver was shown: the scrub changes the held call's preview, and the approval, which
+    signed the preview's digest, still holds by the scrub's signature."""
+    load_or_create_signing_key(signing_key_path_for(ledger.key_path))
+    held = make_invocation(4, status="pending", expires_at=EXPIRY)
+    preview = {"kind": "diff", "summary": "write /tmp/x", "text": f"+motto: {LEAKED}"}
+    await ledger.invocations.record(held, ["planned", "pending"], {"preview": preview})
+    await ledger.invocations.decide(held.id, approve=True, principal="alice", note=None, now=BEFORE_EXPIRY)
+    assert (await _verified(ledger)).decisions == 1
+    await _scrubbed_once(ledger)
+    report = await _verified(ledger)
+    assert report.broken is None, report.broken
+    assert (report.decisions, report.scrubbed) == (1, 1)
+    assert "battery" not in await _exported(ledger)
+    lines = [_parsed(number, text) for number, text in enumerate((await _exported(ledger)).splitlines(), start=1)]
+    offline = await verify_export(lines, [], trusted_keys(ledger.key_path, []))
+    assert offline.broken is None, offline.broken
+
+
+async def _scrubbed_once(ledger: OpenLedger) -> None:
+    key = load_or_create_signing_key(signing_key_path_for(ledger.key_path))
+    report = await ledger.audit.scrub(scrubbing.Scrub(scrubbing.forms(LEAKED), "alice", key))
+    assert (report.invocations, report.events) == (1, 1)
