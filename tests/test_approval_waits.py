@@ -122,6 +122,6 @@ async def test_nothing_the_agent_is_told_names_a_command_that_decides(tmp_path: 
     for text in told:
         assert DECIDING.search(text) is None, text
     for text in (beats[0], text_of(pending), text_of(lookup)):
-        assert "bastion approvals show" in text, text
+        assert "human approver" in text and "bastion " not in text, text
     assert waiting.id in beats[0]
     assert pending_id in text_of(pending) and pending_id in text_of(lookup)

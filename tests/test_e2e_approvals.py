@@ -5,8 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
-import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -199,7 +197,7 @@ async def _call_and_ignore(url: str, tool: str, arguments: dict[str, Any]) -> No
         pass
 
 
-async def test_hints_name_the_config_directory_so_the_hinted_command_reads_the_same_ledger(tmp_path: Path) -> None:
+async def test_the_agent_is_told_the_id_its_approver_finds_the_call_by_and_no_command(tmp_path: Path) -> None:
     notes = tmp_path / "notes.json"
     notes.write_text("{}")
     config = write_config(tmp_path / "my config", notes_file=notes, time_server=False)
@@ -227,15 +225,19 @@ async def test_hints_name_the_config_directory_so_the_hinted_command_reads_the_s
         tg.cancel_scope.cancel()
     assert error_of(pending)["class"] == "approval_pending"
     told = pending.content[0].text if isinstance(pending.content[0], types.TextContent) else ""
-    quoted = f"--config {shlex.quote(str(config))}"
-    assert quoted in beats[0]
-    assert quoted in told
+    held_id = error_of(pending)["invocation_id"]
+    for text in (beats[0], told):
+        assert "bastion " not in text and "`" not in text, text  # an agent is steered to no command
+    assert held_id in told
 
-    (hint,) = re.findall(r"`(bastion approvals show [^`]+)`", told)
+    # The approver, from anywhere, finds it by that id.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     shown = await anyio.run_process(
-        bastion_command(*shlex.split(hint)[1:], "--json"), env=env, cwd=elsewhere, check=False
+        bastion_command("approvals", "show", held_id, "--config", str(config), "--json"),
+        env=env,
+        cwd=elsewhere,
+        check=False,
     )
     assert shown.returncode == 0, shown.stderr.decode()
     assert json.loads(shown.stdout)["id"] == error_of(pending)["invocation_id"]

@@ -308,11 +308,9 @@ class HeldCalls:
                 )
 
     def waiting_for(self, invocation_id: str) -> str:
-        """Where a human decides this invocation, as the agent that made the call is told."""
-        return (
-            f"is waiting for a human approver: `bastion approvals show {invocation_id}{self.config_option}` "
-            "shows it to them, or the approver API"
-        )
+        """Where a human decides this invocation, as the agent that made the call is told: no command (an agent with
+        a shell is not to be steered to Bastion's own), the id its approvers find it by."""
+        return f"is waiting for a human approver, who finds it among the pending calls as invocation {invocation_id}"
 
     def pending_message(self, invocation: Invocation) -> str:
         """What a host that cannot wait any longer is told: not refused, not run, and how to get the outcome."""

@@ -24,6 +24,17 @@ def refusal_of(invocation: Invocation) -> BastionError:
     return cls(message, invocation_id=invocation.id)
 
 
+def unpassable(invocation: Invocation, why: str | None = None) -> UpstreamError:
+    """The refusal of a call that ran but whose result, as the ledger keeps it (cut to its size limit), is no longer
+    one a host can receive (`why`, when known)."""
+    because = f" ({why})" if why else ""
+    return UpstreamError(
+        f"invocation {invocation.id} {invocation.status}, but its result as the ledger keeps it cannot be passed "
+        f"on{because}; its approvers see it as invocation {invocation.id}",
+        invocation_id=invocation.id,
+    )
+
+
 def recorded_result(invocation: Invocation) -> types.CallToolResult:
     """The result of a call that ran (`completed`, or `failed` with the tool's own error result) as the ledger keeps
     it; raises the refusal of any other (see `refusal_of`), and UpstreamError when the kept copy, cut to the ledger's
@@ -32,11 +43,7 @@ def recorded_result(invocation: Invocation) -> types.CallToolResult:
         try:
             return types.CallToolResult.model_validate(cast(dict[str, Any], invocation.result))
         except ValidationError as exc:
-            raise UpstreamError(
-                f"invocation {invocation.id} {invocation.status}, but its result as the ledger keeps it cannot be "
-                f"passed on; `bastion invocations show {invocation.id}` shows it",
-                invocation_id=invocation.id,
-            ) from exc
+            raise unpassable(invocation) from exc
     if invocation.status == "completed":  # reconciled by hand: the ledger has its outcome, not a result
         text = f"invocation {invocation.id} ({invocation.tool}) completed; the ledger keeps no result of it"
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)])

@@ -35,10 +35,10 @@ from mcp_types import CLIENT_CAPABILITIES_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from bastion.actions import Unshapeable, shaped_result
-from bastion.errors import BastionError, UpstreamError
+from bastion.errors import BastionError
 from bastion.models import CallContext, Invocation, Status
 from bastion.pipeline.authority import was_withdrawn, withdraw
-from bastion.pipeline.recorded import refusal_of
+from bastion.pipeline.recorded import refusal_of, unpassable
 from bastion.pipeline.seams import Ledger
 from bastion.server.errors import tool_result
 
@@ -140,11 +140,7 @@ class TasksExtension(Extension):
             try:
                 return shaped_result(cast(dict[str, Any], invocation.result), version)
             except Unshapeable as exc:
-                error = UpstreamError(
-                    f"invocation {invocation.id} {invocation.status}, but its result as the ledger keeps it cannot be "
-                    f"passed on ({exc}); `bastion invocations show {invocation.id}` shows it",
-                    invocation_id=invocation.id,
-                )
+                error = unpassable(invocation, str(exc))
         return tool_result(error, version=version, output_schema=self._declares_output(invocation.tool))
 
 
