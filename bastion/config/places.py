@@ -12,6 +12,7 @@ from typing import Final
 
 from bastion.config.models import Config, ConnectorConfig, PolicyConfig, ServerSettings, Settings
 from bastion.errors import ConfigError
+from bastion.program import bastion_command
 
 CONFIG_FILE: Final = "bastion.toml"
 CONFIG_ENV_VAR: Final = "BASTION_CONFIG"
@@ -79,7 +80,8 @@ def existing_config_dir(path: Path, origin: str) -> Path:
     problem = "is not a directory" if path.exists() else "does not exist"
     raise ConfigError(
         f"config directory {path} (from {origin}) {problem}; "
-        f"create a starter one with `bastion init {shlex.quote(str(path))}` or point {origin} at an existing directory"
+        f"create a starter one with `{bastion_command()} init {shlex.quote(str(path))}` or point {origin} at an "
+        "existing directory"
     )
 
 

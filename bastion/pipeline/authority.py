@@ -26,6 +26,7 @@ from bastion.errors import (
 from bastion.models import PLUGIN_SOURCE_ID, Invocation, InvocationEvent, Pin, Principal, Quorum, Scope, Status
 from bastion.pipeline.grants import Grants
 from bastion.pipeline.seams import InvocationStore, Ledger
+from bastion.program import bastion_command
 from bastion.sources.seam import ActionSource, LookupSource
 from bastion.terms import MIN_ID_PREFIX
 
@@ -337,7 +338,7 @@ async def reconcile_by_rollback(
     if invocation.source_id != PLUGIN_SOURCE_ID:
         raise InvalidArguments(
             f"invocation {invocation_id} is a call of {invocation.policy_key}, not of a plugin: only a plugin "
-            "declares a rollback; record what came of it with `bastion invocations reconcile`",
+            f"declares a rollback; record what came of it with `{bastion_command()} invocations reconcile`",
             invocation_id=invocation_id,
         )
     if invocation.status != "unknown":

@@ -14,6 +14,7 @@ from bastion.ledger.kept import GRANTS
 from bastion.ledger.postgres.chain import recorded
 from bastion.ledger.postgres.database import Connection, PostgresDatabase
 from bastion.models import Grant
+from bastion.program import bastion_command
 
 _COLUMN_LIST: Final = ", ".join(GRANT_COLUMNS)
 _STANDING: Final = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at > %(now)s)"
@@ -74,7 +75,7 @@ class PostgresGrants:
         params = {"id": grant_id, "now": now, "by": by}
         rows = await self._db.transaction(lambda conn: recorded(conn, _REVOKE, params, GRANTS, "grant_revoked", now))
         if not rows:
-            raise NotFound(f"no standing grant {grant_id!r}; see `bastion grants list`")
+            raise NotFound(f"no standing grant {grant_id!r}; see `{bastion_command()} grants list`")
         return _grant_from_row(rows[0])
 
     async def revoke_key(self, key: str, *, by: str, now: datetime) -> builtins.list[Grant]:

@@ -15,6 +15,7 @@ from bastion.ledger.postgres.chain import recorded
 from bastion.ledger.postgres.database import PostgresDatabase
 from bastion.ledger.tokens import looks_like_secret, new_secret, secret_hash, validate_token_name, validate_token_role
 from bastion.models import Principal, Role, TokenInfo
+from bastion.program import bastion_command
 
 _COLUMNS: Final = ("name", "role", "profile", "created_at", "revoked_at")
 _COLUMN_LIST: Final = ", ".join(_COLUMNS)
@@ -53,7 +54,7 @@ class PostgresTokens:
             await self._db.transaction(lambda conn: recorded(conn, _INSERT, params, TOKENS, "token_created", now))
         except psycopg.errors.UniqueViolation as exc:
             raise Conflict(
-                f"a token named {name!r} is already active; revoke it first (bastion tokens revoke {name}) "
+                f"a token named {name!r} is already active; revoke it first ({bastion_command()} tokens revoke {name}) "
                 "or pick another name"
             ) from exc
         return secret
@@ -63,7 +64,7 @@ class PostgresTokens:
         params = {"name": name, "now": now}
         rows = await self._db.transaction(lambda conn: recorded(conn, _REVOKE, params, TOKENS, "token_revoked", now))
         if not rows:
-            raise NotFound(f"no active token named {name!r}; see `bastion tokens list`")
+            raise NotFound(f"no active token named {name!r}; see `{bastion_command()} tokens list`")
         return _token_from_row([rows[0][TOKENS.columns.index(column)] for column in _COLUMNS])
 
     async def tokens(self) -> list[TokenInfo]:

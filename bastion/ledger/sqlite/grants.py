@@ -18,6 +18,7 @@ from bastion.ledger.sqlite.chain import recorded
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.schema import optional_timestamp, timestamp
 from bastion.models import Grant
+from bastion.program import bastion_command
 
 _COLUMN_LIST: Final = ", ".join(GRANT_COLUMNS)
 _STANDING: Final = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at > :now)"
@@ -83,7 +84,7 @@ class SqliteGrants:
 
         rows = await self._db.write(work)
         if not rows:
-            raise NotFound(f"no standing grant {grant_id!r}; see `bastion grants list`")
+            raise NotFound(f"no standing grant {grant_id!r}; see `{bastion_command()} grants list`")
         return grant_from_row(rows[0])
 
     async def revoke_key(self, key: str, *, by: str, now: datetime) -> builtins.list[Grant]:

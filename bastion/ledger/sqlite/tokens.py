@@ -25,6 +25,7 @@ from bastion.ledger.tokens import (
     validate_token_role,
 )
 from bastion.models import Principal, Role, TokenInfo
+from bastion.program import bastion_command
 
 _COLUMNS: Final = ("name", "role", "profile", "created_at", "revoked_at")
 _COLUMN_LIST: Final = ", ".join(_COLUMNS)
@@ -107,7 +108,7 @@ def insert_token(
     """Store a token by the hash of its secret. Raises Conflict when an active token has the name."""
     if conn.execute(_ACTIVE_NAMED, (name,)).fetchone() is not None:
         raise Conflict(
-            f"a token named {name!r} is already active; revoke it first (bastion tokens revoke {name}) "
+            f"a token named {name!r} is already active; revoke it first ({bastion_command()} tokens revoke {name}) "
             "or pick another name"
         )
     at = timestamp(now)
@@ -119,7 +120,7 @@ def revoke_token(conn: sqlite3.Connection, *, name: str, now: datetime) -> Token
     at = timestamp(now)
     rows = recorded(conn, _REVOKE, {"name": name, "now": at}, TOKENS, "token_revoked", at)
     if not rows:
-        raise NotFound(f"no active token named {name!r}; see `bastion tokens list`")
+        raise NotFound(f"no active token named {name!r}; see `{bastion_command()} tokens list`")
     return token_from_row([rows[0][TOKENS.columns.index(column)] for column in _COLUMNS])
 
 
