@@ -11,7 +11,7 @@ BENCH_HTTP_STACKS := httptools uvloop hypercorn granian
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
-.PHONY: run test tools lint format docs docs-reference docs-screenshots bench bench-instructions conformance interop clean
+.PHONY: run test tools lint format docs docs-reference docs-screenshots bench bench-instructions bench-history conformance interop clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,11 @@ bench: $(BENCH_VENV)/.installed
 ## PARTS=ledger-writes,redaction: those; bench/without.py), what each costs. Needs valgrind. ~1 min per count.
 bench-instructions: $(BENCH_VENV)/.installed
 	$(BENCH_BIN)/python -m bench.instructions --direct $(if $(PARTS),--parts $(PARTS)) $(TREES)
+
+## bench-history: the ratios of every committed bench/results/summary.json, oldest first, as a table and a chart per
+## ratio in bench/README.md (between its history markers; reads git, runs no bench)
+bench-history: $(VENV)/.installed
+	$(BIN)/python -m bench.history
 
 ## interop: the interop matrix alone (real MCP servers from npm and PyPI behind Bastion; hosts of every transport and
 ## protocol version in front; express lane on and off; tests/interop/), then its table. `make test` runs it too.
