@@ -79,7 +79,8 @@ async def watching(args: Sequence[str], env: dict[str, str]) -> AsyncIterator[tu
             stdin=slave,
             stdout=slave,
             stderr=slave,
-            env=env,
+            # The terminal's size, also where a program looks first (pytest-xdist's workers carry COLUMNS=80).
+            env=env | {"COLUMNS": str(COLUMNS), "LINES": str(ROWS)},
             start_new_session=True,
         )
     finally:

@@ -43,7 +43,9 @@ def _config(directory: Path, downstream: Downstream, started: Started, *, expres
         '[server]\nledger = "sqlite:///state/ledger.db"\nstartup_wait_seconds = 30\n'
         f"express_lane = {json.dumps(express)}\n"
         "[limits]\ninvocations_per_minute = 100000\nlist_timeout_seconds = 30\ncall_timeout_seconds = 90\n"
-        "[approvals]\nmax_pending_per_session = 100\n"
+        # Each cell's held call is a new one: the same arguments sent by the cell before (an anonymous caller of the
+        # same client name) would otherwise get that call's outcome (`retry_window_seconds`), not be held again.
+        "[approvals]\nmax_pending_per_session = 100\nretry_window_seconds = 0\n"
     )
     (directory / "connectors" / f"{downstream.id}.toml").write_text(started.connector)
     (directory / "policies" / "default.toml").write_text(downstream.policy_file())
