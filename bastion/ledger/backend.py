@@ -69,6 +69,33 @@ INVOCATION_COLUMNS: Final = (
 """The columns of the `invocations` table, in the order every backend selects them: the fields of `Invocation`."""
 
 GRANT_COLUMNS: Final = tuple(Grant.model_fields)
+
+TRANSITION_FIELDS: Final = ("result", "error_class", "error_message", "owner", "expires_at")
+"""The columns a transition may set besides status and updated_at."""
+
+
+def transition_params(
+    invocation_id: str,
+    from_statuses: Any,
+    to: Status,
+    fields: Mapping[str, Any],
+    *,
+    now: Any,
+    value: Callable[[str, Any], Any],
+) -> dict[str, Any]:
+    """The parameters of a backend's one transition statement: `:set_<field>` says whether each of
+    `TRANSITION_FIELDS` is set, `from_statuses` and `now` come as the backend stores them, and `value` turns a
+    field's value into what it stores. ValueError for a field outside `TRANSITION_FIELDS`."""
+    unknown = set(fields) - set(TRANSITION_FIELDS)
+    if unknown:
+        raise ValueError(f"transition cannot set {sorted(unknown)}; allowed: {', '.join(TRANSITION_FIELDS)}")
+    params: dict[str, Any] = {"id": invocation_id, "to": to, "now": now, "from_statuses": from_statuses}
+    for name in TRANSITION_FIELDS:
+        params[f"set_{name}"] = name in fields
+        params[name] = value(name, fields[name]) if name in fields else None
+    return params
+
+
 """The columns of the `grants` table, in the order every backend selects them: the fields of `Grant`."""
 
 LAST_CODE_POINT: Final = chr(0x10FFFF)

@@ -20,7 +20,15 @@ import psycopg
 
 from bastion import states
 from bastion.errors import ApprovalExpired, Conflict, NotFound
-from bastion.ledger.backend import EMPTY_DETAIL, INVOCATION_COLUMNS, GoneFn, Scrubbed, stored_json
+from bastion.ledger.backend import (
+    EMPTY_DETAIL,
+    INVOCATION_COLUMNS,
+    TRANSITION_FIELDS,
+    GoneFn,
+    Scrubbed,
+    stored_json,
+    transition_params,
+)
 from bastion.ledger.invocation_reads import COUNT
 from bastion.ledger.postgres.chain import APPENDED, Change, append, appending, head
 from bastion.ledger.postgres.database import NOTIFY, Connection, changes_of
@@ -51,9 +59,6 @@ COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_i
 # today; this lock keeps the look-up race-free without relying on that.)
 LOCK_TWIN: Final = "SELECT pg_advisory_xact_lock(hashtextextended('bastion twin ' || %s, 0))"
 
-
-TRANSITION_FIELDS: Final = ("result", "error_class", "error_message", "owner", "expires_at")
-"""The columns `transition` may set besides status and updated_at."""
 
 # `%(set_<field>)s` says whether the field is being set: one statement serves every transition. A move that leaves
 # the status (bastion.states.NOTE_CHECK) leaves updated_at too, as in SQLite.
@@ -416,21 +421,10 @@ def _transition_params(
     fields: Mapping[str, Any],
     at: datetime | None = None,
 ) -> dict[str, Any]:
-    """The parameters of `TRANSITION`, stamped `at` (default: now). Raises ValueError for a field outside
-    `TRANSITION_FIELDS`."""
-    unknown = set(fields) - set(TRANSITION_FIELDS)
-    if unknown:
-        raise ValueError(f"transition cannot set {sorted(unknown)}; allowed: {', '.join(TRANSITION_FIELDS)}")
-    params: dict[str, Any] = {
-        "id": invocation_id,
-        "to": to,
-        "now": at or utcnow(),
-        "from_statuses": builtins.list(from_statuses),
-    }
-    for name in TRANSITION_FIELDS:
-        params[f"set_{name}"] = name in fields
-        params[name] = _field_value(name, fields[name]) if name in fields else None
-    return params
+    """The parameters of `TRANSITION`, stamped `at` (default: now)."""
+    return transition_params(
+        invocation_id, builtins.list(from_statuses), to, fields, now=at or utcnow(), value=_field_value
+    )
 
 
 def _field_value(name: str, value: Any) -> Any:

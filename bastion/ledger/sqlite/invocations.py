@@ -18,7 +18,15 @@ from typing import Any, Final, Literal, TypeVar, cast
 
 from bastion import states
 from bastion.errors import ApprovalExpired, Conflict, NotFound
-from bastion.ledger.backend import EMPTY_DETAIL, INVOCATION_COLUMNS, GoneFn, Scrubbed, stored_json
+from bastion.ledger.backend import (
+    EMPTY_DETAIL,
+    INVOCATION_COLUMNS,
+    TRANSITION_FIELDS,
+    GoneFn,
+    Scrubbed,
+    stored_json,
+    transition_params,
+)
 from bastion.ledger.chain import Unlinked, record_state
 from bastion.ledger.invocation_reads import COUNT
 from bastion.ledger.scrubbing import SCRUBBED_COLUMNS
@@ -51,8 +59,6 @@ SCRUB_ROW: Final = f"""
 COUNT_SESSION_PENDING: Final = "SELECT COUNT(*) FROM invocations WHERE session_id = ? AND status = 'pending'"
 # An event follows the chain's head of record (bastion.ledger.chain). Its id is its position, the head's + 1, as
 # SQLite would give it, so it can be hashed before it is inserted.
-TRANSITION_FIELDS: Final = ("result", "error_class", "error_message", "owner", "expires_at")
-"""The columns `transition` may set besides status and updated_at."""
 
 # One constant statement for every transition: `:set_<field>` says whether the field is being set, and the
 # allowed from-statuses arrive as one JSON array, so SQLite can reuse the prepared statement. A move that leaves the
@@ -449,21 +455,15 @@ def _transition_params(
     fields: Mapping[str, Any],
     at: datetime | None = None,
 ) -> dict[str, Any]:
-    """The parameters of `TRANSITION`, stamped `at` (default: now). Raises ValueError for a field outside
-    `TRANSITION_FIELDS`."""
-    unknown = set(fields) - set(TRANSITION_FIELDS)
-    if unknown:
-        raise ValueError(f"transition cannot set {sorted(unknown)}; allowed: {', '.join(TRANSITION_FIELDS)}")
-    params: dict[str, Any] = {
-        "id": invocation_id,
-        "to": to,
-        "now": timestamp(at or utcnow()),
-        "from_statuses": json.dumps(builtins.list(from_statuses)),
-    }
-    for name in TRANSITION_FIELDS:
-        params[f"set_{name}"] = name in fields
-        params[name] = _field_value(name, fields[name]) if name in fields else None
-    return params
+    """The parameters of `TRANSITION`, stamped `at` (default: now)."""
+    return transition_params(
+        invocation_id,
+        json.dumps(builtins.list(from_statuses)),
+        to,
+        fields,
+        now=timestamp(at or utcnow()),
+        value=_field_value,
+    )
 
 
 def _field_value(name: str, value: Any) -> Any:
