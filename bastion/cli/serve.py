@@ -3,8 +3,6 @@ and its graceful stop on SIGTERM and SIGINT (exit status 0), are `bastion.assemb
 
 from __future__ import annotations
 
-import logging
-import socket
 from typing import TYPE_CHECKING, Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -16,10 +14,10 @@ from bastion.errors import ConfigError
 from bastion.program import bastion_command
 
 if TYPE_CHECKING:
+    import socket
+
     from bastion.config import Config
     from bastion.pipeline.gateway import Gateway
-
-logger = logging.getLogger(__name__)
 
 
 @app.command()
@@ -100,6 +98,8 @@ def _inbox_url(host: str, listener: socket.socket | None) -> str | None:
     """Where the inbox is served, for the links of webhook messages (None over stdio)."""
     if listener is None:
         return None
+    import socket
+
     shown = f"[{host}]" if listener.family == socket.AF_INET6 else host
     return f"http://{shown}:{listener.getsockname()[1]}/inbox"
 
