@@ -18,7 +18,7 @@ from bastion.config import Config, PolicyConfig, ProviderConfig, Settings
 from bastion.errors import ChangesLost
 from bastion.ledger import Redactor, open_ledger
 from bastion.models import Invocation, Preview, utcnow
-from bastion.pipeline.documents import previews_of
+from bastion.pipeline.documents import stored_preview
 from bastion.pipeline.gateway import Gateway
 from bastion.pipeline.previews import bounded
 from bastion.pipeline.seams import ChangeFeed, InvocationStore
@@ -43,8 +43,9 @@ async def held_call(store: InvocationStore, changes: ChangeFeed) -> Invocation:
 
 
 async def _preview_of(store: InvocationStore, invocation: Invocation) -> Preview:
-    found = await previews_of(store, [invocation])
-    return found[invocation.id]
+    found = stored_preview(await store.events(invocation.id))
+    assert found is not None
+    return found
 
 
 async def test_a_provider_write_shows_the_request_it_would_send_and_sends_nothing_before_the_approval(

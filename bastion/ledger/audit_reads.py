@@ -21,7 +21,7 @@ from bastion.ledger.decisions import (
     granted,
     required_approvers,
 )
-from bastion.ledger.kept import KEPT, Kept, orphans_sql, record_sql, records_sql
+from bastion.ledger.kept import KEPT, Kept, orphans_sql, records_sql, row_sql
 from bastion.models import AuditCheckpoint, AuditReport, ChainedEvent, Exported, Grant, Invocation
 
 HEAD: Final = "SELECT position, hash FROM audit_head"
@@ -101,7 +101,7 @@ class AuditReads:
         chain = _CHAIN.format(position=position, p=placeholder)
         self._chain_sql = _CHAIN_PAGE.format(chain=chain, p=placeholder)
         self._export_sql = _EXPORT_PAGE.format(chain=chain, p=placeholder)
-        self._record_sql = {kept.prefix: record_sql(kept, placeholder) for kept in KEPT}
+        self._placeholder = placeholder
         self._kept_sql = {kept.prefix: records_sql(kept, placeholder) for kept in KEPT}
         self._records_sql = _RECORDS.format(p=placeholder)
         self._decisions_sql = _DECISIONS.format(p=placeholder, position=position)
@@ -134,7 +134,7 @@ class AuditReads:
 
     async def _record_row(self, key: str) -> Sequence[Any]:
         """A record's row as its state digests it (bastion.ledger.kept); empty when it is gone."""
-        sql = self._record_sql.get(key.split(":", 1)[0] + ":")
+        sql = row_sql(key, self._placeholder)
         found = await self._db.fetchall(sql, (key,)) if sql is not None else []
         return found[0] if found else ()
 

@@ -119,6 +119,13 @@ def record_sql(kept: Kept, placeholder: str) -> str:
     return f"SELECT {columns} FROM {kept.table} WHERE {kept.key} = {placeholder}"
 
 
+def row_sql(key: str, placeholder: str) -> str | None:
+    """The query of the row the record key `key` names (`token:7`: the token of id 7), given the key as its one
+    parameter; None for a key of no kind of record."""
+    kept = next((kept for kept in KEPT if key.startswith(kept.prefix)), None)
+    return None if kept is None else record_sql(kept, placeholder)
+
+
 def adopted_sql(kept: Kept) -> str:
     """Every row of `kept` with the key its events use: what an upgraded ledger adopts, in key order."""
     columns = ", ".join(f"{kept.table}.{name}" for name in kept.columns)

@@ -222,16 +222,6 @@ def stored_preview(events: Sequence[InvocationEvent]) -> Preview | None:
     return None
 
 
-async def previews_of(store: InvocationStore, invocations: Sequence[Invocation]) -> dict[str, Preview]:
-    """The preview each of `invocations` was held with, by id (those held without one are left out)."""
-    found = {}
-    for invocation in invocations:
-        preview = stored_preview(await store.events(invocation.id))
-        if preview is not None:
-            found[invocation.id] = preview
-    return found
-
-
 def drift_diff(pin: Pin) -> list[str] | None:
     """The unified diff from the pinned definition to the drifted one, or None when not drifted."""
     if pin.drift is None:

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
 
 from bastion.ledger.chain import Unlinked, links, record_state, stored_time
-from bastion.ledger.kept import KEPT, Kept, RecordKind, adopted_sql, changed_record, record_sql
+from bastion.ledger.kept import KEPT, Kept, RecordKind, adopted_sql, changed_record, row_sql
 from bastion.ledger.postgres.database import NOTIFY, Connection
 
 HEAD_FOR_UPDATE: Final = "SELECT position, hash FROM audit_head FOR UPDATE"
@@ -155,10 +155,7 @@ async def adopt_records(conn: Connection) -> None:
     await append_records(conn, await head(conn), adopted, at)
 
 
-_RECORD_ROW: Final = {kept.prefix: record_sql(kept, "%s") for kept in KEPT}
-
-
 async def record_row(conn: Connection, key: str) -> Sequence[Any] | None:
     """The row of the record `key` (bastion.ledger.kept), as its state digests it; None when it is gone."""
-    sql = _RECORD_ROW.get(key.split(":", 1)[0] + ":")
+    sql = row_sql(key, "%s")
     return None if sql is None else await (await conn.execute(sql, (key,))).fetchone()

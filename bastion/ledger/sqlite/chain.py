@@ -15,7 +15,7 @@ from typing import Any, Final
 import aiosqlite
 
 from bastion.ledger.chain import Unlinked, links, stored_time
-from bastion.ledger.kept import KEPT, RECORD_KINDS, Kept, RecordKind, adopted_sql, changed_record, record_sql
+from bastion.ledger.kept import KEPT, RECORD_KINDS, Kept, RecordKind, adopted_sql, changed_record, row_sql
 
 HEAD_NOW: Final = "SELECT position, hash FROM audit_head"
 MOVE_HEAD: Final = "UPDATE audit_head SET position = ?, hash = ?"
@@ -85,11 +85,8 @@ def recorded(
     return [row[: len(kept.columns)] for row in rows]
 
 
-_RECORD_ROW: Final = {kept.prefix: record_sql(kept, "?") for kept in KEPT}
-
-
 def record_row(conn: sqlite3.Connection, key: str) -> Sequence[Any] | None:
     """The row of the record `key` (bastion.ledger.kept), as its state digests it; None when it is gone."""
-    sql = _RECORD_ROW.get(key.split(":", 1)[0] + ":")
+    sql = row_sql(key, "?")
     found: Sequence[Any] | None = conn.execute(sql, (key,)).fetchone() if sql is not None else None
     return found
