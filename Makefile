@@ -11,7 +11,7 @@ BENCH_HTTP_STACKS := httptools uvloop hypercorn granian
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
-.PHONY: run test tools lint format docs docs-reference docs-screenshots bench bench-instructions bench-history conformance interop clean
+.PHONY: run test tools lint format docs docs-reference docs-screenshots bench bench-cli bench-instructions bench-history conformance interop clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,7 +59,8 @@ $(BENCH_VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 ## bench: the performance benchmarks in one run of ~10-15 min on 2 cores (latency, CPU profile,
-## throughput, HTTP server stacks, scale, approval wake-up, and across instances on PostgreSQL when it is installed),
+## throughput, HTTP server stacks, scale, approval wake-up, across instances on PostgreSQL when it is installed, and
+## the command line's start),
 ## then bench/results/summary.md: the ratios against their targets. Any failed call or lost ledger row stops it
 ## (exit 1). `make bench QUICK=1`: a few seconds per bench, to try the pipeline (its figures are not results).
 # Every results file of one run carries the same $BENCH_RUN; bench/summary.py combines only those.
@@ -72,7 +73,13 @@ bench: $(BENCH_VENV)/.installed
 	$(BENCH_BIN)/python -m bench.scale $(if $(QUICK),--connectors 10 --lists 10)
 	$(BENCH_BIN)/python bench/approval_wakeup.py $(if $(QUICK),--decisions 10)
 	$(BENCH_BIN)/python -m bench.instances_wakeup $(if $(QUICK),--decisions 10)
+	$(BENCH_BIN)/python -m bench.cli_start $(if $(QUICK),--rounds 3)
 	$(BENCH_BIN)/python -m bench.summary
+
+## bench-cli: how long `bastion --version` and `bastion ... --help` take, against the interpreter alone and the
+## 300 ms target (bench/cli_start.py; ~20 s)
+bench-cli: $(BENCH_VENV)/.installed
+	$(BENCH_BIN)/python -m bench.cli_start
 
 ## bench-instructions: instructions per stdio call of Bastion's process, counted by valgrind (the same in every run,
 ## unlike CPU time: for changes of a few percent), and of the demo server called directly, for scale; TREES="A B"

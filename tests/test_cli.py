@@ -22,7 +22,7 @@ from mcp import Client
 from typer.testing import CliRunner
 
 from bastion import __version__
-from bastion.cli import app
+from bastion.cli import app, help_of
 from tests.processes import bastion_command, bastion_env, bastion_http, run_cli, stop, write_config
 
 INVOCATION_KEYS = {
@@ -179,16 +179,10 @@ def test_every_command_and_option_has_its_own_help() -> None:
     assert {text: owners for text, owners in helps.items() if len(owners) > 1} == {}
 
 
-def test_no_help_text_loses_a_bracketed_name_to_rich_markup() -> None:
-    # Rich reads `[ledger]` as a markup tag and prints nothing for it: a help text writes a section `\\[ledger]`.
-    tag = re.compile(r"(?<!\\)\[[A-Za-z_.<>*-]+\]")
-    swallowed = [
-        (path, name, found)
-        for path, command in _commands(typer.main.get_command(app), ("bastion",), None)
-        for name, text in [("", command.help), *((p.name, getattr(p, "help", None)) for p in command.params)]
-        for found in tag.findall(text or "")
-    ]
-    assert swallowed == []
+def test_help_shows_a_configuration_section_by_its_bracketed_name() -> None:
+    # Help is plain text: `[ledger]` is shown as written, never read as markup.
+    shown = CliRunner().invoke(app, ["audit", "prune", "--help"], env={"COLUMNS": str(HELP_COLUMNS)})
+    assert "[ledger] retention_days" in " ".join(shown.output.split())
 
 
 def test_version_and_short_help_flags(tmp_path: Path) -> None:
@@ -200,6 +194,29 @@ def test_version_and_short_help_flags(tmp_path: Path) -> None:
     assert short.returncode == 0
     assert short.stdout == run_cli("approvals", "deny", "--help", env=env).stdout
     assert "--reason" in short.stdout
+
+
+def test_help_answered_at_once_is_the_help_click_prints_when_it_parses_the_line() -> None:
+    """`bastion WORDS --help` is answered by `help_of` without parsing the line; it must say what the parsed line
+    says, for every command (both in the runner's isolation, where click's help is 80 columns wide)."""
+    runner = CliRunner()
+    for path, _ in _commands(typer.main.get_command(app), ("bastion",), None):
+        words = path.split()[1:]
+        parsed = runner.invoke(app, [*words, "--help"], prog_name="bastion")
+        assert parsed.exit_code == 0, (path, parsed.output)
+        with runner.isolation():
+            answered = help_of(words)
+        assert f"{answered}\n" == parsed.output, path
+    # Words that are not a command path are left to the parser, which names what is wrong.
+    assert help_of(["nope"]) is None and help_of(["--json"]) is None and help_of(["version", "extra"]) is None
+
+
+def test_help_for_a_line_that_is_not_a_command_names_what_is_wrong(tmp_path: Path) -> None:
+    env = bastion_env(tmp_path / "home")
+    unknown = run_cli("approvals", "nope", "--help", env=env)
+    assert unknown.returncode == 2 and "No such command 'nope'" in unknown.stderr
+    with_option = run_cli("approvals", "deny", "--reason", "x", "--help", env=env)
+    assert with_option.returncode == 0 and with_option.stdout == run_cli("approvals", "deny", "-h", env=env).stdout
 
 
 def test_shell_completion_scripts_complete_commands(tmp_path: Path) -> None:
@@ -404,19 +421,23 @@ HELP_COLUMNS = 80
 
 
 def test_every_help_fits_80_columns_whole_and_shows_its_flags_as_flags() -> None:
-    """Each command's `--help` on a terminal 80 columns wide: no line wider, no word cut short (rich ends a word too
-    long for its column with an ellipsis), and no flag shown as if it took a value."""
+    """Each command's `--help` on a terminal 80 columns wide (click's help is never wider): no line wider, no word
+    cut short (an ellipsis, or an option's name split at its hyphen), no markup escape left in the text, and no flag
+    shown as if it took a value."""
     runner = CliRunner()
     for path, command in _commands(typer.main.get_command(app), ("bastion",), None):
         shown = runner.invoke(app, [*path.split()[1:], "--help"], env={"COLUMNS": str(HELP_COLUMNS)})
         assert shown.exit_code == 0, (path, shown.output)
         lines = shown.output.splitlines()
         assert [line for line in lines if len(line) > HELP_COLUMNS] == [], path
-        assert [line for line in lines if "\u2026" in line] == [], path
+        assert [line for line in lines if "\u2026" in line or re.search(r"\w-$", line)] == [], path
+        assert "\\[" not in shown.output, f"{path}: a rich markup escape shown as text"
         flags = [opt for param in command.params if getattr(param, "is_flag", False) for opt in param.opts]
         for line in lines:
-            if any(f" {flag} " in line for flag in flags):
-                assert "<" not in line.split("\u2502")[1], f"{path}: a flag takes no value: {line}"
+            for flag in flags:
+                if line.lstrip().startswith(f"{flag} ") or f", {flag} " in line:
+                    shown_for_flag = line.split(flag, 1)[1].lstrip().split("  ")[0]
+                    assert not shown_for_flag.startswith("<"), f"{path}: a flag takes no value: {line}"
 
 
 @pytest.mark.parametrize("flag", ["--version", "-V"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 
 # Each module registers its commands on `app` when imported; this order is the order of `bastion --help`.
 # isort: off
@@ -22,19 +23,40 @@ from bastion.cli import serve, inspect, audit, anchors, doctor, approvals, grant
 
 # isort: on
 import typer
+import typer.main
+from typer.core import TyperGroup
 
-from bastion.cli.app import JSON_FLAG, USAGE_ERROR, Exit, app, emit_json, err
+from bastion.cli.app import HELP_FLAGS, JSON_FLAG, USAGE_ERROR, Exit, app, emit_json, err
 from bastion.cli.logs import LOG_LEVEL_ENV_VAR, configure_logging, parse_level
 
-__all__ = ["app", "main"]
+__all__ = ["app", "help_of", "main"]
 
 COMMAND_GROUPS = (serve, inspect, audit, anchors, doctor, approvals, grants, pins, tokens, actions)
 PROG_NAME = "bastion"
 
 
+def help_of(words: Sequence[str]) -> str | None:
+    """What `bastion WORDS --help` prints when WORDS name a command, formatted by click as when it parses that line,
+    but without processing the options of the groups on the way: typer coerces each through pydantic, whose import
+    would double the time `--help` takes. None when a word names no command."""
+    command = typer.main.get_command(app)
+    context = command.context_class(command, info_name=PROG_NAME, **command.context_settings)
+    for word in words:
+        found = command.get_command(context, word) if isinstance(command, TyperGroup) else None
+        if found is None:
+            return None
+        command = found
+        context = command.context_class(command, info_name=word, parent=context, **command.context_settings)
+    return command.get_help(context)
+
+
 def main() -> None:
     """Console entry point: errors as `error: ...` lines on stderr, or under `--json` as JSON on stdout."""
-    as_json = JSON_FLAG in sys.argv[1:]
+    args = sys.argv[1:]
+    if args and args[-1] in HELP_FLAGS and (shown := help_of(args[:-1])) is not None:
+        sys.stdout.write(shown + "\n")
+        raise SystemExit(0)
+    as_json = JSON_FLAG in args
     try:
         level = parse_level(os.environ.get(LOG_LEVEL_ENV_VAR))
     except ValueError as exc:

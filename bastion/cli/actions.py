@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
-from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, out
+from bastion.cli.app import ConfigOption, Exit, JsonOption, command_group, emit_json, out
 from bastion.cli.tables import Column, fitted_table
 from bastion.errors import BastionError, NotFound
 from bastion.program import bastion_command
@@ -22,10 +22,7 @@ if TYPE_CHECKING:
     from bastion.sources.manifests import Manifest
     from bastion.sources.manifests.source import ManifestView
 
-actions_app = typer.Typer(
-    help="Manifest actions (actions/*.md): list, show, enable and disable them.", no_args_is_help=True
-)
-app.add_typer(actions_app, name="actions")
+actions_app = command_group("actions", "Manifest actions (actions/*.md): list, show, enable and disable them.")
 
 
 def name_argument(what: str) -> Any:

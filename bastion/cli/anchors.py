@@ -60,7 +60,7 @@ def audit_anchor(
         typer.Option(
             "--to",
             help="Append the anchor to this file, or POST it to this URL (https, or http to this machine; signed "
-            "with \\[ledger] anchor_secret); - prints it for a log shipper. Default: \\[ledger] anchor_file and "
+            "with [ledger] anchor_secret); - prints it for a log shipper. Default: [ledger] anchor_file and "
             "anchor_url.",
         ),
     ] = None,
@@ -71,7 +71,7 @@ def audit_anchor(
     then notices a history rewritten before it, or cut after it, even with every hash recomputed. The chain since the
     last anchor in the file (or the whole ledger) is verified first: a broken history is never signed (exit 1).
     An anchor the URL does not take is kept in the ledger's outbox and sent first at the next anchoring (exit 1).
-    `bastion serve` anchors on its own while \\[ledger] anchor_file or anchor_url is set."""
+    `bastion serve` anchors on its own while [ledger] anchor_file or anchor_url is set."""
     import anyio
 
     from bastion import assembly

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
-from rich.table import Table
 
 from bastion.cli.app import (
     TOKEN_ENV_VAR,
@@ -21,7 +20,7 @@ from bastion.cli.app import (
     JsonOption,
     TokenOption,
     UrlOption,
-    app,
+    command_group,
     emit_json,
     out,
     timestamp,
@@ -32,15 +31,15 @@ from bastion.program import bastion_command
 from bastion.terms import DEFAULT_LIMIT, MIN_ID_PREFIX, Scope
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from bastion.cli.remote import RemoteApi
     from bastion.config import Config
     from bastion.models import Invocation
 
-approvals_app = typer.Typer(
-    help="Calls waiting for a human: list and inspect them, approve or deny, or watch them live.",
-    no_args_is_help=True,
+approvals_app = command_group(
+    "approvals", "Calls waiting for a human: list and inspect them, approve or deny, or watch them live."
 )
-app.add_typer(approvals_app, name="approvals")
 
 _ID_FORMS = f"its id, or the first {MIN_ID_PREFIX}+ characters of it"
 

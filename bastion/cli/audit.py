@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
-from bastion.cli.app import ConfigOption, Exit, JsonOption, TokenOption, app, emit_json, out
+from bastion.cli.app import ConfigOption, Exit, JsonOption, TokenOption, command_group, emit_json, out
 from bastion.cli.inspect import invocations_app
 from bastion.errors import BastionError, ConfigError, ConnectorUnavailable
 from bastion.program import bastion_command
@@ -29,11 +29,9 @@ if TYPE_CHECKING:
     from bastion.pipeline.authority import SourceOf
     from bastion.sources.seam import ActionSource
 
-audit_app = typer.Typer(
-    help="The ledger's tamper-evident history: verify its hash chain, export it, prune it by age.",
-    no_args_is_help=True,
+audit_app = command_group(
+    "audit", "The ledger's tamper-evident history: verify its hash chain, export it, prune it by age."
 )
-app.add_typer(audit_app, name="audit")
 
 EXPORT_PAGE: Final = 1000
 OUTCOMES: Final = ("completed", "failed")
@@ -242,7 +240,7 @@ def audit_verify(
         Path | None,
         typer.Option(
             "--anchors",
-            help="Check the chain against the signed anchors in this file (default: \\[ledger] anchor_file, if it "
+            help="Check the chain against the signed anchors in this file (default: [ledger] anchor_file, if it "
             "exists; see `bastion audit anchor`).",
         ),
     ] = None,
@@ -250,6 +248,7 @@ def audit_verify(
         list[str] | None,
         typer.Option(
             "--public-key",
+            metavar="KEY",
             help="Trust this public key (ed25519:..., as `bastion audit key` prints it) for anchors and the prune "
             "checkpoint; repeat for several. The ledger's own signing key, when it is on this machine, is trusted.",
         ),
@@ -377,7 +376,7 @@ def audit_scrub(
     as_json: JsonOption = False,
 ) -> None:
     """Replace a leaked secret everywhere the ledger stores it (calls' arguments, results and errors, events' details,
-    webhook messages waiting) with \\[scrubbed], in one transaction. Each call touched gets a `scrubbed` event
+    webhook messages waiting) with [scrubbed], in one transaction. Each call touched gets a `scrubbed` event
     signed with the ledger's signing key, naming the events it changed, so `bastion audit verify` still holds. Owner
     and admin only. Rotate the secret too: a scrub removes what was stored, not what was seen."""
     import anyio
@@ -425,8 +424,9 @@ def audit_prune(
         float | None,
         typer.Option(
             min=0,
+            metavar="DAYS",
             help="Remove calls that finished (completed, failed, denied, expired) before this many days ago. "
-            "Default: \\[ledger] retention_days of bastion.toml.",
+            "Default: [ledger] retention_days of bastion.toml.",
             show_default=False,
         ),
     ] = None,

@@ -159,7 +159,9 @@ def startup_spinner(sources: Sequence[McpConnector], *, show: bool) -> Iterator[
     if not (show and sources and err.is_terminal):
         yield
         return
-    with Live(Spinner("dots", text=StartupProgress(sources)), console=err, transient=True, refresh_per_second=10):
+    with Live(
+        Spinner("dots", text=StartupProgress(sources)), console=err.console, transient=True, refresh_per_second=10
+    ):
         yield
 
 

@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
-from bastion.cli.app import ConfigOption, JsonOption, TokenOption, UrlOption, app, emit_json, out, timestamp
+from bastion.cli.app import (
+    ConfigOption,
+    JsonOption,
+    TokenOption,
+    UrlOption,
+    command_group,
+    emit_json,
+    out,
+    timestamp,
+)
 from bastion.cli.tables import Column, fitted_table
 from bastion.errors import Forbidden, NotFound
 from bastion.program import bastion_command
@@ -19,11 +28,10 @@ from bastion.terms import DEFAULT_LIMIT
 if TYPE_CHECKING:
     from bastion.models import Grant, Principal
 
-grants_app = typer.Typer(
-    help='Standing grants (what approvals "for this session", "for an hour" or "always" let through): list, revoke.',
-    no_args_is_help=True,
+grants_app = command_group(
+    "grants",
+    'Standing grants (what approvals "for this session", "for an hour" or "always" let through): list, revoke.',
 )
-app.add_typer(grants_app, name="grants")
 
 GRANT_COLUMNS: Final = (
     Column("grant", "id"),

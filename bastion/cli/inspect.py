@@ -9,24 +9,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
-from rich.table import Table
 
 from bastion import __version__
-from bastion.cli.app import ConfigOption, Exit, JsonOption, app, emit_json, out, timestamp
+from bastion.cli.app import ConfigOption, Exit, JsonOption, app, command_group, emit_json, out, timestamp
 from bastion.cli.tables import Column, fitted_table
 from bastion.errors import ConfigError, ConnectorUnavailable, NotFound
 from bastion.program import bastion_command
 from bastion.terms import MIN_ID_PREFIX, STATUSES, Status
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from bastion.models import Invocation
 
-connectors_app = typer.Typer(
-    help="Sources: downstream MCP servers and providers (\\[providers.<id>]): status and checks.", no_args_is_help=True
+connectors_app = command_group(
+    "connectors", "Sources: downstream MCP servers and providers ([providers.<id>]): status and checks."
 )
-invocations_app = typer.Typer(help="The ledger: what was called, by whom, and what came of it.", no_args_is_help=True)
-app.add_typer(connectors_app, name="connectors")
-app.add_typer(invocations_app, name="invocations")
+invocations_app = command_group("invocations", "The ledger: what was called, by whom, and what came of it.")
 
 
 # -- catalog and connectors -------------------------------------------------------------------------
@@ -175,12 +174,15 @@ def invocations_list(
         bool,
         typer.Option(
             "--unresolved",
-            help="Only calls whose outcome is not known: unknown ones and executing ones stale for --stale-seconds "
-            "(oldest first; settle them with `bastion invocations reconcile`).",
+            help="Only calls whose outcome is not known, oldest first: unknown ones, and executing ones not updated "
+            "for --stale-seconds (settle them with `bastion invocations reconcile`).",
         ),
     ] = False,
     stale_seconds: Annotated[
-        float, typer.Option(min=0, help="With --unresolved: an executing call not updated for this long is stale.")
+        float,
+        typer.Option(
+            min=0, metavar="SECONDS", help="With --unresolved: an executing call not updated for this long is stale."
+        ),
     ] = 300.0,
     as_json: JsonOption = False,
 ) -> None:
@@ -259,6 +261,8 @@ def invocations_show(
 
 def details_table(data: dict[str, Any]) -> Table:
     """An invocation (with its `events`) as a two-column table for people."""
+    from rich.table import Table
+
     table = Table(show_header=False, box=None)
     for key, value in data.items():
         if key == "risk_source":

@@ -8,20 +8,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
-from rich.text import Text
 
-from bastion.cli.app import ConfigOption, Exit, JsonOption, TokenOption, app, emit_json, out, timestamp
+from bastion.cli.app import ConfigOption, Exit, JsonOption, TokenOption, command_group, emit_json, out, timestamp
 from bastion.cli.tables import Column, fitted_table
 from bastion.errors import Conflict, NotFound
 from bastion.program import bastion_command
 
 if TYPE_CHECKING:
+    from rich.text import Text
+
     from bastion.models import Pin
 
-pins_app = typer.Typer(
-    help="Pinned tool definitions and their drift: list, accept a new definition.", no_args_is_help=True
-)
-app.add_typer(pins_app, name="pins")
+pins_app = command_group("pins", "Pinned tool definitions and their drift: list, accept a new definition.")
 
 FINGERPRINT_PREFIX = 12
 PIN_COLUMNS: Final = (
@@ -36,6 +34,8 @@ _DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("+", "green")
 
 def diff_text(lines: list[str]) -> Text:
     """A unified diff coloured for people (additions green, removals red)."""
+    from rich.text import Text
+
     text = Text()
     for line in lines:
         style = next((style for prefix, style in _DIFF_STYLES if line.startswith(prefix)), "")

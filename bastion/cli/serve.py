@@ -33,19 +33,19 @@ def serve(
         list[str] | None,
         typer.Option(
             metavar="NAME",
-            help="A name hosts reach Bastion by over HTTP (besides \\[server] allowed_hosts); repeatable. "
+            help="A name hosts reach Bastion by over HTTP (besides [server] allowed_hosts); repeatable. "
             "Other names are refused (421) against DNS rebinding; beyond loopback any IP address is served.",
         ),
     ] = None,
 ) -> None:
     """Serve the gateway to agent hosts over stdio (default) or HTTP.
 
-    It serves at once, while the connectors start: for \\[server] startup_wait_seconds (default 5) a
+    It serves at once, while the connectors start: for [server] startup_wait_seconds (default 5) a
     host's listings wait for connectors still starting; one that comes up later is announced to the
     hosts with tools/list_changed.
 
     SIGTERM or Ctrl-C stops it gracefully: new calls are refused, running ones get
-    \\[server] shutdown_grace_seconds (default 10) to finish, then every connector is stopped. A second
+    [server] shutdown_grace_seconds (default 10) to finish, then every connector is stopped. A second
     signal stops at once.
 
     With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set, a span of every call and

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
-from rich import box
-from rich.cells import cell_len
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.table import Table
+    from rich.text import Text
 
 Kind = Literal["id", "word", "time", "text"]
 
@@ -46,6 +45,10 @@ def fitted_table(
     row_styles: Sequence[str | None] | None = None,
 ) -> Table:
     """A table of `rows` (one string per column) for a terminal `width` columns wide."""
+    from rich import box
+    from rich.cells import cell_len
+    from rich.table import Table
+
     natural = [
         max(cell_len(line) for line in [c.header, *(_shown(r[i], c.kind, stacked=False) for r in rows)])
         for i, c in enumerate(columns)
@@ -93,5 +96,7 @@ def _shown(value: str, kind: Kind, *, stacked: bool) -> str:
 
 def _cell(value: str, kind: Kind, *, stacked: bool) -> Text:
     """A cell as plain text (never markup); long text stays on one line, cut with an ellipsis when it must."""
+    from rich.text import Text
+
     shown = _shown(value, kind, stacked=stacked)
     return Text(shown, no_wrap=True, overflow="ellipsis") if kind == "text" else Text(shown)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
-from bastion.cli.app import ConfigOption, Exit, JsonOption, TokenOption, app, emit_json, out, timestamp
+from bastion.cli.app import ConfigOption, Exit, JsonOption, TokenOption, command_group, emit_json, out, timestamp
 from bastion.cli.tables import Column, fitted_table
 from bastion.errors import ConfigError, Conflict, Forbidden, NotFound
 from bastion.program import bastion_command
@@ -25,8 +25,7 @@ if TYPE_CHECKING:
     from bastion.ledger import OpenLedger
     from bastion.models import TokenInfo
 
-tokens_app = typer.Typer(help="Bearer tokens for the HTTP surface: create, list, revoke.", no_args_is_help=True)
-app.add_typer(tokens_app, name="tokens")
+tokens_app = command_group("tokens", "Bearer tokens for the HTTP surface: create, list, revoke.")
 
 TOKEN_COLUMNS: Final = (
     Column("name", "id"),

@@ -26,12 +26,10 @@ what they share: exit statuses, `--json`, tokens for deciding, shortened ids. Ev
 `--help`.
 """
 
-_RICH_ESCAPE = re.compile(r"\\\[")
-
 
 def _plain(text: str | None) -> str:
-    """Help text without rich's markup escapes (`\\[server]` is written `[server]`)."""
-    return prose(_RICH_ESCAPE.sub("[", inspect.cleandoc(text or "")))
+    """Help text as prose (click's help rewraps it the same way)."""
+    return prose(inspect.cleandoc(text or ""))
 
 
 def commands(command: Command, ctx: Context) -> Iterator[tuple[Command, Context]]:
