@@ -24,7 +24,7 @@ from bastion import tracing
 from bastion.actions import ActionSpec
 from bastion.config import Config, ConnectorConfig, PolicyConfig, Profile, Settings
 from bastion.ledger import OpenLedger, Redactor, open_ledger
-from bastion.models import CallContext, Grant, Invocation, PolicyRule, SourceStatus, utcnow
+from bastion.models import CallContext, Grant, Invocation, PolicyRule, Quorum, SourceStatus, utcnow
 from bastion.pipeline.gateway import Gateway
 from bastion.server.mcp import HostServer
 from bastion.sources.manifests import ActionState, ManifestProblem, load_manifests
@@ -332,6 +332,32 @@ async def test_a_manifest_never_looks_safer_than_its_steps(tmp_path: Path) -> No
         assert (parent.status, parent.risk, parent.mode_source) == ("denied", "danger", "inferred")
         assert parent.risk_source == "step:fx:fail", "the approver is told which step made it risky"
         assert fixture.calls == []
+
+
+@pytest.mark.parametrize(
+    ("declared", "tier", "approvers"),
+    [("R4", "R4", 2), ("r4", "R4", 2), ("R3", "R3", 1), ("danger", None, 1), ("R2", None, 1)],
+)
+async def test_a_manifest_keeps_its_declared_tier_for_policy_unless_a_step_raises_its_risk(
+    tmp_path: Path, declared: str, tier: str | None, approvers: int
+) -> None:
+    """`[approvers] R4 = 2` holds a manifest declared R4 for two approvers. Declared R2 (write) over a destructive
+    step, it is `danger` of no tier: the tier it declared no longer stands for its risk."""
+    steps = ECHO_TWICE.replace(
+        'id = "second"\nsource = "fx"\naction = "echo"', 'id = "second"\nsource = "fx"\naction = "fail"'
+    )
+    policy = PolicyConfig(modes={"actions:gated": "require_approval", "fx:fail": "allow"}, approvers={"R4": 2})
+    files = {"x.md": manifest("gated", steps, risk=declared)}
+    async with manifest_bastion(tmp_path, files, policy=policy) as b:
+        await b.wait_listed("actions__gated")
+        spec = b.gateway.catalog.entries["actions__gated"].action.spec
+        assert (spec.risk, spec.tier) == ("danger", tier)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(b.client.call_tool, "actions__gated", {"text": "hi"})
+            pending = await _pending(b.ledger)
+            quorum = Quorum.of(await b.ledger.invocations.events(pending.id))
+            assert (pending.mode, quorum.required) == ("require_approval", approvers)
+            await b.ledger.invocations.decide(pending.id, approve=False, principal="alice", note="no", now=utcnow())
 
 
 async def test_a_step_denied_by_policy_denies_the_manifest_even_where_policy_allows_it(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Final, Literal, get_args
+from typing import Annotated, Any, Final, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
@@ -17,8 +17,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ModelWrapValidatorHandler,
-    PrivateAttr,
     SecretStr,
     ValidationInfo,
     field_validator,
@@ -26,8 +24,8 @@ from pydantic import (
 )
 
 from bastion.actions import DriftListing
-from bastion.models import PolicyRule, Tier
-from bastion.policies import RiskSetting, tier_of
+from bastion.models import PolicyRule
+from bastion.policies import KeepsTiers, RiskSetting
 
 _DNS_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _DNS_NAME = re.compile(rf"(?=.{{1,253}}$){_DNS_LABEL}(?:\.{_DNS_LABEL})*")
@@ -279,23 +277,8 @@ class ToolPin(_Strict):
     """The hash of its structure (names and schemas, without descriptions); None: not checked."""
 
 
-class _KeepsTiers(_Strict):
-    """A model whose risks may be written as tiers (R0-R4): each field in `_TIERED` keeps the tier it was written as
-    (`tier(field)`), beside the risk it stands for."""
-
-    _TIERED: ClassVar[tuple[str, ...]] = ()
-    _tiers: dict[str, Tier] = PrivateAttr(default_factory=dict)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _keep_tiers(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
-        model = handler(data)
-        if isinstance(data, dict):
-            model._tiers = {name: tier for name in cls._TIERED if (tier := tier_of(data.get(name))) is not None}
-        return model
-
-    def tier(self, field_name: str) -> Tier | None:
-        return self._tiers.get(field_name)
+class _KeepsTiers(KeepsTiers, _Strict):
+    """A configuration model whose risks may be written as tiers (`KeepsTiers`)."""
 
 
 class ToolPreview(_Strict):

@@ -34,7 +34,7 @@ from bastion.policies.naming import (
     sanitize,
     tool_name,
 )
-from bastion.policies.risk import RiskSetting, declared_risk, derive_risk, normalize_risk, tier_of
+from bastion.policies.risk import KeepsTiers, RiskSetting, declared_risk, derive_risk, normalize_risk, tier_of
 
 __all__ = [
     "FINGERPRINT_FIELDS",
@@ -44,6 +44,7 @@ __all__ = [
     "MODE_STRICTNESS",
     "OPERATOR_SOURCES",
     "Fingerprints",
+    "KeepsTiers",
     "NameAssignment",
     "NameRequest",
     "NestingTooDeep",

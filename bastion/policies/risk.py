@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BeforeValidator
+from pydantic import BaseModel, BeforeValidator, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
 from bastion.models import RISK_ALIASES, RISKS, TIERS, Risk, RiskDecision, Tier
 
@@ -76,3 +76,22 @@ def _configured_risk(value: Any) -> Any:
 
 RiskSetting = Annotated[Risk, BeforeValidator(_configured_risk)]
 """A risk as configuration and action files write it: `read`, `write`, `danger` or `R0`..`R4`, in any case."""
+
+
+class KeepsTiers(BaseModel):
+    """A model whose risks may be written as tiers (R0-R4): each field in `_TIERED` keeps the tier it was written as
+    (`tier(field)`), beside the risk it stands for, so that policy can tell R3 from R4."""
+
+    _TIERED: ClassVar[tuple[str, ...]] = ()
+    _tiers: dict[str, Tier] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_tiers(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._tiers = {name: tier for name in cls._TIERED if (tier := tier_of(data.get(name))) is not None}
+        return model
+
+    def tier(self, field_name: str) -> Tier | None:
+        return self._tiers.get(field_name)

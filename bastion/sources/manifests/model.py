@@ -14,7 +14,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bastion.errors import CapabilityDenied
-from bastion.policies import RiskSetting
+from bastion.policies import KeepsTiers, RiskSetting
 
 MAX_NAME: Final = 40
 """The longest manifest name: `actions__<name>` must stay within the 50 characters of a host-safe tool name."""
@@ -115,15 +115,18 @@ class Approval(_Strict):
     """Always wait for an approver, even where policy would allow the action (policy may still deny it)."""
 
 
-class FrontMatter(_Strict):
+class FrontMatter(KeepsTiers, _Strict):
     """The `+++` TOML block of an action file."""
+
+    _TIERED = ("risk",)
 
     name: str = Field(pattern=rf"^[a-z0-9][a-z0-9_-]{{0,{MAX_NAME - 1}}}$")
     """The action's name: tool `actions__<name>`, policy key `actions:<name>` (lower case, at most 40 characters)."""
     version: str = Field(pattern=r"^\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
     """The action's own semantic version (`1.0.0`)."""
     risk: RiskSetting
-    """`read`, `write` or `danger` (or a tier `R0`-`R4`); its steps may raise it, never lower it."""
+    """`read`, `write` or `danger` (or a tier `R0`-`R4`, kept for policy: `R4 = 2` under `[approvers]`); its steps
+    may raise it, never lower it."""
     source: str | None = None
     """Where the file was copied from (provenance only, never consulted)."""
     inputs: list[Input] = Field(default_factory=list)

@@ -33,7 +33,7 @@ from bastion.errors import (
     NotFound,
     UpstreamError,
 )
-from bastion.models import MANIFEST_SOURCE_ID, RISKS, Risk, SourceState, SourceStatus
+from bastion.models import MANIFEST_SOURCE_ID, RISK_ALIASES, RISKS, Risk, SourceState, SourceStatus
 from bastion.policies import canonical_json, declared_risk
 from bastion.sources.manifests import ActionState, Manifest, Step, TemplateError, render
 from bastion.sources.manifests.preview import composite_preview
@@ -314,10 +314,13 @@ def _spec(manifest: Manifest, risk: Risk, risk_source: str, preview: PreviewFn) 
         input_schema=manifest.input_schema(),
         annotations=types.ToolAnnotations(read_only_hint=risk == "read", destructive_hint=risk == "danger"),
     )
+    declared = manifest.front.tier("risk")
     return ActionSpec(
         tool=tool,
         risk=risk,
         risk_source=risk_source,
+        # The tier the file declares, while its steps have not raised the risk above the one that tier stands for.
+        tier=declared if declared is not None and RISK_ALIASES[declared] == risk else None,
         namespace=MANIFEST_SOURCE_ID,
         steps=tuple((step.source, step.action) for step in manifest.front.execute),
         approval_required=manifest.front.approval.required,
