@@ -1,10 +1,10 @@
-"""The records chained beside invocations: tokens, pins and grants, whose rows decide who may call, which tool
-definition is trusted and what an approver allowed. Every change of one is an event of the audit chain
-(bastion.ledger.chain) in the transaction that makes it, kept in `record_events` beside the invocations' `events`
-(one chain: the two share its positions): its `record` is the row's key (`token:7`, `pin:fs:write_file`,
-`grant:always_...`) in place of an invocation id, its state the digest of the row after the change, so `verify`
-notices a row edited, inserted or deleted behind the ledger as it does for invocations. Their rows are never deleted;
-the SQL here is the same on both backends.
+"""The records chained beside invocations: tokens, pins, grants and tool names, whose rows decide who may call,
+which tool definition is trusted, what an approver allowed and which action a host's tool name calls. Every change of
+one is an event of the audit chain (bastion.ledger.chain) in the transaction that makes it, kept in `record_events`
+beside the invocations' `events` (one chain: the two share its positions): its `record` is the row's key (`token:7`,
+`pin:fs:write_file`, `grant:always_...`, `name:fs__write_file`) in place of an invocation id, its state the digest of
+the row after the change, so `verify` notices a row edited, inserted or deleted behind the ledger as it does for
+invocations. Their rows are never deleted; the SQL here is the same on both backends.
 
 A ledger from before they were chained adopts the rows it holds when it upgrades (`record_adopted`): they are vouched
 for as they stood then. A prune that removes a record's events restates it first (`record_kept`), once its row still
@@ -27,6 +27,7 @@ RecordKind = Literal[
     "pin_accepted",
     "grant_made",
     "grant_revoked",
+    "name_given",
     "record_adopted",
     "record_kept",
 ]
@@ -84,7 +85,10 @@ PINS: Final = Kept(
     ),
 )
 GRANTS: Final = Kept("grants", "grant:", ("id",), GRANT_COLUMNS)
-KEPT: Final = (TOKENS, PINS, GRANTS)
+NAMES: Final = Kept("tool_names", "name:", ("name",), ("name", "source_id", "action_id", "given_at"))
+"""The host-visible name given to each action, for good: a name redirected to another action would send a host's
+calls of it there."""
+KEPT: Final = (TOKENS, PINS, GRANTS, NAMES)
 
 
 def changed_record(kept: Kept, returned: Sequence[Any], kind: RecordKind, at: str, detail: str = "{}") -> Unlinked:

@@ -482,8 +482,9 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         refusals=(403,),
         query=(SINCE, PAGE),
         description="Owner and admin tokens only. Page through the whole trail by passing each answer's `next` "
-        "as `since` until `events` is empty; `bastion audit verify` checks the chain. The events of tokens, pins and "
-        "grants are in it too (`record`: `token:7`, `pin:fs:write_file`, `grant:...`), without an `invocation`.",
+        "as `since` until `events` is empty; `bastion audit verify` checks the chain. The events of tokens, pins, "
+        "grants and tool names are in it too (`record`: `token:7`, `pin:fs:write_file`, `grant:...`, "
+        "`name:fs__write_file`), without an `invocation`.",
     ),
     Operation("GET", "/openapi.json", "getOpenApiDocument", "This OpenAPI 3.1 document", get_openapi, None),
 )

@@ -1,6 +1,6 @@
-"""Tokens, pins and grants chained beside invocations: every change of one is an event, so a row edited, inserted or
-deleted behind the ledger breaks `verify` as an invocation's does, and a prune that removes their events restates
-them first. Both on every backend."""
+"""Tokens, pins, grants and tool names chained beside invocations: every change of one is an event, so a row edited,
+inserted or deleted behind the ledger breaks `verify` as an invocation's does, and a prune that removes their events
+restates them first. Both on every backend."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.anyio
 
 async def _every_kind(ledger: OpenLedger) -> None:
     """A token created and another revoked, a pin saved then its drift accepted, a grant made by a decision and one
-    revoked: one change of each kind."""
+    revoked, two tool names given (and one given again, which changes nothing): one change of each kind."""
     await ledger.tokens.create_token("ops", role="admin", profile=None, now=T0)
     await ledger.tokens.create_token("old", role="agent", profile=None, now=T0)
     await ledger.tokens.revoke_token("old", now=T0 + timedelta(seconds=1))
@@ -30,6 +30,9 @@ async def _every_kind(ledger: OpenLedger) -> None:
     grant = make_grant(scope="always", expires_at=None)
     await ledger.invocations.decide(held, approve=True, principal="alice", note=None, now=BEFORE_EXPIRY, grant=grant)
     await ledger.grants.revoke(grant.id, by="alice", now=BEFORE_EXPIRY + timedelta(seconds=1))
+    given = {"fs__write_file": ("fs", "write_file"), "fs__read_file": ("fs", "read_file")}
+    await ledger.pins.keep_tool_names(given, now=T0)
+    await ledger.pins.keep_tool_names({"fs__write_file": ("fs", "delete_file")}, now=T0 + timedelta(seconds=2))
 
 
 async def _broken_by(ledger: OpenLedger, sql: str, params: tuple[object, ...] = ()) -> ChainBreak:
@@ -44,7 +47,7 @@ async def test_every_change_of_a_record_is_chained_and_verifies(ledger: OpenLedg
     await _every_kind(ledger)
     report = await ledger.audit.verify()
     assert report.broken is None
-    assert report.records == 1 + 2 + 1 + 1  # the invocation, two tokens, one pin, one grant
+    assert report.records == 1 + 2 + 1 + 1 + 2  # the invocation, two tokens, one pin, one grant, two names
     kinds = [event.kind for event in await ledger.audit.chain(0, 100) if event.record is not None]
     assert kinds == [
         "token_created",
@@ -54,7 +57,13 @@ async def test_every_change_of_a_record_is_chained_and_verifies(ledger: OpenLedg
         "pin_accepted",
         "grant_made",
         "grant_revoked",
+        "name_given",
+        "name_given",
     ]
+    assert await ledger.pins.tool_names() == {
+        "fs__write_file": ("fs", "write_file"),
+        "fs__read_file": ("fs", "read_file"),
+    }
 
 
 @pytest.mark.parametrize(
@@ -72,6 +81,13 @@ async def test_every_change_of_a_record_is_chained_and_verifies(ledger: OpenLedg
             "has no event",
         ),
         ("DELETE FROM pins", "has events but no row"),
+        ("UPDATE tool_names SET action_id = 'delete_file' WHERE name = 'fs__write_file'", "was changed after it was"),
+        (
+            "INSERT INTO tool_names (name, source_id, action_id, given_at) "
+            "VALUES ('fs__rm', 'fs', 'delete_file', '2026-11-21T10:00:00.000000+00:00')",
+            "has no event",
+        ),
+        ("DELETE FROM tool_names WHERE name = 'fs__read_file'", "has events but no row"),
     ],
 )
 async def test_a_record_changed_behind_the_ledger_breaks_verify(ledger: OpenLedger, sql: str, found: str) -> None:

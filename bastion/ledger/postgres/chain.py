@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
 
 from bastion.ledger.chain import Unlinked, links, record_state, stored_time
-from bastion.ledger.kept import KEPT, Kept, RecordKind, adopted_sql, changed_record, row_sql
+from bastion.ledger.kept import Kept, RecordKind, adopted_sql, changed_record, row_sql
 from bastion.ledger.postgres.database import NOTIFY, Connection
 
 HEAD_FOR_UPDATE: Final = "SELECT position, hash FROM audit_head FOR UPDATE"
@@ -144,12 +144,12 @@ async def append_records(conn: Connection, at_head: tuple[int, str], events: Seq
     await conn.execute(_MOVE_HEAD, (linked[-1].position, linked[-1].hash))
 
 
-async def adopt_records(conn: Connection) -> None:
-    """Chain the tokens, pins and grants an upgraded ledger holds: one `record_adopted` event each, at the head."""
+async def adopt_records(conn: Connection, kinds: Sequence[Kept]) -> None:
+    """Chain the records of `kinds` an upgraded ledger holds: one `record_adopted` event each, at the head."""
     at = datetime.now(UTC)
     adopted = [
         changed_record(kept, row, "record_adopted", stored_time(at))
-        for kept in KEPT
+        for kept in kinds
         for row in await (await conn.execute(adopted_sql(kept))).fetchall()
     ]
     await append_records(conn, await head(conn), adopted, at)

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from bastion.errors import NotFound
-from bastion.ledger.kept import PINS
+from bastion.ledger.kept import NAMES, PINS
 from bastion.ledger.postgres.chain import recorded
 from bastion.ledger.postgres.database import Connection, PostgresDatabase
 from bastion.models import Pin, PinObservation, policy_key, utcnow
@@ -41,11 +41,12 @@ _ACCEPT: Final = f"""
 """
 _EXISTS: Final = "SELECT 1 FROM pins WHERE source_id = %s AND action_id = %s"
 _NAMES: Final = "SELECT name, source_id, action_id FROM tool_names"
-_KEEP_NAMES: Final = """
+_KEEP_NAMES: Final = f"""
     INSERT INTO tool_names (name, source_id, action_id, given_at)
     SELECT name, source_id, action_id, %(now)s
     FROM unnest(%(names)s::text[], %(sources)s::text[], %(actions)s::text[]) AS given (name, source_id, action_id)
     ON CONFLICT (name) DO NOTHING
+    {NAMES.returning}
 """
 
 
@@ -97,7 +98,8 @@ class PostgresPins:
         return {name: (source_id, action_id) for name, source_id, action_id in await self._db.fetchall(_NAMES)}
 
     async def keep_tool_names(self, names: Mapping[str, tuple[str, str]], *, now: datetime) -> None:
-        """Remember that each name was given to its action; a name already given to one stays with it."""
+        """Remember that each name was given to its action (`name_given`, chained); a name already given to one
+        stays with it."""
         keys = list(names.values())
         params = {
             "names": list(names),
@@ -105,7 +107,11 @@ class PostgresPins:
             "actions": [action_id for _, action_id in keys],
             "now": now,
         }
-        await self._db.write(_KEEP_NAMES, params)
+
+        async def work(conn: Connection) -> None:
+            await recorded(conn, _KEEP_NAMES, params, NAMES, "name_given", now)
+
+        await self._db.transaction(work)
 
 
 def _pin_from_row(row: Sequence[Any]) -> Pin:

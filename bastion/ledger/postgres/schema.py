@@ -22,6 +22,7 @@ from psycopg.rows import TupleRow
 
 from bastion.errors import ConfigError
 from bastion.ledger.chain import GENESIS
+from bastion.ledger.kept import GRANTS, NAMES, PINS, TOKENS, Kept
 
 Step = str | Callable[[AsyncConnection[TupleRow]], Awaitable[None]]
 """A migration's step: a statement, or work in Python on the migrating connection (in its transaction)."""
@@ -293,11 +294,16 @@ _MIGRATION_7: Final = (
 )
 
 
-async def _adopt_records(conn: AsyncConnection[TupleRow]) -> None:
-    # Imported here: the chain's module reaches this one through the database's.
-    from bastion.ledger.postgres.chain import adopt_records
+def _adopting(*kinds: Kept) -> Step:
+    """The step that adopts the records of `kinds` a database holds (`record_adopted`, one event each)."""
 
-    await adopt_records(conn)
+    async def adopt(conn: AsyncConnection[TupleRow]) -> None:
+        # Imported here: the chain's module reaches this one through the database's.
+        from bastion.ledger.postgres.chain import adopt_records
+
+        await adopt_records(conn, kinds)
+
+    return adopt
 
 
 _MIGRATION_8: Final[tuple[Step, ...]] = (
@@ -325,7 +331,12 @@ _MIGRATION_8: Final[tuple[Step, ...]] = (
     CREATE TRIGGER record_events_prune_only BEFORE DELETE ON record_events
     FOR EACH ROW EXECUTE FUNCTION events_prune_only()
     """,
-    _adopt_records,
+    _adopting(TOKENS, PINS, GRANTS),
+)
+
+_MIGRATION_9: Final[tuple[Step, ...]] = (
+    # Tool names chained too, as in SQLite's migration 15: the names already given are adopted, one event each.
+    _adopting(NAMES),
 )
 
 MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
@@ -337,6 +348,7 @@ MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _MIGRATION_6,
     _MIGRATION_7,
     _MIGRATION_8,
+    _MIGRATION_9,
 )
 """Migration N (1-based) brings a database from version N-1 to N."""
 

@@ -15,7 +15,7 @@ from typing import Any, Final
 import aiosqlite
 
 from bastion.ledger.chain import Unlinked, links, stored_time
-from bastion.ledger.kept import KEPT, RECORD_KINDS, Kept, RecordKind, adopted_sql, changed_record, row_sql
+from bastion.ledger.kept import RECORD_KINDS, Kept, RecordKind, adopted_sql, changed_record, row_sql
 
 HEAD_NOW: Final = "SELECT position, hash FROM audit_head"
 MOVE_HEAD: Final = "UPDATE audit_head SET position = ?, hash = ?"
@@ -61,12 +61,12 @@ def append_events(conn: sqlite3.Connection, events: Sequence[Unlinked]) -> None:
     conn.execute(MOVE_HEAD, head)
 
 
-async def adopt_records(db: aiosqlite.Connection) -> None:
-    """Chain the tokens, pins and grants an upgraded ledger holds: one `record_adopted` event each, at the head."""
+async def adopt_records(db: aiosqlite.Connection, kinds: Sequence[Kept]) -> None:
+    """Chain the records of `kinds` an upgraded ledger holds: one `record_adopted` event each, at the head."""
     at = stored_time(datetime.now(UTC))
     adopted = [
         changed_record(kept, row, "record_adopted", at)
-        for kept in KEPT
+        for kept in kinds
         for row in await db.execute_fetchall(adopted_sql(kept))
     ]
     if adopted:

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from bastion.errors import NotFound
-from bastion.ledger.kept import PINS
+from bastion.ledger.kept import NAMES, PINS
 from bastion.ledger.sqlite.chain import recorded
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.schema import dumps, timestamp
@@ -54,9 +54,10 @@ _ACCEPT: Final = f"""
 """
 _EXISTS: Final = "SELECT 1 FROM pins WHERE source_id = ? AND action_id = ?"
 _NAMES: Final = "SELECT name, source_id, action_id FROM tool_names"
-_KEEP_NAME: Final = (
-    "INSERT INTO tool_names (name, source_id, action_id, given_at) VALUES (?, ?, ?, ?) ON CONFLICT (name) DO NOTHING"
-)
+_KEEP_NAME: Final = f"""
+    INSERT INTO tool_names (name, source_id, action_id, given_at) VALUES (?, ?, ?, ?) ON CONFLICT (name) DO NOTHING
+    {NAMES.returning}
+"""
 
 
 class SqlitePins:
@@ -95,11 +96,14 @@ class SqlitePins:
         return {name: (source_id, action_id) for name, source_id, action_id in await self._db.fetchall(_NAMES)}
 
     async def keep_tool_names(self, names: Mapping[str, tuple[str, str]], *, now: datetime) -> None:
-        """Remember that each name was given to its action; a name already given to one stays with it."""
-        rows = [(name, source_id, action_id, timestamp(now)) for name, (source_id, action_id) in names.items()]
+        """Remember that each name was given to its action (`name_given`, chained); a name already given to one
+        stays with it."""
+        at = timestamp(now)
+        rows = [(name, source_id, action_id, at) for name, (source_id, action_id) in names.items()]
 
         def work(conn: sqlite3.Connection) -> None:
-            conn.executemany(_KEEP_NAME, rows)
+            for row in rows:
+                recorded(conn, _KEEP_NAME, row, NAMES, "name_given", at)
 
         await self._db.write(work)
 

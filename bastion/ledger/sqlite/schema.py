@@ -15,6 +15,7 @@ import json
 import sqlite3
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from functools import partial
 from typing import Any, Final
 
 import aiosqlite
@@ -22,6 +23,7 @@ import anyio
 
 from bastion.errors import ConfigError
 from bastion.ledger.chain import GENESIS, event_hash, stored_time
+from bastion.ledger.kept import GRANTS, NAMES, PINS, TOKENS
 from bastion.ledger.sqlite.chain import adopt_records
 
 Step = str | Callable[[aiosqlite.Connection], Awaitable[None]]
@@ -383,7 +385,12 @@ _MIGRATION_14: Final[tuple[Step, ...]] = (
     WHEN old.position > (SELECT COALESCE(MAX(position), 0) FROM audit_checkpoints)
     BEGIN SELECT RAISE(ABORT, 'the record_events table is append-only (a prune deletes only up to its checkpoint)'); END
     """,
-    adopt_records,
+    partial(adopt_records, kinds=(TOKENS, PINS, GRANTS)),
+)
+
+_MIGRATION_15: Final[tuple[Step, ...]] = (
+    # Tool names chained too (bastion.ledger.kept NAMES): the names already given are adopted, one event each.
+    partial(adopt_records, kinds=(NAMES,)),
 )
 
 MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
@@ -401,6 +408,7 @@ MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _MIGRATION_12,
     _MIGRATION_13,
     _MIGRATION_14,
+    _MIGRATION_15,
 )
 """Migration N (1-based) brings a ledger from user_version N-1 to N."""
 
