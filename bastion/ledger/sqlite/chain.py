@@ -80,7 +80,15 @@ def recorded(
 ) -> list[Sequence[Any]]:
     """Run `statement`, a change of `kept`'s rows returning `kept.returning`, and append an event of `kind` at `at`
     for every row it changed, in the caller's transaction; those rows (`kept.columns`)."""
-    rows = conn.execute(statement, params).fetchall()
+    return recorded_each(conn, statement, [params], kept, kind, at)
+
+
+def recorded_each(
+    conn: sqlite3.Connection, statement: str, each: Sequence[Any], kept: Kept, kind: RecordKind, at: str
+) -> list[Sequence[Any]]:
+    """`recorded`, with `statement` run once for each parameters of `each`, whose changes are of distinct records
+    (each event's seq is read before any is appended), and their events appended together."""
+    rows = [row for params in each for row in conn.execute(statement, params).fetchall()]
     append_events(conn, [changed_record(kept, row, kind, at) for row in rows])
     return [row[: len(kept.columns)] for row in rows]
 

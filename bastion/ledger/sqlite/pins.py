@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from bastion.errors import NotFound
 from bastion.ledger.kept import NAMES, PINS
-from bastion.ledger.sqlite.chain import recorded
+from bastion.ledger.sqlite.chain import recorded, recorded_each
 from bastion.ledger.sqlite.database import SqliteDatabase
 from bastion.ledger.sqlite.schema import dumps, timestamp
 from bastion.models import Pin, PinObservation, policy_key, utcnow
@@ -102,8 +102,7 @@ class SqlitePins:
         rows = [(name, source_id, action_id, at) for name, (source_id, action_id) in names.items()]
 
         def work(conn: sqlite3.Connection) -> None:
-            for row in rows:
-                recorded(conn, _KEEP_NAME, row, NAMES, "name_given", at)
+            recorded_each(conn, _KEEP_NAME, rows, NAMES, "name_given", at)
 
         await self._db.write(work)
 
