@@ -3,7 +3,7 @@
 Everything here is pure and total: a `Redactor` takes any JSON-like value and returns JSON data, never
 mutating its input and never raising (however deep, wide or odd the value). Secrets are removed first (by key
 and by the shape of the string), then the value is cut down to a byte budget in a way that keeps it valid JSON
-and says what was cut. Containers nested deeper than `MAX_DEPTH` are cut too, so that nothing downstream (the
+and says what was cut (bastion.ledger.truncation). Containers nested deeper than `MAX_DEPTH` are cut too, so that nothing downstream (the
 JSON encoder, a reader of the ledger) recurses without bound.
 """
 
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from bastion.jsontext import compact, loads
+from bastion.ledger.truncation import fit_json, json_bytes
 
 REDACTED: Final = "[REDACTED]"
 
@@ -138,15 +139,6 @@ def _squash(text: str) -> str:
     return text.lower().replace("_", "").replace("-", "").replace(".", "")
 
 
-def _size(value: Any) -> int:
-    """Bytes of the compact UTF-8 JSON form, the measure `truncate` keeps under its budget."""
-    return _bytes(compact(value))
-
-
-def _bytes(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
 def _depth_marker(value: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> str:
     kind = "object" if isinstance(value, dict) else "array"
     return f"[truncated {kind} of {len(value)} items nested deeper than {MAX_DEPTH} levels]"
@@ -161,13 +153,6 @@ def _valid_text(text: str) -> str:
     if not text.isascii() and _SURROGATE.search(text):
         return text.encode("utf-8", "replace").decode("utf-8")
     return text
-
-
-class _Nothing:
-    """Returned by the `_fit_*` helpers when nothing sensible fits the budget."""
-
-
-_NOTHING: Final = _Nothing()
 
 
 class Redactor:
@@ -227,7 +212,7 @@ class Redactor:
     def scrub(self, value: Any) -> Any:
         """What the ledger stores: `truncate(redact(value))`."""
         try:
-            return self._truncate(self._clean(value, 1, redacting=True))
+            return fit_json(self._clean(value, 1, redacting=True), self.max_bytes)
         except RecursionError:  # see `redact`
             return _TOO_DEEP
 
@@ -236,9 +221,9 @@ class Redactor:
         try:
             redacted = self._clean(value, 1, redacting=True)
             text = compact(redacted)
-            if len(text) * 4 <= self.max_bytes or _bytes(text) <= self.max_bytes:  # UTF-8: at most 4 bytes a char
+            if len(text) * 4 <= self.max_bytes or json_bytes(text) <= self.max_bytes:  # UTF-8: at most 4 bytes a char
                 return text
-            return compact(self._truncate(redacted))
+            return compact(fit_json(redacted, self.max_bytes))
         except RecursionError:  # see `redact`
             return compact(_TOO_DEEP)
 
@@ -393,121 +378,9 @@ class Redactor:
         Non-JSON parts are converted and over-deep containers cut first, as `redact` does (without redacting).
         """
         try:
-            return self._truncate(self._clean(value, 1, redacting=False))
+            return fit_json(self._clean(value, 1, redacting=False), self.max_bytes)
         except RecursionError:  # see `redact`
             return _TOO_DEEP
-
-    def _truncate(self, value: Any) -> Any:
-        """`truncate` for a value that is already JSON data within `MAX_DEPTH`."""
-        total = _size(value)
-        if total <= self.max_bytes:
-            return value
-        fitted = self._fit(value, self.max_bytes)
-        if not isinstance(fitted, _Nothing):
-            return fitted
-        return self._fallback(value, total)
-
-    def _fallback(self, value: Any, total: int) -> dict[str, Any]:
-        serialised = compact(value)
-        head: dict[str, Any] = {"_truncated": True, "original_bytes": total}
-        preview = _fit_str(serialised, self.max_bytes - _size(head) - len(',"preview":'))
-        if isinstance(preview, str):
-            head["preview"] = preview
-        return head
-
-    def _fit(self, value: Any, budget: int) -> Any:
-        """`value` if it fits `budget` bytes, else a cut-down version, else `_NOTHING`."""
-        if _size(value) <= budget:
-            return value
-        if isinstance(value, str):
-            return _fit_str(value, budget)
-        if isinstance(value, list):
-            return self._fit_list(value, budget)
-        if isinstance(value, dict):
-            return self._fit_dict(value, budget)
-        return _NOTHING
-
-    def _fit_list(self, items: list[Any], budget: int) -> list[Any] | _Nothing:
-        # Until the last item, reserve room for the marker element (with the largest count it could show).
-        reserve = _size(_items_marker(len(items))) + 1
-        kept: list[Any] = []
-        used = 2  # the brackets
-        for index, item in enumerate(items):
-            comma = 1 if kept else 0
-            room = budget - used - comma - (0 if index == len(items) - 1 else reserve)
-            if room <= 0:
-                break
-            size = _size(item)
-            if size <= room:
-                kept.append(item)
-                used += comma + size
-                continue
-            part = self._fit(item, room)
-            if not isinstance(part, _Nothing):
-                kept.append(part)
-            break
-        if not kept:
-            return _NOTHING
-        if len(kept) < len(items):
-            kept.append(_items_marker(len(items) - len(kept)))
-        return kept
-
-    def _fit_dict(self, mapping: dict[str, Any], budget: int) -> dict[str, Any] | _Nothing:
-        marker_key = "_truncated"
-        while marker_key in mapping:
-            marker_key = "_" + marker_key
-        reserve = _size(marker_key) + 1 + _size(_keys_marker(len(mapping))) + 1
-        kept: dict[str, Any] = {}
-        used = 2  # the braces
-        for index, (key, item) in enumerate(mapping.items()):
-            comma = 1 if kept else 0
-            room = budget - used - comma - (0 if index == len(mapping) - 1 else reserve)
-            room -= _size(key) + 1  # what is left for the value
-            if room <= 0:
-                break
-            size = _size(item)
-            if size <= room:
-                kept[key] = item
-                used += comma + _size(key) + 1 + size
-                continue
-            part = self._fit(item, room)
-            if not isinstance(part, _Nothing):
-                kept[key] = part
-            break
-        if not kept:
-            return _NOTHING
-        if len(kept) < len(mapping):
-            kept[marker_key] = _keys_marker(len(mapping) - len(kept))
-        return kept
-
-
-def _items_marker(count: int) -> str:
-    return f"[truncated {count} more items]"
-
-
-def _keys_marker(count: int) -> str:
-    return f"[truncated {count} more keys]"
-
-
-def _fit_str(text: str, budget: int) -> str | _Nothing:
-    """The longest prefix of `text` that, with its `…[truncated N chars]` marker, fits `budget` bytes."""
-    if _size(text) <= budget:
-        return text
-
-    def cut(keep: int) -> str:
-        return f"{text[:keep]}…[truncated {len(text) - keep} chars]"
-
-    if _size(cut(0)) > budget:
-        return _NOTHING
-    # Every character costs at least one byte, so no more than `budget` characters can be kept.
-    low, high = 0, min(len(text) - 1, budget)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if _size(cut(middle)) <= budget:
-            low = middle
-        else:
-            high = middle - 1
-    return cut(low)
 
 
 def _holds_trigger(text: str) -> bool:
