@@ -53,9 +53,6 @@ def help_of(words: Sequence[str]) -> str | None:
 def main() -> None:
     """Console entry point: errors as `error: ...` lines on stderr, or under `--json` as JSON on stdout."""
     args = sys.argv[1:]
-    if args and args[-1] in HELP_FLAGS and (shown := help_of(args[:-1])) is not None:
-        sys.stdout.write(shown + "\n")
-        raise SystemExit(0)
     as_json = JSON_FLAG in args
     try:
         level = parse_level(os.environ.get(LOG_LEVEL_ENV_VAR))
@@ -65,6 +62,9 @@ def main() -> None:
         else:
             err.print(f"error: {exc}", markup=False, highlight=False)
         raise SystemExit(2) from None
+    if args and args[-1] in HELP_FLAGS and (shown := help_of(args[:-1])) is not None:
+        sys.stdout.write(shown + "\n")
+        raise SystemExit(0)
     configure_logging(level)
     try:
         # Under --json, typer hands usage errors back (not standalone) so that they are printed as JSON too.

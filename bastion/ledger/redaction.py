@@ -3,8 +3,8 @@
 Everything here is pure and total: a `Redactor` takes any JSON-like value and returns JSON data, never
 mutating its input and never raising (however deep, wide or odd the value). Secrets are removed first (by key
 and by the shape of the string), then the value is cut down to a byte budget in a way that keeps it valid JSON
-and says what was cut (bastion.ledger.truncation). Containers nested deeper than `MAX_DEPTH` are cut too, so that nothing downstream (the
-JSON encoder, a reader of the ledger) recurses without bound.
+and says what was cut (bastion.ledger.truncation). Containers nested deeper than `MAX_DEPTH` are cut too, so that
+nothing downstream (the JSON encoder, a reader of the ledger) recurses without bound.
 """
 
 from __future__ import annotations
