@@ -217,6 +217,13 @@ def test_help_for_a_line_that_is_not_a_command_names_what_is_wrong(tmp_path: Pat
     assert unknown.returncode == 2 and "No such command 'nope'" in unknown.stderr
     with_option = run_cli("approvals", "deny", "--reason", "x", "--help", env=env)
     assert with_option.returncode == 0 and with_option.stdout == run_cli("approvals", "deny", "-h", env=env).stdout
+    # A group run without its command shows its help where a person reads it (stdout), as a usage error (exit 2).
+    for words in ([], ["approvals"]):
+        bare = run_cli(*words, env=env)
+        assert (bare.returncode, bare.stderr) == (2, ""), bare.stderr
+        assert bare.stdout == run_cli(*words, "--help", env=env).stdout
+    missing = run_cli("approvals", "approve", env=env)
+    assert missing.returncode == 2 and "Missing argument" in missing.stderr
 
 
 def test_shell_completion_scripts_complete_commands(tmp_path: Path) -> None:

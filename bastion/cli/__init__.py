@@ -33,12 +33,15 @@ __all__ = ["app", "help_of", "main"]
 
 COMMAND_GROUPS = (serve, inspect, audit, anchors, doctor, approvals, grants, pins, tokens, actions)
 PROG_NAME = "bastion"
+COMPLETION_ENV_VAR = f"_{PROG_NAME.upper()}_COMPLETE"
+"""What click's shell completion sets when a shell asks `bastion` to complete a word."""
 
 
-def help_of(words: Sequence[str]) -> str | None:
+def help_of(words: Sequence[str], *, group: bool = False) -> str | None:
     """What `bastion WORDS --help` prints when WORDS name a command, formatted by click as when it parses that line,
     but without processing the options of the groups on the way: typer coerces each through pydantic, whose import
-    would double the time `--help` takes. None when a word names no command."""
+    would double the time `--help` takes. None when a word names no command; with `group`, also when WORDS name a
+    command that is not a group (a group run without its command shows its help)."""
     command = typer.main.get_command(app)
     context = command.context_class(command, info_name=PROG_NAME, **command.context_settings)
     for word in words:
@@ -47,6 +50,8 @@ def help_of(words: Sequence[str]) -> str | None:
             return None
         command = found
         context = command.context_class(command, info_name=word, parent=context, **command.context_settings)
+    if group and not isinstance(command, TyperGroup):
+        return None
     return command.get_help(context)
 
 
@@ -62,9 +67,13 @@ def main() -> None:
         else:
             err.print(f"error: {exc}", markup=False, highlight=False)
         raise SystemExit(2) from None
-    if args and args[-1] in HELP_FLAGS and (shown := help_of(args[:-1])) is not None:
-        sys.stdout.write(shown + "\n")
-        raise SystemExit(0)
+    # Help answered at once (`help_of`); not while a shell completes a word, which runs `bastion` alone with this set.
+    if COMPLETION_ENV_VAR not in os.environ:
+        asked = bool(args) and args[-1] in HELP_FLAGS
+        shown = help_of(args[:-1]) if asked else help_of(args, group=True)
+        if shown is not None:  # asked for, or a group without its command: a usage error (exit 2), shown on stdout
+            sys.stdout.write(shown + "\n")
+            raise SystemExit(0 if asked else 2)
     configure_logging(level)
     try:
         # Under --json, typer hands usage errors back (not standalone) so that they are printed as JSON too.
