@@ -34,7 +34,7 @@ from bastion.policies.naming import (
     sanitize,
     tool_name,
 )
-from bastion.policies.risk import KeepsTiers, RiskSetting, declared_risk, derive_risk, normalize_risk, tier_of
+from bastion.policies.risk import KeepsTiers, RiskSetting, declared_risk, derive_risk, normalize_risk
 
 __all__ = [
     "FINGERPRINT_FIELDS",
@@ -69,6 +69,5 @@ __all__ = [
     "stricter",
     "strictness",
     "structural_fingerprint",
-    "tier_of",
     "tool_name",
 ]

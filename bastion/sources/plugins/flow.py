@@ -65,13 +65,7 @@ async def run_rollback(
 ) -> dict[str, Any]:
     """Run only the package's rollback step for a call whose outcome is unknown (an approver's decision), with the
     call's payload and state directory; its report, scrubbed as a flow's envelope is."""
-    flow = _Flow(package, limits, {
-        "action": package.name,
-        "input": dict(arguments),
-        "correlationId": correlation_id,
-        "workspace": str(limits.workspace),
-        "stateDir": str(state_dir),
-    })  # fmt: skip
+    flow = _Flow(package, limits, arguments, correlation_id, state_dir)
     report: dict[str, Any] = scrub((await flow.step("rollback")).report(), limits.env.values())
     return report
 
@@ -87,13 +81,8 @@ async def run_plan(
     """Run only the package's `plan` step (its dry run) for a call about to be held, with the call's payload, the
     workspace read-only whatever the package's permissions (a plan changes nothing) and a state directory of its own
     (`state_dir`, which the caller removes); its run, its output scrubbed as a flow's envelope is."""
-    flow = _Flow(package, limits, {
-        "action": package.name,
-        "input": dict(arguments),
-        "correlationId": correlation_id,
-        "workspace": str(limits.workspace),
-        "stateDir": str(state_dir),
-    }, filesystem="none" if package.action.permissions.filesystem == "none" else "read")  # fmt: skip
+    filesystem: Filesystem = "none" if package.action.permissions.filesystem == "none" else "read"
+    flow = _Flow(package, limits, arguments, correlation_id, state_dir, filesystem=filesystem)
     run = await flow.step("plan")
     return replace(
         run,
@@ -106,13 +95,7 @@ async def run_plan(
 async def _run_flow(
     package: PluginPackage, arguments: Mapping[str, Any], correlation_id: str, limits: StepLimits, state_dir: Path
 ) -> dict[str, Any]:
-    flow = _Flow(package, limits, {
-        "action": package.name,
-        "input": dict(arguments),
-        "correlationId": correlation_id,
-        "workspace": str(limits.workspace),
-        "stateDir": str(state_dir),
-    })  # fmt: skip
+    flow = _Flow(package, limits, arguments, correlation_id, state_dir)
     execute = await flow.step("execute")
     output = execute.output or {}
     failure = execute.error or flow.output_problem(output)
@@ -152,12 +135,27 @@ async def _run_flow(
 
 class _Flow:
     def __init__(
-        self, package: PluginPackage, limits: StepLimits, base: dict[str, Any], *, filesystem: Filesystem | None = None
+        self,
+        package: PluginPackage,
+        limits: StepLimits,
+        arguments: Mapping[str, Any],
+        correlation_id: str,
+        state_dir: Path,
+        *,
+        filesystem: Filesystem | None = None,
     ) -> None:
-        """`filesystem`: the workspace access of its steps, narrower than the package's own (None: the package's)."""
+        """One call's steps, each given the call's payload; `filesystem`: the workspace access of its steps, narrower
+        than the package's own (None: the package's)."""
         self._package = package
         self._limits = limits
-        self._base = base
+        self._state_dir = state_dir
+        self._base = {
+            "action": package.name,
+            "input": dict(arguments),
+            "correlationId": correlation_id,
+            "workspace": str(limits.workspace),
+            "stateDir": str(state_dir),
+        }
         self._filesystem = filesystem or package.action.permissions.filesystem
 
     async def step(self, step: Step, **extra: Any) -> StepRun:
@@ -169,7 +167,7 @@ class _Flow:
             argv,
             filesystem=self._filesystem,
             package=self._package.directory,
-            state=Path(self._base["stateDir"]),
+            state=self._state_dir,
         )
 
     async def verify(self, output: Mapping[str, Any]) -> dict[str, Any]:
