@@ -130,9 +130,10 @@ class Listings:
             slow = self._starting()
             if slow:
                 logger.warning("sources still listing after the timeout, omitted for now: %s", ", ".join(slow))
+        starting = self._starting()
         self._rebuild()
         await self._keep_names()
-        self._note_if_started()
+        self._note_if_started(starting)
         tg.start_soon(self._rebuild_loop, name="catalog")
         tg.start_soon(self._follow_pins, name="pins")
 
@@ -217,9 +218,10 @@ class Listings:
         while True:
             await self._changed.wait()
             self._changed = anyio.Event()
+            starting = self._starting()
             changed = self._rebuild()
             await self._keep_names()
-            self._note_if_started()
+            self._note_if_started(starting)
             for listener in self._listeners:
                 await listener()
             if changed:
@@ -238,8 +240,10 @@ class Listings:
         """The sources still in their first start (neither listed nor failed yet)."""
         return [s.source_id for s in self.sources.values() if s.status.state == "starting"]
 
-    def _note_if_started(self) -> None:
-        if not self._started.is_set() and not self._starting():
+    def _note_if_started(self, starting: Sequence[str]) -> None:
+        """Listings stop waiting (`first_listings`) once a catalog was built while no source was `starting` (read
+        when it was built): a source that lists while the names of a rebuild are kept waits for the next one."""
+        if not self._started.is_set() and not starting:
             self._started.set()
 
     def _listed(self, action: PreparedAction) -> types.Tool | None:
